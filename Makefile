@@ -1,0 +1,32 @@
+# The two commands a new user runs: `make run` and `make test`.
+# Both create (or reuse) a virtualenv in .venv and install what is missing.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+# torch first, pinned to the CPU wheel these machines carry: an unpinned torch
+# would pull a multi-GB CUDA build. setup.cfg only asks torch>=2.4, so a GPU
+# user's own build is kept.
+TORCH_PIN ?= torch==2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: run test install clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+$(VENV)/.installed: $(PY) setup.cfg pyproject.toml
+	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet "$(TORCH_PIN)"
+	$(PY) -m pip install --quiet -e '.[test]'
+	@touch $@
+
+install: $(VENV)/.installed
+
+run: install
+	$(VENV)/bin/hybridflow demo
+
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) *.egg-info

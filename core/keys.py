@@ -1,0 +1,32 @@
+"""Names of the batch columns, defined once.
+
+Every stage reads and writes these keys of a :class:`~hybridflow.core.DataProto`;
+importing the constant instead of retyping the string makes a typo an
+``ImportError`` rather than a silent ``KeyError`` three stages later.
+Shapes use B for rows (prompt x sample) and T for response tokens.
+"""
+
+# Tensor columns (DataProto.batch)
+PROMPTS = "prompts"  # (B, P) left-padded prompt token ids
+RESPONSES = "responses"  # (B, T) generated token ids, right-padded
+INPUT_IDS = "input_ids"  # (B, P + T) prompt followed by response
+ATTENTION_MASK = "attention_mask"  # (B, P + T) 1 for real tokens
+POSITION_IDS = "position_ids"  # (B, P + T)
+RESPONSE_MASK = "response_mask"  # (B, T) 1 for response tokens that count
+ROLLOUT_LOG_PROBS = "rollout_log_probs"  # (B, T) log-probs from the rollout engine
+OLD_LOG_PROBS = "old_log_probs"  # (B, T) recomputed under the training layout
+REF_LOG_PROBS = "ref_log_probs"  # (B, T) reference policy log-probs
+VALUES = "values"  # (B, T) critic values
+TOKEN_LEVEL_SCORES = "token_level_scores"  # (B, T) verifier score at the last token
+TOKEN_LEVEL_REWARDS = "token_level_rewards"  # (B, T) scores after any KL penalty
+ADVANTAGES = "advantages"  # (B, T) float32
+RETURNS = "returns"  # (B, T) float32
+
+# Non-tensor columns (DataProto.non_tensor_batch)
+UID = "uid"  # (B,) one id per prompt, shared by its n samples
+DATA_SOURCE = "data_source"  # (B,) which dataset / verifier a row comes from
+GROUND_TRUTH = "ground_truth"  # (B,) reference answer for the verifier
+EXTRA_INFO = "extra_info"  # (B,) dict of anything else the verifier needs
+
+# meta_info keys
+METRICS = "metrics"  # dict of metric name -> value (lists after concat)

@@ -1,0 +1,94 @@
+"""What plugins register: one small frozen record per named thing.
+
+A plugin builds one of these and hands it to the ``register`` callback its
+hook receives; the plugin manager validates it and files it under its name.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+_NAME = re.compile(r"^[a-z][a-z0-9_.\-]*$")
+
+
+def _check_name(kind: str, name: str) -> None:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ValueError(f"{kind} name {name!r} must be lowercase letters, digits, '_', '.' or '-', starting with a letter")
+
+
+def _first_doc_line(fn: Callable[..., Any]) -> str:
+    return (inspect.getdoc(fn) or "").strip().splitlines()[0] if inspect.getdoc(fn) else ""
+
+
+EstimatorFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class AdvantageEstimator:
+    """An advantage estimator, resolved by ``algorithm.adv_estimator``.
+
+    ``fn(token_level_rewards, response_mask, *, [index], [values], **options)``
+    takes (B, T) float32 tensors and returns ``(advantages, returns)``, both
+    (B, T). It receives ``index`` (B,) int64 group ids when ``needs_groups``
+    and ``values`` (B, T) when ``needs_critic``. Its keyword-only parameters
+    with defaults are its options.
+
+    ``actor_defaults`` are actor settings the estimator's paper prescribes
+    (for example Dr.GRPO's loss aggregation); the trainer applies them unless
+    the config sets those keys itself.
+    """
+
+    name: str
+    fn: EstimatorFn
+    needs_critic: bool = False
+    needs_groups: bool = False
+    actor_defaults: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _check_name("estimator", self.name)
+        if not callable(self.fn):
+            raise TypeError(f"estimator {self.name!r}: fn must be callable, got {type(self.fn).__name__}")
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The estimator's options and their defaults (its keyword-only parameters)."""
+        params = inspect.signature(self.fn).parameters.values()
+        return {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY and p.default is not p.empty}
+
+    @property
+    def summary(self) -> str:
+        """First line of the estimator function's docstring."""
+        return _first_doc_line(self.fn)
+
+
+ScoreFn = Callable[..., "float | dict[str, Any]"]
+
+
+@dataclass(frozen=True)
+class RewardVerifier:
+    """A reward verifier, resolved by the reward config's routes.
+
+    ``fn(data_source, solution_str, ground_truth, extra_info, **kwargs)``
+    returns a float score, or a dict with a ``"score"`` float and extra
+    fields reported as metrics: the ``compute_score`` signature veRL users
+    already write.
+    """
+
+    name: str
+    fn: ScoreFn
+
+    def __post_init__(self) -> None:
+        _check_name("reward verifier", self.name)
+        if not callable(self.fn):
+            raise TypeError(f"reward verifier {self.name!r}: fn must be callable, got {type(self.fn).__name__}")
+
+    @property
+    def summary(self) -> str:
+        """First line of the scoring function's docstring."""
+        return _first_doc_line(self.fn)

@@ -1,0 +1,64 @@
+"""Hook specifications: what a hybridflow plugin may implement.
+
+A plugin is a module (or object) listed under the ``hybridflow`` entry-point
+group of its distribution's metadata, for example in ``setup.cfg``::
+
+    [options.entry_points]
+    hybridflow =
+        my_estimator = my_package.my_estimator
+
+and implementing one or more of the hooks below, marked with
+:data:`hookimpl`. The framework's own estimators and verifiers are plugins
+of exactly this kind.
+
+Every hook here has the *register-callback* shape: the plugin receives a
+``register`` function and calls it once per thing it provides. Names are
+validated in one place (the plugin manager) and every registration is
+attributed to the plugin and distribution that made it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pluggy
+
+from hybridflow.plugins.entries import AdvantageEstimator, RewardVerifier
+
+PROJECT_NAME = "hybridflow"
+
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+"""Mark a plugin function as the implementation of a hook of the same name."""
+
+
+@hookspec
+def hybridflow_register_estimators(register: Callable[[AdvantageEstimator], None]) -> None:
+    """Register advantage estimators.
+
+    :param register: call ``register(AdvantageEstimator(...))`` once for
+        each estimator the plugin provides.
+
+    Called once per process, the first time an estimator is looked up (for
+    example by ``compute_advantage`` or ``hybridflow plugins``); the returned
+    value is ignored. A plugin must not do heavy work here (no model loading,
+    no network): it only describes what it offers. Registering a name that
+    another plugin also registers makes that name an error to look up, naming
+    both distributions. Exceptions raised here are reported with the plugin's
+    distribution and leave other plugins working.
+    """
+
+
+@hookspec
+def hybridflow_register_reward_verifiers(register: Callable[[RewardVerifier], None]) -> None:
+    """Register reward verifiers.
+
+    :param register: call ``register(RewardVerifier(...))`` once for each
+        verifier the plugin provides.
+
+    Called once per process, the first time a verifier is looked up; the
+    returned value is ignored. The same rules as
+    :func:`hybridflow_register_estimators` apply. A verifier's function may
+    later run in a worker process of the reward pool, so it must be
+    importable (a module-level function), not a closure.
+    """
