@@ -1,0 +1,37 @@
+"""The ``hybridflow`` command: ``hybridflow plugins``, ``hybridflow demo``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _plugins(args: argparse.Namespace) -> int:
+    from hybridflow.plugins import get_plugin_manager
+    from hybridflow.plugins.listing import format_plugin_table
+
+    print(format_plugin_table(get_plugin_manager()))
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from hybridflow.estimators.demo import run_demo
+
+    print(run_demo(seed=args.seed))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``hybridflow`` console script."""
+    parser = argparse.ArgumentParser(prog="hybridflow", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("plugins", help="list installed plugins and what each registered").set_defaults(func=_plugins)
+    demo = sub.add_parser("demo", help="advantages of every installed estimator on one grouped batch")
+    demo.add_argument("--seed", type=int, default=0)
+    demo.set_defaults(func=_demo)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

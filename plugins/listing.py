@@ -1,0 +1,25 @@
+"""``hybridflow plugins``: what is installed and what each plugin registered."""
+
+from __future__ import annotations
+
+from hybridflow.plugins.manager import KINDS, PluginManager
+
+
+def format_plugin_table(manager: PluginManager) -> str:
+    """A plain-text listing: one block per plugin, then failures and conflicts."""
+    lines: list[str] = []
+    for plugin_name, source in sorted(manager.sources.items(), key=lambda kv: (kv[1].distribution, kv[0])):
+        plugin = manager.pm.get_plugin(plugin_name)
+        hooks = sorted(h.name for h in manager.pm.get_hookcallers(plugin) or [])
+        lines.append(f"{plugin_name}  ({source.distribution} {source.version})")
+        lines.append(f"    hooks: {', '.join(hooks) or '-'}")
+        for label, names in manager.registered_by(plugin_name).items():
+            lines.append(f"    {label}s: {', '.join(sorted(names))}")
+    for failure in manager.failures:
+        lines.append(f"FAILED {failure.source} at {failure.stage}: {failure.error}")
+    for kind in KINDS:
+        for name, regs in manager.registry(kind).by_name.items():
+            if len(regs) > 1:
+                who = ", ".join(str(r.source) for r in regs)
+                lines.append(f"CONFLICT {kind.label} {name!r} registered by {who}")
+    return "\n".join(lines) if lines else "no hybridflow plugins installed"
