@@ -1,11 +1,13 @@
 """The plugin system: hook specifications, the manager, lookup by name.
 
 Plugin authors need :data:`hookimpl` and the entry records
-(:class:`AdvantageEstimator`, :class:`RewardVerifier`); the framework uses
-:func:`get_estimator` and :func:`get_reward_verifier`.
+(:class:`AdvantageEstimator`, :class:`RewardVerifier`,
+:class:`PolicyLoss`); the framework uses
+:func:`get_estimator`, :func:`get_reward_verifier` and
+:func:`get_policy_loss`.
 """
 
-from hybridflow.plugins.entries import AdvantageEstimator, RewardVerifier
+from hybridflow.plugins.entries import AdvantageEstimator, PolicyLoss, RewardVerifier
 from hybridflow.plugins.hookspecs import hookimpl
 from hybridflow.plugins.manager import (
     PluginConflictError,
@@ -13,6 +15,7 @@ from hybridflow.plugins.manager import (
     UnknownNameError,
     get_estimator,
     get_plugin_manager,
+    get_policy_loss,
     get_reward_verifier,
     reset_plugin_manager,
 )
@@ -21,10 +24,12 @@ __all__ = [
     "AdvantageEstimator",
     "PluginConflictError",
     "PluginManager",
+    "PolicyLoss",
     "RewardVerifier",
     "UnknownNameError",
     "get_estimator",
     "get_plugin_manager",
+    "get_policy_loss",
     "get_reward_verifier",
     "hookimpl",
     "reset_plugin_manager",

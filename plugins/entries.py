@@ -22,8 +22,15 @@ def _check_name(kind: str, name: str) -> None:
         raise ValueError(f"{kind} name {name!r} must be lowercase letters, digits, '_', '.' or '-', starting with a letter")
 
 
+def keyword_options(fn: Callable[..., Any]) -> dict[str, Any]:
+    """A function's keyword-only parameters that have defaults, with those defaults."""
+    params = inspect.signature(fn).parameters.values()
+    return {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY and p.default is not p.empty}
+
+
 def _first_doc_line(fn: Callable[..., Any]) -> str:
-    return (inspect.getdoc(fn) or "").strip().splitlines()[0] if inspect.getdoc(fn) else ""
+    doc = inspect.getdoc(fn)
+    return doc.strip().splitlines()[0] if doc else ""
 
 
 EstimatorFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
@@ -58,8 +65,7 @@ class AdvantageEstimator:
     @property
     def options(self) -> dict[str, Any]:
         """The estimator's options and their defaults (its keyword-only parameters)."""
-        params = inspect.signature(self.fn).parameters.values()
-        return {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY and p.default is not p.empty}
+        return keyword_options(self.fn)
 
     @property
     def summary(self) -> str:
@@ -91,4 +97,38 @@ class RewardVerifier:
     @property
     def summary(self) -> str:
         """First line of the scoring function's docstring."""
+        return _first_doc_line(self.fn)
+
+
+PolicyLossFn = Callable[..., "tuple[torch.Tensor, dict[str, float]]"]
+
+
+@dataclass(frozen=True)
+class PolicyLoss:
+    """A policy-gradient loss, resolved by ``actor.policy_loss``.
+
+    ``fn(old_log_probs, log_probs, advantages, response_mask, **options)``
+    takes (B, T) tensors and returns ``(token_losses, metrics)``: a (B, T)
+    loss per token (the actor aggregates it with the configured loss
+    aggregation mode, normalized over the global mini-batch) and a dict of
+    float diagnostics such as ``pg_clipfrac``. Its keyword-only parameters
+    with defaults are its options.
+    """
+
+    name: str
+    fn: PolicyLossFn
+
+    def __post_init__(self) -> None:
+        _check_name("policy loss", self.name)
+        if not callable(self.fn):
+            raise TypeError(f"policy loss {self.name!r}: fn must be callable, got {type(self.fn).__name__}")
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The loss's options and their defaults (its keyword-only parameters)."""
+        return keyword_options(self.fn)
+
+    @property
+    def summary(self) -> str:
+        """First line of the loss function's docstring."""
         return _first_doc_line(self.fn)

@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import pluggy
 
-from hybridflow.plugins.entries import AdvantageEstimator, RewardVerifier
+from hybridflow.plugins.entries import AdvantageEstimator, PolicyLoss, RewardVerifier
 
 PROJECT_NAME = "hybridflow"
 
@@ -61,4 +61,19 @@ def hybridflow_register_reward_verifiers(register: Callable[[RewardVerifier], No
     :func:`hybridflow_register_estimators` apply. A verifier's function may
     later run in a worker process of the reward pool, so it must be
     importable (a module-level function), not a closure.
+    """
+
+
+@hookspec
+def hybridflow_register_policy_losses(register: Callable[[PolicyLoss], None]) -> None:
+    """Register policy-gradient losses for the actor.
+
+    :param register: call ``register(PolicyLoss(...))`` once for each loss
+        the plugin provides.
+
+    Called once per process (in each actor worker), the first time a loss is
+    looked up; the returned value is ignored. The same rules as
+    :func:`hybridflow_register_estimators` apply. The loss returns per-token
+    losses; it must not aggregate them or call ``backward``: the actor owns
+    aggregation, so the gradient does not depend on the data-parallel size.
     """

@@ -13,8 +13,8 @@ def format_plugin_table(manager: PluginManager) -> str:
         hooks = sorted(h.name for h in manager.pm.get_hookcallers(plugin) or [])
         lines.append(f"{plugin_name}  ({source.distribution} {source.version})")
         lines.append(f"    hooks: {', '.join(hooks) or '-'}")
-        for label, names in manager.registered_by(plugin_name).items():
-            lines.append(f"    {label}s: {', '.join(sorted(names))}")
+        for plural, names in manager.registered_by(plugin_name).items():
+            lines.append(f"    {plural}: {', '.join(sorted(names))}")
     for failure in manager.failures:
         lines.append(f"FAILED {failure.source} at {failure.stage}: {failure.error}")
     for kind in KINDS:

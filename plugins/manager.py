@@ -6,7 +6,7 @@ with pluggy. ``HYBRIDFLOW_DISABLE_PLUGIN_AUTOLOAD=1`` keeps only the entry
 points of the ``hybridflow`` distribution itself, for hermetic tests, in the
 way ``PYTEST_DISABLE_PLUGIN_AUTOLOAD`` does for pytest.
 
-Each kind of registry (estimators, reward verifiers) is filled lazily, the
+Each kind of registry (estimators, reward verifiers, policy losses) is filled lazily, the
 first time a name of that kind is looked up, by calling every plugin's
 register hook with a callback that records who registered what.
 """
@@ -25,7 +25,7 @@ from typing import Any
 import pluggy
 
 from hybridflow.plugins import hookspecs
-from hybridflow.plugins.entries import AdvantageEstimator, RewardVerifier
+from hybridflow.plugins.entries import AdvantageEstimator, PolicyLoss, RewardVerifier
 
 logger = logging.getLogger(__name__)
 
@@ -39,13 +39,15 @@ class RegistryKind:
     """One kind of named thing plugins provide, and the hook that collects it."""
 
     label: str  # for messages: "estimator"
+    plural: str
     hook_name: str
     entry_type: type
 
 
-ESTIMATORS = RegistryKind("estimator", "hybridflow_register_estimators", AdvantageEstimator)
-REWARD_VERIFIERS = RegistryKind("reward verifier", "hybridflow_register_reward_verifiers", RewardVerifier)
-KINDS = (ESTIMATORS, REWARD_VERIFIERS)
+ESTIMATORS = RegistryKind("estimator", "estimators", "hybridflow_register_estimators", AdvantageEstimator)
+REWARD_VERIFIERS = RegistryKind("reward verifier", "reward verifiers", "hybridflow_register_reward_verifiers", RewardVerifier)
+POLICY_LOSSES = RegistryKind("policy loss", "policy losses", "hybridflow_register_policy_losses", PolicyLoss)
+KINDS = (ESTIMATORS, REWARD_VERIFIERS, POLICY_LOSSES)
 
 
 @dataclass(frozen=True)
@@ -109,7 +111,7 @@ class Registry:
         known = ", ".join(
             f"{n} [{', '.join(r.source.distribution for r in regs)}]" for n, regs in sorted(self.by_name.items())
         )
-        return f"unknown {self.kind.label} {name!r}.{hint} Known {self.kind.label}s: {known or '(none installed)'}"
+        return f"unknown {self.kind.label} {name!r}.{hint} Known {self.kind.plural}: {known or '(none installed)'}"
 
     def names(self) -> list[str]:
         return sorted(self.by_name)
@@ -139,7 +141,10 @@ class PluginManager:
             if (dist, ep.name) in seen or (builtins_only and dist != BUILTIN_DISTRIBUTION):
                 continue
             seen.add((dist, ep.name))
-            source = PluginSource(ep.name, dist, version)
+            # Entry-point names are chosen per distribution; qualify one that
+            # another distribution already uses so both can load.
+            plugin_name = ep.name if ep.name not in self.sources else f"{dist}:{ep.name}"
+            source = PluginSource(plugin_name, dist, version)
             try:
                 module = ep.load()
             except Exception as exc:  # a broken plugin must not take the others down
@@ -196,12 +201,12 @@ class PluginManager:
         return register
 
     def registered_by(self, plugin: str) -> dict[str, list[str]]:
-        """For one plugin: kind label -> the names it registered."""
+        """For one plugin: kind (plural label) -> the names it registered."""
         out: dict[str, list[str]] = {}
         for kind in KINDS:
             for name, regs in self.registry(kind).by_name.items():
                 if any(r.source.plugin == plugin for r in regs):
-                    out.setdefault(kind.label, []).append(name)
+                    out.setdefault(kind.plural, []).append(name)
         return out
 
 
@@ -236,3 +241,8 @@ def get_estimator(name: str) -> AdvantageEstimator:
 def get_reward_verifier(name: str) -> RewardVerifier:
     """The reward verifier registered as ``name``; errors as :func:`get_estimator`."""
     return get_plugin_manager().registry(REWARD_VERIFIERS).get(name)
+
+
+def get_policy_loss(name: str) -> PolicyLoss:
+    """The policy loss registered as ``name``; errors as :func:`get_estimator`."""
+    return get_plugin_manager().registry(POLICY_LOSSES).get(name)

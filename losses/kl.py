@@ -1,0 +1,34 @@
+"""KL estimators between the policy and the reference, per token.
+
+With d = log pi(a) - log pi_ref(a) at each sampled token (Schulman, "Approximating
+KL divergence", 2020)::
+
+    k1 / kl          d                                   unbiased, high variance
+    abs              |d|
+    k2 / mse         d^2 / 2                             low variance, biased
+    k3 / low_var_kl  exp(-d) - 1 + d, clamped to [-10, 10]   unbiased, non-negative
+
+``d`` is clamped to [-20, 20] before the exponential in k3 so a rare huge
+log-ratio cannot overflow.
+"""
+
+from __future__ import annotations
+
+import torch
+
+KL_PENALTIES = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl")
+
+
+def kl_penalty(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kind: str) -> torch.Tensor:
+    """Per-token KL estimate of ``kind`` (one of :data:`KL_PENALTIES`), same shape as the inputs."""
+    diff = log_probs - ref_log_probs
+    if kind in ("k1", "kl"):
+        return diff
+    if kind == "abs":
+        return diff.abs()
+    if kind in ("k2", "mse"):
+        return 0.5 * diff.square()
+    if kind in ("k3", "low_var_kl"):
+        neg = torch.clamp(-diff, min=-20, max=20)
+        return torch.clamp(torch.exp(neg) - neg - 1, min=-10, max=10)
+    raise ValueError(f"unknown kl penalty {kind!r}; allowed: {', '.join(KL_PENALTIES)}")

@@ -1,0 +1,1 @@
+"""Reward verifiers (plugins) and the batch reward manager."""
