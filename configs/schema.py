@@ -1,0 +1,249 @@
+"""The config schema: every key, its type, its default and what it means, once.
+
+The YAML files beside this module only choose values (``ppo_trainer.yaml`` and
+one folder per group); the keys, defaults and documentation live here, as a
+docstring under each field. Hydra validates the composed config against these
+dataclasses (they are stored in its ConfigStore as ``ppo_trainer_schema``), so
+a misspelt key or a wrong type fails at start-up with the key's path.
+``docs/config.md`` is generated from this file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+
+
+@dataclass
+class ModelConfig:
+    path: str = "builtin:tiny-qwen2"
+    """A local directory holding an HF causal LM and its tokenizer, or ``builtin:<name>``
+    for a tiny model built from a transformers config with random weights and a
+    tokenizer built in code (nothing is downloaded)."""
+    dtype: str = "float32"
+    """Parameter dtype: ``float32`` or ``bfloat16``."""
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-3
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    """AdamW betas."""
+    warmup_steps: int = 0
+    """Linear warm-up from 0 to ``lr`` over this many optimizer steps."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value; a non-finite norm skips the step."""
+
+
+@dataclass
+class ActorConfig:
+    policy_loss: str = "vanilla"
+    """Policy loss plugin by name (``hybridflow plugins`` lists them): ``vanilla`` (PPO clip), ``gspo``, ..."""
+    policy_loss_options: dict[str, Any] = field(default_factory=dict)
+    """Keyword options of the policy loss, e.g. ``{clip_ratio_low: 0.2, clip_ratio_high: 0.28}``;
+    unset options keep the loss's own defaults."""
+    loss_agg_mode: Optional[str] = None
+    """``token-mean``, ``seq-mean-token-sum``, ``seq-mean-token-mean`` or ``seq-mean-token-sum-norm``.
+    None: the estimator's recommended mode (Dr.GRPO: ``seq-mean-token-sum-norm``), else ``token-mean``."""
+    ppo_mini_batch_size: int = 8
+    """Prompts per optimizer step (each with its ``rollout.n`` responses)."""
+    ppo_micro_batch_size_per_gpu: int = 16
+    """Rows per forward/backward pass on one rank; gradients accumulate over micro-batches."""
+    ppo_epochs: int = 1
+    """Passes over each step's batch."""
+    shuffle: bool = False
+    """Shuffle rows between mini-batches each epoch."""
+    entropy_coeff: float = 0.0
+    """Weight of the entropy bonus (subtracted from the loss)."""
+    use_kl_loss: bool = False
+    """Add a KL term against the reference policy to the actor loss (GRPO style)."""
+    kl_loss_coef: float = 0.001
+    """Weight of that KL term."""
+    kl_loss_type: str = "low_var_kl"
+    """KL estimator: ``k1``/``kl``, ``abs``, ``k2``/``mse``, ``k3``/``low_var_kl``."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Actor optimizer."""
+
+
+@dataclass
+class RolloutConfig:
+    name: str = "builtin"
+    """Rollout engine: ``builtin`` (batched HF generation with a KV cache) or ``vllm`` (GPU, extra ``hybridflow[vllm]``)."""
+    n: int = 8
+    """Responses sampled per prompt (the group size of GRPO-style estimators)."""
+    temperature: float = 1.0
+    """Sampling temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold (1.0 disables)."""
+    top_k: int = 0
+    """Keep the k most likely tokens (0 disables)."""
+    response_length: int = 8
+    """Maximum new tokens per response."""
+    tensor_model_parallel_size: int = 1
+    """Tensor-parallel degree of the rollout layout."""
+    val_greedy: bool = True
+    """Validation decodes greedily (one response per prompt)."""
+
+
+@dataclass
+class ActorRolloutRefConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The policy model (the reference is a frozen copy of it)."""
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    """Training-side settings of the policy."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Generation-side settings of the policy."""
+
+
+@dataclass
+class CriticConfig:
+    enable: Optional[bool] = None
+    """None: build a critic exactly when the estimator needs one (``gae``). False with such an estimator is an error."""
+    cliprange_value: float = 0.5
+    """Clip range of the value loss around the old values."""
+    ppo_micro_batch_size_per_gpu: int = 16
+    """Rows per critic forward/backward pass on one rank."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Critic optimizer."""
+
+
+@dataclass
+class KLControlConfig:
+    type: str = "fixed"
+    """``fixed`` or ``adaptive`` (Ziegler et al. 2019) controller of the in-reward KL coefficient."""
+    kl_coef: float = 0.001
+    """Initial (fixed: constant) KL coefficient."""
+    target_kl: float = 0.1
+    """Adaptive controller's target KL."""
+    horizon: int = 10000
+    """Adaptive controller's horizon."""
+
+
+@dataclass
+class AlgorithmConfig:
+    adv_estimator: str = "grpo"
+    """Advantage estimator plugin by name: ``grpo``, ``dr_grpo``, ``rloo``, ``reinforce_plus_plus``,
+    ``reinforce_plus_plus_baseline``, ``gae``, or any installed plugin's."""
+    estimator_options: dict[str, Any] = field(default_factory=dict)
+    """Keyword options of the estimator, e.g. ``{gamma: 0.99, lam: 0.95}`` for ``gae``."""
+    use_kl_in_reward: bool = False
+    """Subtract a KL penalty against the reference from the token-level reward."""
+    kl_penalty: str = "kl"
+    """KL estimator for the in-reward penalty (see ``actor.kl_loss_type`` for the names)."""
+    kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+    """Controller of the in-reward KL coefficient."""
+
+
+@dataclass
+class CustomRewardFunctionConfig:
+    path: Optional[str] = None
+    """A Python file defining the scoring function (None: use the routed verifiers)."""
+    name: str = "compute_score"
+    """The function's name in that file."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments passed to it."""
+
+
+@dataclass
+class OverlongBufferConfig:
+    enable: bool = False
+    """DAPO-style penalty for responses that run into the last ``len`` tokens of the budget."""
+    len: int = 4
+    """Length of the penalty zone before ``rollout.response_length``."""
+    penalty_factor: float = 1.0
+    """Penalty at the very end of the budget (linear from 0 at the zone's start)."""
+
+
+@dataclass
+class RewardConfig:
+    route: dict[str, str] = field(default_factory=dict)
+    """data_source (exact or glob) -> verifier name, added to the built-in routes."""
+    num_workers: int = 1
+    """Processes scoring responses in parallel."""
+    timeout_s: float = 10.0
+    """Hard wall-clock limit per sample; a sample past it scores ``timeout_score`` and is counted."""
+    timeout_score: float = 0.0
+    """Score given to a sample that timed out or whose verifier raised."""
+    custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
+    """A user's scoring function loaded from a file."""
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+    """Overlong-response penalty."""
+
+
+@dataclass
+class DataConfig:
+    train_files: list[str] = field(default_factory=list)
+    """Training parquet files in veRL's schema. Empty: the built-in synthetic task, generated on first use."""
+    val_files: list[str] = field(default_factory=list)
+    """Validation parquet files. Empty: the synthetic task's validation split."""
+    synthetic_dir: str = "outputs/synthetic_data"
+    """Where the synthetic task is generated when no files are given (relative paths are
+    resolved against the directory the command was started in)."""
+    train_batch_size: int = 16
+    """Prompts per training step (each sampled ``rollout.n`` times)."""
+    val_batch_size: int = 256
+    """Prompts per validation generation call."""
+    max_prompt_length: int = 32
+    """Prompts longer than this many tokens are filtered out and counted."""
+    shuffle: bool = True
+    """Shuffle the training prompts each epoch (seeded by ``trainer.seed``)."""
+
+
+@dataclass
+class TrainerConfig:
+    total_epochs: int = 1
+    """Passes over the training prompts."""
+    total_training_steps: Optional[int] = None
+    """Stop after this many steps (None: run all epochs)."""
+    nnodes: int = 1
+    """Nodes in the resource pool."""
+    n_gpus_per_node: int = 2
+    """Ranks per node: GPUs, or CPU processes when ``device=cpu``."""
+    device: str = "cpu"
+    """``cpu`` (gloo) or ``cuda`` (nccl)."""
+    ray_address: Optional[str] = None
+    """Join this Ray cluster (None: ``RAY_ADDRESS`` if set, else start a local instance)."""
+    seed: int = 0
+    """Seed of model initialization, data order and sampling."""
+    test_freq: int = 5
+    """Validate every this many steps (and before the first and after the last); 0 disables."""
+    save_freq: int = 0
+    """Checkpoint every this many steps; 0 disables."""
+    default_local_dir: str = "checkpoints"
+    """Checkpoint directory (relative to the run directory)."""
+    resume_mode: str = "auto"
+    """``auto`` (latest checkpoint in ``default_local_dir`` if any), ``disable``, or a checkpoint path."""
+    max_ckpt_to_keep: int = 2
+    """Keep this many most recent checkpoints."""
+    logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
+    """Metric sinks."""
+    project_name: str = "hybridflow"
+    """Project name for loggers."""
+    experiment_name: str = "default"
+    """Run name for loggers."""
+
+
+@dataclass
+class PPOConfig:
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    """The RL algorithm: estimator and KL-in-reward."""
+    actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
+    """The policy: model, actor (training), rollout (generation)."""
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    """The value model (built only when needed)."""
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    """Verifiers and the reward manager."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """Datasets and batch sizes."""
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """Cluster shape, schedule, checkpoints, logging."""
+
+
+def register_configs() -> None:
+    """Store the schema in Hydra's ConfigStore as ``ppo_trainer_schema``."""
+    ConfigStore.instance().store(name="ppo_trainer_schema", node=PPOConfig)
