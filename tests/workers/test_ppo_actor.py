@@ -1,0 +1,144 @@
+"""PPOActor on one process: log-probs, update invariance, skipped steps."""
+
+import copy
+import math
+
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from hybridflow.configs.schema import ActorConfig
+from hybridflow.core import DataProto
+from hybridflow.losses import LOSS_AGG_MODES
+from hybridflow.workers.actor.ppo_actor import PPOActor
+from hybridflow.workers.log_probs import entropy_from_logits, log_probs_from_logits, response_log_probs
+
+
+def tiny_model(seed=0):
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=24, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64, tie_word_embeddings=False,
+    )
+    return Qwen2ForCausalLM(config).float()
+
+
+def rollout_batch(rows=8, prompt=4, response=5, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    prompt_len = torch.randint(2, prompt + 1, (rows,), generator=gen)
+    response_len = torch.randint(1, response + 1, (rows,), generator=gen)
+    prompts = torch.randint(3, 24, (rows, prompt), generator=gen)
+    responses = torch.randint(3, 24, (rows, response), generator=gen)
+    p_mask = (torch.arange(prompt) >= prompt - prompt_len[:, None]).long()  # left padded
+    r_mask = (torch.arange(response) < response_len[:, None]).long()
+    attention = torch.cat([p_mask, r_mask], dim=1)
+    position = (attention.cumsum(-1) - 1).clamp(min=0)
+    return DataProto.from_dict({
+        "prompts": prompts * p_mask,
+        "responses": responses * r_mask,
+        "input_ids": torch.cat([prompts * p_mask, responses * r_mask], dim=1),
+        "attention_mask": attention,
+        "position_ids": position,
+        "response_mask": r_mask,
+        "advantages": torch.randn(rows, 1, generator=gen).expand(rows, response).contiguous() * r_mask,
+    })
+
+
+def make_actor(model, micro, mode="token-mean", rows_per_mini=8, **cfg):
+    config = ActorConfig(ppo_micro_batch_size_per_gpu=micro, **cfg)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    return PPOActor(model, optimizer, config, loss_agg_mode=mode, rows_per_mini_batch=rows_per_mini)
+
+
+def test_log_probs_match_manual_softmax():
+    logits = torch.randn(2, 3, 5)
+    labels = torch.tensor([[0, 4, 2], [1, 1, 3]])
+    manual = torch.log(torch.softmax(logits, -1)).gather(-1, labels[..., None])[..., 0]
+    assert torch.allclose(log_probs_from_logits(logits, labels), manual, atol=1e-6)
+    p = torch.softmax(logits, -1)
+    assert torch.allclose(entropy_from_logits(logits), -(p * p.log()).sum(-1), atol=1e-6)
+
+
+def test_response_log_probs_equal_a_per_row_unpadded_forward():
+    model, data = tiny_model(), rollout_batch()
+    batched, _ = response_log_probs(model, data, temperature=0.7)
+    for i in range(len(data)):
+        keep = data.batch["attention_mask"][i].bool()
+        ids = data.batch["input_ids"][i][keep][None]
+        n_resp = int(data.batch["response_mask"][i].sum())
+        logits = model(input_ids=ids).logits[0, -n_resp - 1 : -1] / 0.7
+        expected = log_probs_from_logits(logits, ids[0, -n_resp:])
+        assert torch.allclose(batched[i, :n_resp], expected, atol=1e-5)
+
+
+def test_compute_log_prob_is_micro_batch_independent():
+    model, data = tiny_model(), rollout_batch()
+    a = make_actor(model, micro=3).compute_log_prob(data, temperature=1.0).batch["old_log_probs"]
+    b = make_actor(model, micro=8).compute_log_prob(data, temperature=1.0).batch["old_log_probs"]
+    assert torch.allclose(a, b, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+def test_update_is_the_same_for_1_and_4_micro_batches(mode):
+    data = rollout_batch()
+    base = tiny_model()
+    data.union(make_actor(base, micro=8).compute_log_prob(data, temperature=1.0))
+    models = []
+    for micro in (8, 2):
+        model = copy.deepcopy(base)
+        make_actor(model, micro=micro, mode=mode, entropy_coeff=0.01).update_policy(data, temperature=1.0)
+        models.append(model)
+    changed = False
+    for (name, p1), p2, p0 in zip(models[0].named_parameters(), models[1].parameters(), base.parameters()):
+        assert torch.allclose(p1, p2, atol=1e-6), name
+        changed |= not torch.equal(p1, p0)
+    assert changed
+
+
+def test_first_step_with_zero_advantage_changes_nothing_and_ratio_is_one():
+    data = rollout_batch()
+    data.batch["advantages"].zero_()
+    model = tiny_model()
+    before = copy.deepcopy(model)
+    actor = make_actor(model, micro=4)
+    data.union(actor.compute_log_prob(data, temperature=1.0))
+    metrics = actor.update_policy(data, temperature=1.0)
+    assert metrics["actor/ppo_kl"] == pytest.approx(0.0, abs=1e-6)
+    assert metrics["actor/pg_clipfrac"] == 0.0
+    for p, q in zip(model.parameters(), before.parameters()):
+        assert torch.equal(p, q)
+
+
+def test_non_finite_gradient_skips_the_step():
+    data = rollout_batch()
+    model = tiny_model()
+    actor = make_actor(model, micro=8)
+    data.union(actor.compute_log_prob(data, temperature=1.0))
+    data.batch["advantages"][0, 0] = float("nan")
+    before = copy.deepcopy(model)
+    metrics = actor.update_policy(data, temperature=1.0)
+    assert metrics["actor/skipped_steps"] == 1.0 and math.isnan(metrics["actor/grad_norm"])
+    for p, q in zip(model.parameters(), before.parameters()):
+        assert torch.equal(p, q)
+
+
+def test_kl_loss_needs_ref_log_probs_and_pulls_towards_reference():
+    data = rollout_batch()
+    model = tiny_model()
+    actor = make_actor(model, micro=8, use_kl_loss=True, kl_loss_coef=1.0, kl_loss_type="k1")
+    data.union(actor.compute_log_prob(data, temperature=1.0))
+    data.batch["ref_log_probs"] = data.batch["old_log_probs"].clone()
+    metrics = actor.update_policy(data, temperature=1.0)
+    assert metrics["actor/kl_loss"] == pytest.approx(0.0, abs=1e-6)  # policy == reference before the step
+
+
+def test_unknown_policy_loss_option_is_an_error():
+    with pytest.raises(ValueError, match=r"has \['clip'\], which policy loss 'vanilla' does not take"):
+        make_actor(tiny_model(), micro=8, policy_loss_options={"clip": 0.1})
+
+
+def test_rows_not_a_multiple_of_the_mini_batch():
+    data = rollout_batch(rows=6)
+    actor = make_actor(tiny_model(), micro=8, rows_per_mini=4)
+    with pytest.raises(ValueError, match="6 rows, not a multiple of its 4"):
+        actor.update_policy(data, temperature=1.0)

@@ -1,0 +1,1 @@
+"""The driver: the ``fit()`` loop, validation, checkpoints, metrics, the Hydra entry point."""

@@ -1,0 +1,1 @@
+"""The SPMD stage programs: actor, critic, reference and rollout engines."""

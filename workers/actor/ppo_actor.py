@@ -1,0 +1,168 @@
+"""The actor's computation on one data-parallel rank: log-probs and the PPO update.
+
+This module knows nothing of Ray: the actor *worker* wraps it, builds the
+model (FSDP2-sharded over the dp ranks) and hands it the rank's share of the
+batch. What it guarantees:
+
+* The gradient of one optimizer step does not depend on how the mini-batch is
+  split over ranks and micro-batches. Every micro-batch's loss is its share of
+  the global mini-batch mean (``agg_loss`` with counts all-reduced over the dp
+  group), and gradients are *summed* over micro-batches (accumulation) and
+  ranks (the worker sets FSDP's gradient divide factor to 1).
+* A non-finite gradient norm skips the step and is counted, never applied.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import defaultdict
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hybridflow.configs.schema import ActorConfig
+from hybridflow.core import DataProto
+from hybridflow.core.keys import ADVANTAGES, OLD_LOG_PROBS, REF_LOG_PROBS, RESPONSE_MASK
+from hybridflow.losses import agg_loss, kl_penalty
+from hybridflow.plugins import get_policy_loss
+from hybridflow.workers.log_probs import response_log_probs
+
+logger = logging.getLogger(__name__)
+
+
+def global_counts(mask: torch.Tensor, group: dist.ProcessGroup | None) -> tuple[float, float]:
+    """Valid tokens and sequences of a mini-batch summed over the data-parallel group."""
+    counts = torch.tensor([mask.sum().item(), float(mask.shape[0])], dtype=torch.float64)
+    if group is not None and dist.get_world_size(group) > 1:
+        dist.all_reduce(counts, group=group)
+    return counts[0].item(), counts[1].item()
+
+
+class PPOActor:
+    """Log-probs and clipped policy-gradient updates of one rank's model shard.
+
+    :param model: the policy (an HF causal LM, FSDP2-wrapped or not).
+    :param optimizer: its optimizer.
+    :param config: the ``actor_rollout_ref.actor`` config.
+    :param loss_agg_mode: the resolved aggregation mode (the trainer fills in
+        the estimator's recommendation when the config leaves it unset).
+    :param dp_group: the data-parallel process group (None: a single rank).
+    :param rows_per_mini_batch: this rank's rows per optimizer step
+        (``ppo_mini_batch_size * n / dp_size``).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        config: ActorConfig,
+        *,
+        loss_agg_mode: str,
+        rows_per_mini_batch: int,
+        dp_group: dist.ProcessGroup | None = None,
+        scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+    ) -> None:
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.config = config
+        self.loss_agg_mode = loss_agg_mode
+        self.rows_per_mini_batch = rows_per_mini_batch
+        self.dp_group = dp_group
+        self._updates = 0
+        self.policy_loss = get_policy_loss(config.policy_loss)
+        unknown = set(config.policy_loss_options) - set(self.policy_loss.options)
+        if unknown:
+            raise ValueError(
+                f"actor.policy_loss_options has {sorted(unknown)}, which policy loss {config.policy_loss!r} "
+                f"does not take; its options are {self.policy_loss.options}"
+            )
+
+    @torch.no_grad()
+    def compute_log_prob(self, data: DataProto, *, temperature: float, with_entropy: bool = False) -> DataProto:
+        """Teacher-forced ``old_log_probs`` (and ``entropy``) for every row, in micro-batches."""
+        self.model.eval()
+        log_probs, entropies = [], []
+        for micro in data.split(self.config.ppo_micro_batch_size_per_gpu):
+            lp, ent = response_log_probs(self.model, micro, temperature=temperature, with_entropy=with_entropy)
+            log_probs.append(lp)
+            entropies.append(ent)
+        tensors = {OLD_LOG_PROBS: torch.cat(log_probs)}
+        if with_entropy:
+            tensors["entropy"] = torch.cat(entropies)
+        return DataProto.from_dict(tensors)
+
+    def update_policy(self, data: DataProto, *, temperature: float) -> dict[str, float]:
+        """``ppo_epochs`` passes of mini-batch updates over this rank's rows; returns mean metrics."""
+        if len(data) % self.rows_per_mini_batch:
+            raise ValueError(
+                f"this rank holds {len(data)} rows, not a multiple of its {self.rows_per_mini_batch} rows per mini-batch"
+            )
+        self.model.train()
+        metrics: dict[str, list[float]] = defaultdict(list)
+        self._updates += 1  # a new shuffle order each update, reproducible from the start
+        mini_batches = data.make_iterator(
+            self.rows_per_mini_batch, epochs=self.config.ppo_epochs, shuffle=self.config.shuffle, seed=self._updates
+        )
+        for mini in mini_batches:
+            for key, value in self._step(mini, temperature).items():
+                metrics[key].append(value)
+        return {key: sum(values) / len(values) for key, values in metrics.items()}
+
+    def _step(self, mini: DataProto, temperature: float) -> dict[str, float]:
+        num_tokens, num_seqs = global_counts(mini.batch[RESPONSE_MASK], self.dp_group)
+        counts = {"num_tokens": num_tokens, "num_seqs": num_seqs}
+        self.optimizer.zero_grad(set_to_none=True)
+        step_metrics: dict[str, float] = defaultdict(float)
+        for micro in mini.split(self.config.ppo_micro_batch_size_per_gpu):
+            loss, micro_metrics = self._micro_batch_loss(micro, temperature, counts)
+            loss.backward()
+            for key, value in micro_metrics.items():
+                step_metrics[key] += value * len(micro) / len(mini)
+        grad_norm = self._clip_grad_norm()
+        if math.isfinite(grad_norm):
+            self.optimizer.step()
+            if self.scheduler is not None:
+                self.scheduler.step()
+        else:
+            logger.warning("non-finite gradient norm %s: skipping this optimizer step", grad_norm)
+            self.optimizer.zero_grad(set_to_none=True)
+        step_metrics["actor/grad_norm"] = grad_norm
+        step_metrics["actor/skipped_steps"] = float(not math.isfinite(grad_norm))
+        step_metrics["actor/lr"] = self.optimizer.param_groups[0]["lr"]
+        return dict(step_metrics)
+
+    def _micro_batch_loss(
+        self, micro: DataProto, temperature: float, counts: dict[str, float]
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The micro-batch's share of the global loss, and its local diagnostics."""
+        mask = micro.batch[RESPONSE_MASK].float()
+        need_entropy = self.config.entropy_coeff != 0
+        log_probs, entropy = response_log_probs(self.model, micro, temperature=temperature, with_entropy=need_entropy)
+        token_losses, loss_metrics = self.policy_loss.fn(
+            micro.batch[OLD_LOG_PROBS], log_probs, micro.batch[ADVANTAGES], mask, **self.config.policy_loss_options
+        )
+        terms = {"pg_loss": (1.0, token_losses)}
+        if need_entropy:
+            terms["entropy"] = (-self.config.entropy_coeff, entropy)
+        if self.config.use_kl_loss:
+            kl = kl_penalty(log_probs, micro.batch[REF_LOG_PROBS], self.config.kl_loss_type)
+            terms["kl_loss"] = (self.config.kl_loss_coef, kl)
+        loss = sum(coef * agg_loss(values, mask, self.loss_agg_mode, **counts) for coef, values in terms.values())
+        with torch.no_grad():  # diagnostics: this micro-batch's own mean, not its share
+            metrics = {f"actor/{name}": agg_loss(values, mask, self.loss_agg_mode).item() for name, (_, values) in terms.items()}
+        metrics.update({f"actor/{k}": v for k, v in loss_metrics.items()})
+        return loss, metrics
+
+    def _clip_grad_norm(self) -> float:
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.optim.grad_clip)
+        if hasattr(norm, "full_tensor"):  # a DTensor under FSDP2
+            norm = norm.full_tensor()
+        return float(norm)
+
+
+def actor_metrics_mean(per_rank: list[dict[str, Any]]) -> dict[str, float]:
+    """Average the metric dicts that the dp ranks returned."""
+    keys = per_rank[0].keys()
+    return {key: sum(m[key] for m in per_rank) / len(per_rank) for key in keys}

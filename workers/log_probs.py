@@ -1,0 +1,49 @@
+"""Per-token log-probabilities and entropy of a response under a causal LM.
+
+Shared by the actor (``old_log_probs`` and the update), the reference and
+the tests that check the rollout engine against a teacher-forced pass.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from hybridflow.core import DataProto
+from hybridflow.core.keys import ATTENTION_MASK, INPUT_IDS, POSITION_IDS, RESPONSES
+
+
+def log_probs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """log softmax(logits)[label] for each position: (B, T, V), (B, T) -> (B, T) float32."""
+    logits = logits.float()
+    return torch.gather(logits, -1, labels.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of softmax(logits) at each position: (B, T, V) -> (B, T) float32."""
+    logits = logits.float()
+    log_p = torch.log_softmax(logits, dim=-1)
+    return -(log_p.exp() * log_p).sum(-1)
+
+
+def response_log_probs(
+    model: nn.Module, batch: DataProto, *, temperature: float = 1.0, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Teacher-forced log-probs of ``batch["responses"]`` given the prompt, (B, T) each.
+
+    The logits are divided by ``temperature`` first, so the result is the
+    log-probability under the distribution the rollout sampled from.
+    Returns ``(log_probs, entropy or None)``.
+    """
+    responses = batch.batch[RESPONSES]
+    length = responses.shape[1]
+    out = model(
+        input_ids=batch.batch[INPUT_IDS],
+        attention_mask=batch.batch[ATTENTION_MASK],
+        position_ids=batch.batch[POSITION_IDS],
+        use_cache=False,
+    )
+    # logits at position p predict token p + 1: the response's logits start one before it
+    logits = out.logits[:, -length - 1 : -1, :] / temperature
+    log_probs = log_probs_from_logits(logits, responses)
+    return log_probs, (entropy_from_logits(logits) if with_entropy else None)
