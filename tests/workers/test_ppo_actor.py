@@ -5,43 +5,13 @@ import math
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from hybridflow.configs.schema import ActorConfig
 from hybridflow.core import DataProto
 from hybridflow.losses import LOSS_AGG_MODES
 from hybridflow.workers.actor.ppo_actor import PPOActor
 from hybridflow.workers.log_probs import entropy_from_logits, log_probs_from_logits, response_log_probs
-
-
-def tiny_model(seed=0):
-    torch.manual_seed(seed)
-    config = Qwen2Config(
-        vocab_size=24, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64, tie_word_embeddings=False,
-    )
-    return Qwen2ForCausalLM(config).float()
-
-
-def rollout_batch(rows=8, prompt=4, response=5, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    prompt_len = torch.randint(2, prompt + 1, (rows,), generator=gen)
-    response_len = torch.randint(1, response + 1, (rows,), generator=gen)
-    prompts = torch.randint(3, 24, (rows, prompt), generator=gen)
-    responses = torch.randint(3, 24, (rows, response), generator=gen)
-    p_mask = (torch.arange(prompt) >= prompt - prompt_len[:, None]).long()  # left padded
-    r_mask = (torch.arange(response) < response_len[:, None]).long()
-    attention = torch.cat([p_mask, r_mask], dim=1)
-    position = (attention.cumsum(-1) - 1).clamp(min=0)
-    return DataProto.from_dict({
-        "prompts": prompts * p_mask,
-        "responses": responses * r_mask,
-        "input_ids": torch.cat([prompts * p_mask, responses * r_mask], dim=1),
-        "attention_mask": attention,
-        "position_ids": position,
-        "response_mask": r_mask,
-        "advantages": torch.randn(rows, 1, generator=gen).expand(rows, response).contiguous() * r_mask,
-    })
+from support import rollout_batch, tiny_model
 
 
 def make_actor(model, micro, mode="token-mean", rows_per_mini=8, **cfg):

@@ -8,7 +8,7 @@ batch. What it guarantees:
   split over ranks and micro-batches. Every micro-batch's loss is its share of
   the global mini-batch mean (``agg_loss`` with counts all-reduced over the dp
   group), and gradients are *summed* over micro-batches (accumulation) and
-  ranks (the worker sets FSDP's gradient divide factor to 1).
+  ranks (FSDP averages over ranks, so the loss is scaled by the dp size).
 * A non-finite gradient norm skips the step and is counted, never applied.
 """
 
@@ -70,6 +70,7 @@ class PPOActor:
         self.loss_agg_mode = loss_agg_mode
         self.rows_per_mini_batch = rows_per_mini_batch
         self.dp_group = dp_group
+        self.dp_size = dist.get_world_size(dp_group) if dp_group is not None else 1
         self._updates = 0
         self.policy_loss = get_policy_loss(config.policy_loss)
         unknown = set(config.policy_loss_options) - set(self.policy_loss.options)
@@ -117,7 +118,7 @@ class PPOActor:
         step_metrics: dict[str, float] = defaultdict(float)
         for micro in mini.split(self.config.ppo_micro_batch_size_per_gpu):
             loss, micro_metrics = self._micro_batch_loss(micro, temperature, counts)
-            loss.backward()
+            (loss * self.dp_size).backward()  # FSDP averages over ranks; we want the sum
             for key, value in micro_metrics.items():
                 step_metrics[key] += value * len(micro) / len(mini)
         grad_norm = self._clip_grad_norm()

@@ -1,0 +1,69 @@
+"""Helpers shared by tests (importable as ``support``: setup.cfg puts tests/ on sys.path)."""
+
+import os
+
+import torch
+import torch.distributed as dist
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from hybridflow.core import DataProto
+
+
+def tiny_model(seed=0):
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=24, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64, tie_word_embeddings=False,
+    )
+    return Qwen2ForCausalLM(config).float()
+
+
+def rollout_batch(rows=8, prompt=4, response=5, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    prompt_len = torch.randint(2, prompt + 1, (rows,), generator=gen)
+    response_len = torch.randint(1, response + 1, (rows,), generator=gen)
+    prompts = torch.randint(3, 24, (rows, prompt), generator=gen)
+    responses = torch.randint(3, 24, (rows, response), generator=gen)
+    p_mask = (torch.arange(prompt) >= prompt - prompt_len[:, None]).long()  # left padded
+    r_mask = (torch.arange(response) < response_len[:, None]).long()
+    attention = torch.cat([p_mask, r_mask], dim=1)
+    position = (attention.cumsum(-1) - 1).clamp(min=0)
+    return DataProto.from_dict({
+        "prompts": prompts * p_mask,
+        "responses": responses * r_mask,
+        "input_ids": torch.cat([prompts * p_mask, responses * r_mask], dim=1),
+        "attention_mask": attention,
+        "position_ids": position,
+        "response_mask": r_mask,
+        "advantages": torch.randn(rows, 1, generator=gen).expand(rows, response).contiguous() * r_mask,
+    })
+
+
+
+def fsdp_update_rank(rank, world, port, mode, micro, out_dir):
+    """One rank of a dp=``world`` FSDP2 PPO update; rank 0 saves the full parameters."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from hybridflow.configs.schema import ActorConfig
+    from hybridflow.workers.actor.ppo_actor import PPOActor
+    from hybridflow.workers.fsdp import full_parameters, shard_model
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
+        model = shard_model(tiny_model(), mesh)
+        data = torch.load(os.path.join(out_dir, "data.pt"), weights_only=False)
+        shard = data.chunk(world)[rank]
+        actor = PPOActor(
+            model, torch.optim.SGD(model.parameters(), lr=0.5), ActorConfig(ppo_micro_batch_size_per_gpu=micro),
+            loss_agg_mode=mode, rows_per_mini_batch=len(shard), dp_group=mesh.get_group(),
+        )
+        actor.update_policy(shard, temperature=1.0)
+        params = full_parameters(model)
+        if rank == 0:
+            torch.save(params, os.path.join(out_dir, "params.pt"))
+        dist.barrier()  # no rank tears down its connections while another still uses them
+    finally:
+        dist.destroy_process_group()
