@@ -9,15 +9,12 @@ batch. What it guarantees:
   the global mini-batch mean (``agg_loss`` with counts all-reduced over the dp
   group), and gradients are *summed* over micro-batches (accumulation) and
   ranks (FSDP averages over ranks, so the loss is scaled by the dp size).
-* A non-finite gradient norm skips the step and is counted, never applied.
+* A non-finite gradient norm skips the step and is counted, never applied
+  (``workers/train_step.py``).
 """
 
 from __future__ import annotations
 
-import logging
-import math
-from collections import defaultdict
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -29,8 +26,7 @@ from hybridflow.core.keys import ADVANTAGES, OLD_LOG_PROBS, REF_LOG_PROBS, RESPO
 from hybridflow.losses import agg_loss, kl_penalty
 from hybridflow.plugins import get_policy_loss
 from hybridflow.workers.log_probs import response_log_probs
-
-logger = logging.getLogger(__name__)
+from hybridflow.workers.train_step import mean_metrics, optimizer_step
 
 
 def global_counts(mask: torch.Tensor, group: dist.ProcessGroup | None) -> tuple[float, float]:
@@ -101,38 +97,27 @@ class PPOActor:
                 f"this rank holds {len(data)} rows, not a multiple of its {self.rows_per_mini_batch} rows per mini-batch"
             )
         self.model.train()
-        metrics: dict[str, list[float]] = defaultdict(list)
         self._updates += 1  # a new shuffle order each update, reproducible from the start
         mini_batches = data.make_iterator(
             self.rows_per_mini_batch, epochs=self.config.ppo_epochs, shuffle=self.config.shuffle, seed=self._updates
         )
+        steps = []
         for mini in mini_batches:
-            for key, value in self._step(mini, temperature).items():
-                metrics[key].append(value)
-        return {key: sum(values) / len(values) for key, values in metrics.items()}
-
-    def _step(self, mini: DataProto, temperature: float) -> dict[str, float]:
-        num_tokens, num_seqs = global_counts(mini.batch[RESPONSE_MASK], self.dp_group)
-        counts = {"num_tokens": num_tokens, "num_seqs": num_seqs}
-        self.optimizer.zero_grad(set_to_none=True)
-        step_metrics: dict[str, float] = defaultdict(float)
-        for micro in mini.split(self.config.ppo_micro_batch_size_per_gpu):
-            loss, micro_metrics = self._micro_batch_loss(micro, temperature, counts)
-            (loss * self.dp_size).backward()  # FSDP averages over ranks; we want the sum
-            for key, value in micro_metrics.items():
-                step_metrics[key] += value * len(micro) / len(mini)
-        grad_norm = self._clip_grad_norm()
-        if math.isfinite(grad_norm):
-            self.optimizer.step()
-            if self.scheduler is not None:
-                self.scheduler.step()
-        else:
-            logger.warning("non-finite gradient norm %s: skipping this optimizer step", grad_norm)
-            self.optimizer.zero_grad(set_to_none=True)
-        step_metrics["actor/grad_norm"] = grad_norm
-        step_metrics["actor/skipped_steps"] = float(not math.isfinite(grad_norm))
-        step_metrics["actor/lr"] = self.optimizer.param_groups[0]["lr"]
-        return dict(step_metrics)
+            num_tokens, num_seqs = global_counts(mini.batch[RESPONSE_MASK], self.dp_group)
+            counts = {"num_tokens": num_tokens, "num_seqs": num_seqs}
+            steps.append(
+                optimizer_step(
+                    mini,
+                    self.config.ppo_micro_batch_size_per_gpu,
+                    lambda micro: self._micro_batch_loss(micro, temperature, counts),
+                    self.model,
+                    self.optimizer,
+                    grad_clip=self.config.optim.grad_clip,
+                    loss_scale=self.dp_size,  # FSDP averages over ranks; we want the sum
+                    scheduler=self.scheduler,
+                )
+            )
+        return mean_metrics(steps)
 
     def _micro_batch_loss(
         self, micro: DataProto, temperature: float, counts: dict[str, float]
@@ -155,15 +140,3 @@ class PPOActor:
             metrics = {f"actor/{name}": agg_loss(values, mask, self.loss_agg_mode).item() for name, (_, values) in terms.items()}
         metrics.update({f"actor/{k}": v for k, v in loss_metrics.items()})
         return loss, metrics
-
-    def _clip_grad_norm(self) -> float:
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.optim.grad_clip)
-        if hasattr(norm, "full_tensor"):  # a DTensor under FSDP2
-            norm = norm.full_tensor()
-        return float(norm)
-
-
-def actor_metrics_mean(per_rank: list[dict[str, Any]]) -> dict[str, float]:
-    """Average the metric dicts that the dp ranks returned."""
-    keys = per_rank[0].keys()
-    return {key: sum(m[key] for m in per_rank) / len(per_rank) for key in keys}

@@ -1,0 +1,1 @@
+"""The critic: value estimates and clipped value-loss updates (``ppo_critic``)."""

@@ -1,0 +1,80 @@
+"""One optimizer step over a mini-batch, shared by the actor and the critic.
+
+Gradients accumulate over micro-batches; the loss function returns each
+micro-batch's *share* of the global mini-batch loss, so accumulation sums to
+the global mean. ``loss_scale`` (the dp size under FSDP, which averages over
+ranks) turns that average back into the sum. A non-finite gradient norm skips
+the step and is counted.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import defaultdict
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from hybridflow.core import DataProto
+
+logger = logging.getLogger(__name__)
+
+MicroLoss = Callable[[DataProto], "tuple[torch.Tensor, dict[str, float]]"]
+
+
+def clip_grad_norm(model: nn.Module, max_norm: float) -> float:
+    """Clip the global gradient norm (DTensor-aware); returns the norm before clipping."""
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    if hasattr(norm, "full_tensor"):  # a DTensor under FSDP2
+        norm = norm.full_tensor()
+    return float(norm)
+
+
+def optimizer_step(
+    mini: DataProto,
+    micro_batch_size: int,
+    micro_loss: MicroLoss,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    grad_clip: float,
+    loss_scale: float = 1.0,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+    prefix: str = "actor",
+) -> dict[str, float]:
+    """Accumulate ``micro_loss`` over micro-batches of ``mini``, clip, step; returns metrics.
+
+    Micro-batch diagnostics are averaged weighted by rows; ``grad_norm``,
+    ``skipped_steps`` and ``lr`` are added under ``prefix/``.
+    """
+    optimizer.zero_grad(set_to_none=True)
+    metrics: dict[str, float] = defaultdict(float)
+    for micro in mini.split(micro_batch_size):
+        loss, micro_metrics = micro_loss(micro)
+        (loss * loss_scale).backward()
+        for key, value in micro_metrics.items():
+            metrics[key] += value * len(micro) / len(mini)
+    grad_norm = clip_grad_norm(model, grad_clip)
+    if math.isfinite(grad_norm):
+        optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
+    else:
+        logger.warning("%s: non-finite gradient norm %s, skipping this optimizer step", prefix, grad_norm)
+        optimizer.zero_grad(set_to_none=True)
+    metrics[f"{prefix}/grad_norm"] = grad_norm
+    metrics[f"{prefix}/skipped_steps"] = float(not math.isfinite(grad_norm))
+    metrics[f"{prefix}/lr"] = optimizer.param_groups[0]["lr"]
+    return dict(metrics)
+
+
+def mean_metrics(steps: list[dict[str, float]]) -> dict[str, float]:
+    """Average per-step metric dicts key by key (``skipped_steps`` is summed)."""
+    keys = {k for step in steps for k in step}
+    out = {}
+    for key in keys:
+        values = [step[key] for step in steps if key in step]
+        out[key] = sum(values) if key.endswith("skipped_steps") else sum(values) / len(values)
+    return out
