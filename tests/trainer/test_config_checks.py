@@ -1,0 +1,47 @@
+import pytest
+from omegaconf import OmegaConf
+
+from hybridflow.configs.schema import PPOConfig
+from hybridflow.trainer.config_checks import ConfigError, check_config
+
+
+def cfg(**overrides):
+    conf = OmegaConf.structured(PPOConfig)
+    for key, value in overrides.items():
+        OmegaConf.update(conf, key, value)
+    return conf
+
+
+def test_defaults_are_valid():
+    check_config(cfg())
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        ({"algorithm.adv_estimator": "grpoo"}, "algorithm.adv_estimator: unknown estimator 'grpoo'"),
+        ({"actor_rollout_ref.rollout.n": 1}, "rollout.n=1: estimator 'grpo' compares the responses"),
+        ({"algorithm.adv_estimator": "gae", "critic.enable": False}, "critic.enable=False but estimator 'gae' needs a critic"),
+        ({"actor_rollout_ref.model.path": "/no/such/model"}, "model.path='/no/such/model' is not a directory"),
+        ({"data.train_batch_size": 12}, "data.train_batch_size=12 must be a multiple of 8"),
+        ({"trainer.n_gpus_per_node": 3}, "ppo_mini_batch_size x rollout.n=64 must be a multiple of 3"),
+        ({"actor_rollout_ref.rollout.tensor_model_parallel_size": 4}, "n_gpus_per_node=2 must be a multiple of 4"),
+        ({"actor_rollout_ref.actor.loss_agg_mode": "mean"}, "loss_agg_mode='mean'; allowed: token-mean"),
+        ({"actor_rollout_ref.actor.kl_loss_type": "k9"}, "kl_loss_type='k9'; allowed: k1"),
+        ({"actor_rollout_ref.rollout.name": "sglang"}, "rollout.name='sglang'; allowed: builtin, vllm"),
+        ({"actor_rollout_ref.rollout.name": "vllm"}, "needs trainer.device='cuda'"),
+        ({"algorithm.estimator_options": {"gamma": 0.9}}, "estimator_options has ['gamma']; estimator 'grpo' takes"),
+        ({"trainer.resume_mode": "sometimes"}, "trainer.resume_mode='sometimes'; allowed: auto, disable"),
+        ({"actor_rollout_ref.rollout.top_p": 0.0}, "top_p=0.0 must be in (0, 1]"),
+    ],
+)
+def test_each_invalid_setting_names_key_value_and_allowed(overrides, message):
+    with pytest.raises(ConfigError) as err:
+        check_config(cfg(**overrides))
+    assert message in str(err.value)
+
+
+def test_all_problems_are_reported_at_once():
+    with pytest.raises(ConfigError) as err:
+        check_config(cfg(**{"actor_rollout_ref.rollout.n": 0, "trainer.device": "tpu"}))
+    assert "rollout.n=0" in str(err.value) and "trainer.device='tpu'" in str(err.value)
