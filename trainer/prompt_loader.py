@@ -1,0 +1,142 @@
+"""Prompts for the driver: tokenized once, batched with a resumable position.
+
+Rows arrive in veRL's schema (``data_source``, ``prompt`` as chat messages or
+plain text, ``reward_model.ground_truth``, ``extra_info``). Each prompt is
+rendered with the tokenizer's chat template (plain text is used as is),
+tokenized once, and prompts longer than ``max_prompt_length`` tokens are
+dropped and counted. Batches are left-padded, as the rollout engine expects.
+
+The loader's position is two integers (epoch, batch index); the order of an
+epoch is a permutation drawn from ``seed + epoch``. Saving the position and
+restoring it resumes on exactly the batch that would have come next, also on
+an epoch boundary.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from hybridflow.core import DataProto
+from hybridflow.core.keys import ATTENTION_MASK, DATA_SOURCE, EXTRA_INFO, GROUND_TRUTH, INPUT_IDS, POSITION_IDS
+
+logger = logging.getLogger(__name__)
+
+RAW_PROMPT = "raw_prompt"
+
+
+def render_prompt(prompt: Any, tokenizer: Any) -> str:
+    """The text a prompt becomes: chat messages through the chat template, plain text as is."""
+    if isinstance(prompt, str):
+        return prompt
+    messages = [dict(m) for m in prompt]
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return "\n".join(m["content"] for m in messages)
+
+
+def left_pad(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask, position_ids), each (B, max_len), padded on the left."""
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for i, seq in enumerate(sequences):
+        if seq:
+            ids[i, width - len(seq) :] = torch.tensor(seq, dtype=torch.long)
+            mask[i, width - len(seq) :] = 1
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    return ids, mask, positions
+
+
+@dataclass
+class PromptSet:
+    """Tokenized prompts with their verifier inputs, aligned by index."""
+
+    token_ids: list[list[int]]
+    texts: list[str]
+    data_sources: list[str]
+    ground_truths: list[str]
+    extra_infos: list[dict]
+    filtered_too_long: int = 0
+
+    @classmethod
+    def from_rows(cls, rows: Sequence[Mapping[str, Any]], tokenizer: Any, max_prompt_length: int) -> PromptSet:
+        """Tokenize ``rows``; prompts over ``max_prompt_length`` tokens are dropped and counted."""
+        kept = cls([], [], [], [], [])
+        for row in rows:
+            text = render_prompt(row["prompt"], tokenizer)
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            if len(ids) > max_prompt_length:
+                kept.filtered_too_long += 1
+                continue
+            kept.token_ids.append(ids)
+            kept.texts.append(text)
+            kept.data_sources.append(row["data_source"])
+            kept.ground_truths.append(str(row["reward_model"]["ground_truth"]))
+            kept.extra_infos.append(dict(row.get("extra_info") or {}))
+        if kept.filtered_too_long:
+            logger.warning("dropped %d prompts longer than %d tokens", kept.filtered_too_long, max_prompt_length)
+        if not kept.token_ids:
+            raise ValueError(f"no prompts left: all {len(rows)} are longer than data.max_prompt_length={max_prompt_length}")
+        return kept
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def batch(self, indices: Sequence[int], pad_id: int) -> DataProto:
+        """The prompts at ``indices`` as a left-padded DataProto with their verifier columns."""
+        ids, mask, positions = left_pad([self.token_ids[i] for i in indices], pad_id)
+        return DataProto.from_dict(
+            {INPUT_IDS: ids, ATTENTION_MASK: mask, POSITION_IDS: positions},
+            {
+                DATA_SOURCE: [self.data_sources[i] for i in indices],
+                GROUND_TRUTH: [self.ground_truths[i] for i in indices],
+                EXTRA_INFO: [self.extra_infos[i] for i in indices],
+                RAW_PROMPT: [self.texts[i] for i in indices],
+            },
+        )
+
+
+class PromptLoader:
+    """Epochs of fixed-size prompt batches (the last partial batch is dropped) with a resumable position."""
+
+    def __init__(self, prompts: PromptSet, batch_size: int, pad_id: int, *, shuffle: bool, seed: int) -> None:
+        if batch_size > len(prompts):
+            raise ValueError(f"data.train_batch_size={batch_size} is larger than the {len(prompts)} prompts available")
+        self.prompts, self.batch_size, self.pad_id = prompts, batch_size, pad_id
+        self.shuffle, self.seed = shuffle, seed
+        self.epoch, self.index = 0, 0
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return len(self.prompts) // self.batch_size
+
+    def _order(self, epoch: int) -> np.ndarray:
+        if not self.shuffle:
+            return np.arange(len(self.prompts))
+        return np.random.default_rng(self.seed + epoch).permutation(len(self.prompts))
+
+    def next_batch(self) -> DataProto:
+        """The batch at the current position; advances it (rolling over to the next epoch)."""
+        if self.index >= self.batches_per_epoch:
+            self.epoch, self.index = self.epoch + 1, 0
+        order = self._order(self.epoch)
+        start = self.index * self.batch_size
+        self.index += 1
+        return self.prompts.batch(order[start : start + self.batch_size].tolist(), self.pad_id)
+
+    def state_dict(self) -> dict[str, int]:
+        """The position: restore it with :meth:`load_state_dict` to continue exactly here."""
+        return {"epoch": self.epoch, "index": self.index}
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        self.epoch, self.index = int(state["epoch"]), int(state["index"])
+
+    def __iter__(self) -> Iterator[DataProto]:
+        while True:
+            yield self.next_batch()
