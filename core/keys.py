@@ -27,6 +27,7 @@ UID = "uid"  # (B,) one id per prompt, shared by its n samples
 DATA_SOURCE = "data_source"  # (B,) which dataset / verifier a row comes from
 GROUND_TRUTH = "ground_truth"  # (B,) reference answer for the verifier
 EXTRA_INFO = "extra_info"  # (B,) dict of anything else the verifier needs
+RAW_PROMPT = "raw_prompt"  # (B,) the prompt as loaded: chat messages (list of dicts) or text
 
 # meta_info keys
 METRICS = "metrics"  # dict of metric name -> value (lists after concat)

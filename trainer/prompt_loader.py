@@ -23,11 +23,17 @@ import numpy as np
 import torch
 
 from hybridflow.core import DataProto
-from hybridflow.core.keys import ATTENTION_MASK, DATA_SOURCE, EXTRA_INFO, GROUND_TRUTH, INPUT_IDS, POSITION_IDS
+from hybridflow.core.keys import (
+    ATTENTION_MASK,
+    DATA_SOURCE,
+    EXTRA_INFO,
+    GROUND_TRUTH,
+    INPUT_IDS,
+    POSITION_IDS,
+    RAW_PROMPT,
+)
 
 logger = logging.getLogger(__name__)
-
-RAW_PROMPT = "raw_prompt"
 
 
 def render_prompt(prompt: Any, tokenizer: Any) -> str:

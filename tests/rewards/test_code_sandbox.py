@@ -1,0 +1,200 @@
+"""The ``code`` verifier and its sandbox: good programs pass, hostile ones score 0 and change nothing."""
+
+import ast
+import json
+import os
+import socket
+import tempfile
+import time
+
+import pytest
+
+import hybridflow
+from hybridflow.rewards.code import code_score, extract_code
+from hybridflow.rewards.sandbox import SandboxLimits, run_python
+
+pytestmark = pytest.mark.timeout(60)
+
+LIMITS = {"timeout_s": 2.0, "cpu_s": 1, "memory_mb": 256}
+SUM_TESTS = json.dumps({"inputs": ["1 2\n", "10 -3\n"], "outputs": ["3\n", "7\n"]})
+FOUR = json.dumps({"inputs": [""], "outputs": ["4"]})
+
+
+def fenced(code):
+    return f"Here is my solution:\n```python\n{code}\n```\nDone."
+
+
+def sandbox_processes():
+    """Pids of live processes owned by a sandbox uid (>= 200000)."""
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.stat(f"/proc/{pid}").st_uid >= 200_000:
+                pids.append(pid)
+        except FileNotFoundError:
+            pass
+    return pids
+
+
+@pytest.fixture
+def sandbox_tmp(tmp_path, monkeypatch):
+    """Sandbox directories go under a fresh folder, so the test can see they were removed."""
+    folder = tmp_path / "sandboxes"
+    folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    return folder
+
+
+def test_extract_code():
+    assert extract_code("a\n```python\nx=1\n```\nb\n```python\nx=2\n```") == "x=2\n"
+    assert extract_code("```\nprint(1)\n```") == "print(1)\n"
+    assert extract_code("print(3)") == "print(3)"
+
+
+def test_io_tests_pass_and_fail(sandbox_tmp):
+    good = fenced("a, b = map(int, input().split())\nprint(a + b)")
+    wrong = fenced("a, b = map(int, input().split())\nprint(a - b)")
+    assert code_score("code", good, SUM_TESTS, None, **LIMITS) == 1.0
+    assert code_score("code", wrong, SUM_TESTS, None, **LIMITS) == 0.0
+    assert list(sandbox_tmp.iterdir()) == []
+
+
+def test_assert_tests(sandbox_tmp):
+    tests = json.dumps({"asserts": ["assert add(1, 2) == 3", "assert add(-1, 1) == 0"]})
+    assert code_score("code", fenced("def add(a, b):\n    return a + b"), tests, None, **LIMITS) == 1.0
+    assert code_score("code", fenced("def add(a, b):\n    return a * b"), tests, None, **LIMITS) == 0.0
+    # leaving before the asserts run passes nothing
+    assert code_score("code", fenced("import sys\nsys.exit(0)"), tests, None, **LIMITS) == 0.0
+    assert code_score("code", fenced("import os\nos._exit(0)"), tests, None, **LIMITS) == 0.0
+    # printing a fake success line does not help: the token is secret
+    assert code_score("code", fenced("print('0' * 32 + ' 2')\nimport os\nos._exit(0)"), tests, None, **LIMITS) == 0.0
+
+
+def test_environment_is_scrubbed(monkeypatch, sandbox_tmp):
+    monkeypatch.setenv("HYBRIDFLOW_TEST_SECRET", "hunter2")
+    steal = fenced("import os\nprint(os.environ.get('HYBRIDFLOW_TEST_SECRET'))")
+    assert code_score("code", steal, json.dumps({"inputs": [""], "outputs": ["hunter2"]}), None, **LIMITS) == 0.0
+    result = run_python("import os\nprint(sorted(os.environ))")
+    assert ast.literal_eval(result.stdout) == ["HOME", "LANG", "PATH", "PYTHONDONTWRITEBYTECODE", "PYTHONHASHSEED", "TMPDIR"]
+
+
+def test_no_network(sandbox_tmp):
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    try:
+        local = fenced(f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)\nprint(4)")
+        outside = fenced("import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=1)\nprint(4)")
+        assert code_score("code", local, FOUR, None, **LIMITS) == 0.0
+        assert code_score("code", outside, FOUR, None, **LIMITS) == 0.0
+        server.settimeout(0.2)
+        with pytest.raises(TimeoutError):
+            server.accept()  # nothing ever reached the trainer's socket
+    finally:
+        server.close()
+
+
+def test_writes_outside_its_directory_fail(tmp_path, sandbox_tmp):
+    targets = [str(tmp_path / "escaped.txt"), os.path.join(os.path.dirname(hybridflow.__file__), "escaped_by_sandbox.txt")]
+    for target in targets:
+        code = fenced(f"open({target!r}, 'w').write('x')\nprint(4)")
+        assert code_score("code", code, FOUR, None, **LIMITS) == 0.0
+        assert not os.path.exists(target)
+    # writing inside its own directory works
+    assert code_score("code", fenced("open('f.txt', 'w').write('4')\nprint(open('f.txt').read())"), FOUR, None, **LIMITS) == 1.0
+
+
+HOSTILE = {
+    "infinite loop": "print(4, flush=True)\nwhile True:\n    pass",
+    "sleep forever": "import time\nprint(4, flush=True)\ntime.sleep(10**6)",
+    "fork bomb": "import os\nprint(4, flush=True)\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
+    "huge allocation": "x = bytearray(8 * 1024**3)\nprint(4)",
+    "huge file": "open('big', 'wb').write(b'x' * (64 * 1024**2))\nprint(4)",
+    "background child": "import os, time\nif os.fork() == 0:\n    time.sleep(10**6)\nprint(4)\nos._exit(1)",
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_hostile_programs_score_zero_within_the_timeout(name, sandbox_tmp):
+    cwd, pid = os.getcwd(), os.getpid()
+    start = time.monotonic()
+    assert code_score("code", fenced(HOSTILE[name]), FOUR, None, **LIMITS) == 0.0
+    assert time.monotonic() - start < LIMITS["timeout_s"] + 3.0
+    # the caller is untouched: same process and directory, nothing left running or on disk
+    assert (os.getcwd(), os.getpid()) == (cwd, pid)
+    deadline = time.monotonic() + 5
+    while sandbox_processes() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sandbox_processes() == []
+    assert list(sandbox_tmp.iterdir()) == []
+
+
+def test_limits_are_reported(sandbox_tmp):
+    result = run_python("import time\ntime.sleep(5)", limits=SandboxLimits(wall_s=0.5))
+    assert result.timed_out and not result.ok and result.isolated
+    result = run_python("print(input()[::-1])", "abc\n")
+    assert result.ok and result.stdout == "cba\n"
+
+
+def test_bad_ground_truth_raises():
+    with pytest.raises(ValueError, match="no test cases"):
+        code_score("code", "print(1)", json.dumps({"asserts": []}), None)
+    with pytest.raises(ValueError, match="inputs"):
+        code_score("code", "print(1)", json.dumps({"tests": []}), None)
+
+
+def test_code_through_the_reward_pool(sandbox_tmp):
+    from hybridflow.rewards.manager import RewardManager
+
+    responses = [fenced("print(2 + 2)"), fenced(HOSTILE["infinite loop"]), fenced(HOSTILE["fork bomb"])]
+    with RewardManager(route={"c": "code"}, verifier_kwargs={"code": LIMITS}, num_workers=1, timeout_s=20, worker_preload=()) as manager:
+        scores, _, outcomes = manager.score_texts(["c"] * 3, responses, [FOUR] * 3)
+    assert scores == [1.0, 0.0, 0.0]
+    assert [o.status for o in outcomes] == ["ok"] * 3
+
+
+def test_killing_the_pool_worker_takes_the_sandbox_down(sandbox_tmp):
+    """The pool's timeout is shorter than the sandbox's: the worker is killed mid-run, and its sandbox with it."""
+    from hybridflow.rewards.manager import RewardManager
+
+    slow = {**LIMITS, "timeout_s": 30.0}
+    with RewardManager(route={"c": "code"}, verifier_kwargs={"code": slow}, num_workers=1, timeout_s=1.5, worker_preload=()) as manager:
+        manager.score_texts(["c"], [fenced("print(4)")], [FOUR])  # warm the worker
+        scores, _, outcomes = manager.score_texts(["c"], [fenced(HOSTILE["sleep forever"])], [FOUR])
+    assert scores == [0.0] and outcomes[0].status == "timeout"
+    deadline = time.monotonic() + 5
+    while sandbox_processes() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sandbox_processes() == []
+    # the pool's workers keep their temporary folders under ours; the killed one's sandbox directory went with it
+    assert list(sandbox_tmp.iterdir()) == []
+
+
+def test_launcher_refuses_without_namespaces(monkeypatch, capsys):
+    """Where namespaces cannot be made, the launcher exits with a clear message (unless allowed)."""
+    from hybridflow.rewards import sandbox_launcher
+
+    monkeypatch.setattr(sandbox_launcher, "_unshare_namespaces", lambda: False)
+    monkeypatch.setattr(sandbox_launcher.os, "fork", lambda: pytest.fail("must not start the program"))
+    config = {"dir": "/nonexistent", "uid": None, "allow_unisolated": False}
+    monkeypatch.setattr(sandbox_launcher.sys, "argv", ["launcher", json.dumps(config)])
+    with pytest.raises(SystemExit) as exit_info:
+        sandbox_launcher.main()
+    assert exit_info.value.code == sandbox_launcher.EXIT_UNAVAILABLE
+    assert "cannot create network/pid/mount namespaces" in capsys.readouterr().err
+
+
+def test_run_python_raises_when_the_launcher_refuses(tmp_path, monkeypatch, sandbox_tmp):
+    from hybridflow.rewards import sandbox, sandbox_launcher
+    from hybridflow.rewards.sandbox import SandboxUnavailableError
+
+    refusing = tmp_path / "refusing_launcher.py"
+    refusing.write_text(
+        f"import sys\nsys.stderr.write({sandbox_launcher.UNAVAILABLE_MARK!r} + ': no namespaces here; allow an unisolated sandbox')\n"
+        f"sys.exit({sandbox_launcher.EXIT_UNAVAILABLE})\n"
+    )
+    monkeypatch.setattr(sandbox, "_LAUNCHER", str(refusing))
+    with pytest.raises(SandboxUnavailableError, match="no namespaces here"):
+        run_python("print(1)")
+    assert list(sandbox_tmp.iterdir()) == []
