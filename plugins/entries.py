@@ -10,16 +10,9 @@ import inspect
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
-
-import torch
+from typing import Any, ClassVar
 
 _NAME = re.compile(r"^[a-z][a-z0-9_.\-]*$")
-
-
-def _check_name(kind: str, name: str) -> None:
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise ValueError(f"{kind} name {name!r} must be lowercase letters, digits, '_', '.' or '-', starting with a letter")
 
 
 def keyword_options(fn: Callable[..., Any]) -> dict[str, Any]:
@@ -28,16 +21,37 @@ def keyword_options(fn: Callable[..., Any]) -> dict[str, Any]:
     return {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY and p.default is not p.empty}
 
 
-def _first_doc_line(fn: Callable[..., Any]) -> str:
-    doc = inspect.getdoc(fn)
-    return doc.strip().splitlines()[0] if doc else ""
+@dataclass(frozen=True)
+class PluginEntry:
+    """A named function a plugin provides; subclasses say what kind."""
 
+    kind: ClassVar[str] = "entry"
 
-EstimatorFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    name: str
+    fn: Callable[..., Any]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _NAME.match(self.name):
+            raise ValueError(
+                f"{self.kind} name {self.name!r} must be lowercase letters, digits, '_', '.' or '-', starting with a letter"
+            )
+        if not callable(self.fn):
+            raise TypeError(f"{self.kind} {self.name!r}: fn must be callable, got {type(self.fn).__name__}")
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The function's options and their defaults (its keyword-only parameters)."""
+        return keyword_options(self.fn)
+
+    @property
+    def summary(self) -> str:
+        """First line of the function's docstring."""
+        doc = inspect.getdoc(self.fn)
+        return doc.strip().splitlines()[0] if doc else ""
 
 
 @dataclass(frozen=True)
-class AdvantageEstimator:
+class AdvantageEstimator(PluginEntry):
     """An advantage estimator, resolved by ``algorithm.adv_estimator``.
 
     ``fn(token_level_rewards, response_mask, *, [index], [values], **options)``
@@ -51,33 +65,15 @@ class AdvantageEstimator:
     the config sets those keys itself.
     """
 
-    name: str
-    fn: EstimatorFn
+    kind: ClassVar[str] = "estimator"
+
     needs_critic: bool = False
     needs_groups: bool = False
     actor_defaults: Mapping[str, Any] = field(default_factory=dict)
 
-    def __post_init__(self) -> None:
-        _check_name("estimator", self.name)
-        if not callable(self.fn):
-            raise TypeError(f"estimator {self.name!r}: fn must be callable, got {type(self.fn).__name__}")
-
-    @property
-    def options(self) -> dict[str, Any]:
-        """The estimator's options and their defaults (its keyword-only parameters)."""
-        return keyword_options(self.fn)
-
-    @property
-    def summary(self) -> str:
-        """First line of the estimator function's docstring."""
-        return _first_doc_line(self.fn)
-
-
-ScoreFn = Callable[..., "float | dict[str, Any]"]
-
 
 @dataclass(frozen=True)
-class RewardVerifier:
+class RewardVerifier(PluginEntry):
     """A reward verifier, resolved by the reward config's routes.
 
     ``fn(data_source, solution_str, ground_truth, extra_info, **kwargs)``
@@ -86,25 +82,11 @@ class RewardVerifier:
     already write.
     """
 
-    name: str
-    fn: ScoreFn
-
-    def __post_init__(self) -> None:
-        _check_name("reward verifier", self.name)
-        if not callable(self.fn):
-            raise TypeError(f"reward verifier {self.name!r}: fn must be callable, got {type(self.fn).__name__}")
-
-    @property
-    def summary(self) -> str:
-        """First line of the scoring function's docstring."""
-        return _first_doc_line(self.fn)
-
-
-PolicyLossFn = Callable[..., "tuple[torch.Tensor, dict[str, float]]"]
+    kind: ClassVar[str] = "reward verifier"
 
 
 @dataclass(frozen=True)
-class PolicyLoss:
+class PolicyLoss(PluginEntry):
     """A policy-gradient loss, resolved by ``actor.policy_loss``.
 
     ``fn(old_log_probs, log_probs, advantages, response_mask, **options)``
@@ -115,20 +97,4 @@ class PolicyLoss:
     with defaults are its options.
     """
 
-    name: str
-    fn: PolicyLossFn
-
-    def __post_init__(self) -> None:
-        _check_name("policy loss", self.name)
-        if not callable(self.fn):
-            raise TypeError(f"policy loss {self.name!r}: fn must be callable, got {type(self.fn).__name__}")
-
-    @property
-    def options(self) -> dict[str, Any]:
-        """The loss's options and their defaults (its keyword-only parameters)."""
-        return keyword_options(self.fn)
-
-    @property
-    def summary(self) -> str:
-        """First line of the loss function's docstring."""
-        return _first_doc_line(self.fn)
+    kind: ClassVar[str] = "policy loss"
