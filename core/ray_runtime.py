@@ -1,0 +1,78 @@
+"""Ray start-up: join a cluster, or start a local instance fit for a laptop.
+
+``init_ray()`` with no address (and no ``RAY_ADDRESS``) starts a local Ray
+instance with the dashboard off and token authentication off (a new local
+cluster would otherwise write a token file under ``~/.ray``); pass
+``include_dashboard=True`` / ``token_auth=True`` to keep them. With an address
+(``"auto"``, ``"ray://..."``, ``host:port``), or ``RAY_ADDRESS`` set, it joins
+that cluster as a driver and changes nothing about it.
+
+Local instances work with more ranks than cores: CPU bundles ask for a
+fraction of a CPU (see :mod:`hybridflow.core.resource_pool`) and each rank
+runs one torch thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import ray
+
+__all__ = ["init_ray", "shutdown"]
+
+logger = logging.getLogger(__name__)
+
+_AUTH_MODE_ENV = "RAY_AUTH_MODE"
+
+
+def init_ray(
+    address: str | None = None,
+    *,
+    num_cpus: int | None = None,
+    num_gpus: int | None = None,
+    include_dashboard: bool = False,
+    token_auth: bool = False,
+    namespace: str | None = None,
+    log_to_driver: bool = True,
+    object_store_memory: int | None = None,
+) -> dict[str, Any]:
+    """Connect this process to Ray (idempotent) and return the cluster's resources.
+
+    Args:
+        address: cluster to join; falls back to ``RAY_ADDRESS``; None starts a
+            local instance.
+        num_cpus, num_gpus, object_store_memory: local instance only
+            (defaults: what the machine has).
+        include_dashboard, token_auth: local instance only; both off by default.
+        namespace: Ray namespace for named actors.
+        log_to_driver: forward workers' stdout/stderr to this process.
+    """
+    if ray.is_initialized():
+        logger.debug("Ray already initialized; reusing it")
+        return ray.cluster_resources()
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if address is not None:
+        logger.info("joining Ray cluster at %s", address)
+        ray.init(address=address, namespace=namespace, log_to_driver=log_to_driver)
+    else:
+        if not token_auth:
+            # Ray reads the mode from the environment only (not from ray.init).
+            os.environ.setdefault(_AUTH_MODE_ENV, "disabled")
+        ray.init(
+            num_cpus=num_cpus,
+            num_gpus=num_gpus,
+            include_dashboard=include_dashboard,
+            namespace=namespace,
+            log_to_driver=log_to_driver,
+            object_store_memory=object_store_memory,
+        )
+        logger.info("started a local Ray instance: %s", ray.cluster_resources())
+    return ray.cluster_resources()
+
+
+def shutdown() -> None:
+    """Disconnect from Ray (and stop the local instance if this process started it)."""
+    if ray.is_initialized():
+        ray.shutdown()

@@ -1,0 +1,298 @@
+"""One rank of an SPMD worker group, and the process that hosts it.
+
+:class:`Worker` is what users subclass (actor, rollout, reference, critic):
+it reads its rank from the environment the group sets, initializes
+``torch.distributed`` and a named device mesh, and reports its data-parallel
+position to the group.
+
+:class:`WorkerHost` is the body of the one Ray actor per bundle. It holds one
+worker instance per *role* (several when roles are colocated, see
+``core/colocate.py``) and runs the calls the driver sends to a role. It
+resolves futures from other groups inside this process, so their data moves
+worker to worker through Ray's object store.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import socket
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+
+from hybridflow.core.data_proto import DataProto
+from hybridflow.core.dispatch import FutureShard, Pending, RankLayout, strip_padding
+
+__all__ = ["RankEnv", "RoleSpec", "Worker", "WorkerHost", "HostInfo", "CallHeader", "ProtoPayload"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RankEnv:
+    """The environment variables a group sets for one rank before its workers start."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    master_addr: str
+    master_port: int
+
+    def as_environ(self) -> dict[str, str]:
+        """The variables ``torch.distributed``'s ``env://`` initialization reads."""
+        return {
+            "RANK": str(self.rank),
+            "WORLD_SIZE": str(self.world_size),
+            "LOCAL_RANK": str(self.local_rank),
+            "LOCAL_WORLD_SIZE": str(self.local_world_size),
+            "MASTER_ADDR": self.master_addr,
+            "MASTER_PORT": str(self.master_port),
+        }
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> RankEnv:
+        """Read the variables back; a process outside any group is rank 0 of 1."""
+        env = os.environ if environ is None else environ
+        return cls(
+            rank=int(env.get("RANK", 0)),
+            world_size=int(env.get("WORLD_SIZE", 1)),
+            local_rank=int(env.get("LOCAL_RANK", 0)),
+            local_world_size=int(env.get("LOCAL_WORLD_SIZE", 1)),
+            master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+            master_port=int(env.get("MASTER_PORT", 29500)),
+        )
+
+
+class Worker:
+    """Base class for one rank of a worker group.
+
+    Subclasses decorate the methods the driver calls with
+    :func:`~hybridflow.core.dispatch.register`. Build the device mesh (if any)
+    in ``__init__``: the group reads each rank's data-parallel position once,
+    right after construction.
+    """
+
+    def __init__(self) -> None:
+        self.env = RankEnv.from_environ()
+        self.device_mesh: Any = None
+        self._dp_dim: str | None = None
+
+    # ------------------------------------------------------------- identity
+    @property
+    def rank(self) -> int:
+        """Global rank in the group."""
+        return self.env.rank
+
+    @property
+    def world_size(self) -> int:
+        """Number of ranks in the group."""
+        return self.env.world_size
+
+    @property
+    def local_rank(self) -> int:
+        """Rank among this node's ranks of the group."""
+        return self.env.local_rank
+
+    @property
+    def device(self) -> torch.device:
+        """``cuda:<local device>`` when Ray gave this rank a GPU, else ``cpu``."""
+        if torch.cuda.is_available() and torch.cuda.device_count() > 0:
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    # ---------------------------------------------------------- distributed
+    def init_process_group(self, backend: str | None = None, timeout_s: float = 600.0) -> None:
+        """Join the group's ``torch.distributed`` default process group (env://).
+
+        ``backend`` defaults to nccl on CUDA and gloo on CPU. Colocated roles
+        share one process, so a second call in the same process is a no-op.
+        """
+        if dist.is_initialized():
+            return
+        backend = backend or ("nccl" if self.device.type == "cuda" else "gloo")
+        dist.init_process_group(
+            backend=backend,
+            init_method="env://",
+            rank=self.rank,
+            world_size=self.world_size,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
+        logger.debug("rank %d/%d joined %s process group", self.rank, self.world_size, backend)
+
+    def init_device_mesh(self, shape: Sequence[int], dim_names: Sequence[str], dp_dim: str = "dp") -> Any:
+        """Build a named ``DeviceMesh`` (e.g. ``(2, 2), ("dp", "tp")``) over the group.
+
+        ``dp_dim`` names the data-parallel axis: a rank's coordinate on it is
+        its dp rank, and the rank whose other coordinates are all 0 is its dp
+        group's representative (the one whose output the collect step keeps).
+        Initializes the process group first if needed.
+        """
+        if dp_dim not in dim_names:
+            raise ValueError(f"dp_dim {dp_dim!r} is not one of the mesh dims {tuple(dim_names)}")
+        if len(shape) != len(dim_names):
+            raise ValueError(f"mesh shape {tuple(shape)} and dim names {tuple(dim_names)} differ in length")
+        size = 1
+        for s in shape:
+            size *= s
+        if size != self.world_size:
+            raise ValueError(f"mesh shape {tuple(shape)} has {size} ranks but the group has {self.world_size}")
+        self.init_process_group()
+        self.device_mesh = init_device_mesh(self.device.type, tuple(shape), mesh_dim_names=tuple(dim_names))
+        self._dp_dim = dp_dim
+        return self.device_mesh
+
+    def dp_layout(self) -> RankLayout:
+        """This rank's data-parallel position (every rank its own group without a mesh)."""
+        if self.device_mesh is None or self._dp_dim is None:
+            return RankLayout(self.rank, self.world_size, True)
+        mesh = self.device_mesh
+        coords = mesh.get_coordinate()
+        names = mesh.mesh_dim_names
+        dp_axis = names.index(self._dp_dim)
+        others_zero = all(c == 0 for i, c in enumerate(coords) if i != dp_axis)
+        return RankLayout(coords[dp_axis], mesh.size(dp_axis), others_zero)
+
+
+# ----------------------------------------------------------------- the host
+@dataclass(frozen=True)
+class RoleSpec:
+    """A worker class and its constructor arguments, for one role of a group."""
+
+    cls: type[Worker]
+    args: tuple = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+
+CallHeader = tuple[str, str, bool, "tuple[int, int, bool] | None"]
+"""``(role, method, keep_output, expected_layout)`` of one call on one rank.
+
+``keep_output``: the collect step uses this rank's output (other ranks return
+``None`` and save the transfer). ``expected_layout``: the ``(dp_rank, dp_size,
+is_collect_rank)`` the driver split the data for, checked against the worker's
+own; None when the mode ignores the layout. A plain tuple on purpose: Ray
+serializes it with msgpack, while an object header would go through
+cloudpickle on every call of every rank.
+"""
+
+
+@dataclass(frozen=True)
+class ProtoPayload:
+    """A DataProto on its way from a worker to the collect step.
+
+    It travels as DataProto's own pickled state (numpy buffers). Unpickling a
+    DataProto copies every tensor out of Ray's read-only object store; a collect
+    step that concatenates anyway can instead take read-only views
+    (``views=True``) and let the concatenation make the one copy.
+    """
+
+    state: dict[str, Any]
+
+    @classmethod
+    def wrap(cls, data: DataProto) -> ProtoPayload:
+        """Carry ``data`` (its tensors as numpy arrays, no copy)."""
+        return cls(data.__getstate__())
+
+    def unwrap(self, views: bool = False) -> DataProto:
+        """The DataProto: writable copies, or (``views``) read-only views that must not escape."""
+        if not views:
+            data = DataProto.__new__(DataProto)
+            data.__setstate__(self.state)
+            return data
+        batch = {}
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            for key, (arr, dtype_name) in self.state["batch"].items():
+                t, dtype = torch.from_numpy(arr), getattr(torch, dtype_name)
+                batch[key] = t if t.dtype == dtype else t.view(dtype)
+        return DataProto(batch, self.state["non_tensor_batch"], self.state["meta_info"])
+
+
+@dataclass(frozen=True)
+class HostInfo:
+    """Where a host process runs."""
+
+    node_ip: str
+    node_id: str
+    pid: int
+
+
+class WorkerHost:
+    """The Ray actor body: one process per bundle holding one worker per role."""
+
+    def __init__(self, torch_threads: int | None = 1) -> None:
+        if torch_threads is not None:
+            torch.set_num_threads(torch_threads)
+            os.environ["OMP_NUM_THREADS"] = str(torch_threads)
+        self.workers: dict[str, Worker] = {}
+
+    def info(self) -> HostInfo:
+        """Node address, node id and pid of this process."""
+        # Imported here, not at the top: this module is part of hybridflow.core's
+        # eager imports, which must not load Ray (estimators import core).
+        import ray
+
+        ctx = ray.get_runtime_context()
+        return HostInfo(ray.util.get_node_ip_address(), ctx.get_node_id(), os.getpid())
+
+    def free_port(self) -> int:
+        """A TCP port free on this node right now (for MASTER_PORT)."""
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("", 0))
+            return int(s.getsockname()[1])
+
+    def start(self, env: RankEnv, roles: Mapping[str, RoleSpec]) -> dict[str, RankLayout]:
+        """Set the rank's environment, construct every role's worker, return their dp layouts."""
+        os.environ.update(env.as_environ())
+        for name, spec in roles.items():
+            try:
+                self.workers[name] = spec.cls(*spec.args, **dict(spec.kwargs))
+            except Exception as err:
+                raise RuntimeError(f"role {name!r} ({spec.cls.__name__}) failed to start on rank {env.rank}: {err!r}") from err
+        return self.layouts()
+
+    def layouts(self) -> dict[str, RankLayout]:
+        """Each role's current data-parallel position."""
+        return {name: w.dp_layout() for name, w in self.workers.items()}
+
+    def execute(self, header: CallHeader, /, *args: Any, **kwargs: Any) -> Any:
+        """Run one call on this rank: ``header`` says which, see :data:`CallHeader`.
+
+        Futures among the arguments are resolved here, in this process.
+        """
+        role, method, keep_output, expected_layout = header
+        worker = self.workers[role]
+        if expected_layout is not None:
+            actual = worker.dp_layout()
+            if (actual.dp_rank, actual.dp_size, actual.is_collect_rank) != tuple(expected_layout):
+                raise RuntimeError(
+                    f"role {role!r} rank {worker.rank}: the driver split the data for (dp_rank, dp_size, "
+                    f"is_collect_rank)={tuple(expected_layout)} but the worker's mesh now says {actual}; build the "
+                    "mesh in __init__ or call refresh_layout() on the group after changing it"
+                )
+        shard_rows: list[tuple[int, int]] = []
+
+        def resolve(value: Any) -> Any:
+            if isinstance(value, FutureShard):
+                shard, real = value.resolve()
+                shard_rows.append((len(shard), real))
+                return shard
+            if isinstance(value, Pending):
+                return value.get()
+            return value
+
+        args = tuple(resolve(a) for a in args)
+        kwargs = {k: resolve(v) for k, v in kwargs.items()}
+        output = getattr(worker, method)(*args, **kwargs)
+        if shard_rows:
+            output = strip_padding(output, *shard_rows[0])
+        if not keep_output:
+            return None
+        return ProtoPayload.wrap(output) if isinstance(output, DataProto) else output

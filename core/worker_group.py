@@ -1,0 +1,376 @@
+"""RayWorkerGroup: one driver call fans out to every rank of an SPMD group.
+
+::
+
+    driver                          Ray actors (one per bundle)
+    ------                          ---------------------------
+    wg.compute_log_prob(batch)
+      mode.dispatch(layout, ...)  -> rank 0: WorkerHost.execute(target, shard 0)
+      (one plan, per-rank args)   -> rank 1: WorkerHost.execute(target, shard 0)  (tp peer)
+                                  -> rank 2: WorkerHost.execute(target, shard 1)
+                                  -> ...
+      ray.get(refs, timeout)     <-  outputs (None from ranks the collect skips)
+      mode.collect(layout, kept)  -> one DataProto, rows in the caller's order
+
+The group exposes every ``@register``-ed method of its worker class as an
+attribute (looked up on the class, nothing is generated or patched). A call
+with ``blocking=False`` returns a :class:`GroupFuture`; handing that future to
+another group's call makes the receiving workers fetch the data themselves.
+
+Failures never hang: ``ray.get`` returns as soon as any rank fails, and the
+error names the role, method, rank, node and pid with the worker's own
+traceback; every call takes an optional timeout.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayError
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from hybridflow.core.dispatch import (
+    DispatchMode,
+    Execute,
+    GroupLayout,
+    Pending,
+    RankLayout,
+    RegisteredMethod,
+    Registration,
+)
+from hybridflow.core.resource_pool import ResourcePool
+from hybridflow.core.worker import HostInfo, ProtoPayload, RankEnv, RoleSpec, Worker, WorkerHost
+
+__all__ = [
+    "GroupFuture",
+    "GroupMethod",
+    "GroupOptions",
+    "HostGroup",
+    "RankLabel",
+    "RayWorkerGroup",
+    "RoleGroup",
+    "WorkerError",
+    "WorkerTimeoutError",
+]
+
+logger = logging.getLogger(__name__)
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _describe(err: BaseException) -> str:
+    """The worker's own error text (Ray's traceback included), without terminal colours."""
+    return _ANSI.sub("", str(err))
+
+
+@dataclass(frozen=True)
+class GroupOptions:
+    """Settings of a worker group (not of its workers).
+
+    Attributes:
+        call_timeout_s: default timeout of every call (None: wait as long as
+            the workers are alive; a dead worker still fails the call at once).
+        start_timeout_s: how long actor start-up and worker construction may take.
+        cpu_torch_threads: torch threads per rank on CPU-only pools (one is
+            fastest on small machines); GPU pools keep torch's default.
+        name: prefix of the Ray actor names, for logs.
+    """
+
+    call_timeout_s: float | None = None
+    start_timeout_s: float = 120.0
+    cpu_torch_threads: int = 1
+    name: str = "hybridflow"
+
+
+@dataclass(frozen=True)
+class RankLabel:
+    """Who a rank is, for error messages."""
+
+    rank: int
+    node_ip: str
+    node_id: str
+    pid: int
+
+    def __str__(self) -> str:
+        return f"rank {self.rank} (node {self.node_ip} {self.node_id[:8]}, pid {self.pid})"
+
+
+class WorkerError(RuntimeError):
+    """A call failed on a rank; the message names role, method, rank, node and the cause."""
+
+    def __init__(self, message: str, role: str, method: str, rank: int | None, cause: BaseException | None) -> None:
+        super().__init__(message)
+        self.role, self.method, self.rank, self.cause = role, method, rank, cause
+
+
+class WorkerTimeoutError(WorkerError, TimeoutError):
+    """A call did not finish within its timeout."""
+
+
+def _gather(refs: Sequence[Any], labels: Sequence[RankLabel], role: str, method: str, timeout_s: float | None) -> list[Any]:
+    """``ray.get`` all refs; turn a failure or timeout into a :class:`WorkerError` naming the rank."""
+    try:
+        return ray.get(list(refs), timeout=timeout_s)
+    except GetTimeoutError as err:
+        _, not_ready = ray.wait(list(refs), num_returns=len(refs), timeout=0)
+        late = [label for ref, label in zip(refs, labels) if ref in not_ready]
+        raise WorkerTimeoutError(
+            f"{role}.{method} did not finish within {timeout_s:g} s on {', '.join(map(str, late))}", role, method,
+            late[0].rank if late else None, err,
+        ) from None
+    except RayError as err:
+        for ref, label in zip(refs, labels):
+            ready, _ = ray.wait([ref], timeout=0)
+            if not ready:
+                continue
+            try:
+                ray.get(ref, timeout=0)
+            except RayError as rank_err:
+                raise WorkerError(
+                    f"{role}.{method} failed on {label}: {_describe(rank_err)}", role, method, label.rank, rank_err
+                ) from rank_err
+        raise WorkerError(f"{role}.{method} failed: {_describe(err)}", role, method, None, err) from err
+
+
+class GroupFuture(Pending):
+    """The pending result of a ``blocking=False`` group call.
+
+    ``get()`` on the driver waits and collects. Passed as an argument to
+    another group's call, it travels as object references and is resolved
+    inside the receiving workers.
+    """
+
+    def __init__(
+        self,
+        refs: Sequence[Any],
+        labels: Sequence[RankLabel],
+        keep: Sequence[int],
+        mode: DispatchMode | None,
+        layout: GroupLayout,
+        context: Any,
+        role: str,
+        method: str,
+        timeout_s: float | None,
+    ) -> None:
+        self.refs, self.labels, self.keep = list(refs), list(labels), list(keep)
+        self.mode, self.layout, self.context = mode, layout, context
+        self.role, self.method, self.timeout_s = role, method, timeout_s
+
+    def get(self, timeout_s: float | None = None) -> Any:
+        """Wait for every rank (at most ``timeout_s``, default the call's) and collect."""
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        values = _gather(self.refs, self.labels, self.role, self.method, timeout)
+        views = self.mode is not None and self.mode.collect_copies
+        kept = [v.unwrap(views) if isinstance(v, ProtoPayload) else v for v in (values[i] for i in self.keep)]
+        if self.mode is None:  # Execute.RANK_ZERO: rank 0's output as is
+            return kept[0]
+        return self.mode.collect(self.layout, kept, self.context)
+
+    def __repr__(self) -> str:
+        return f"GroupFuture({self.role}.{self.method}, {len(self.refs)} ranks)"
+
+
+# ------------------------------------------------------------------ hosts
+class HostGroup:
+    """The Ray actors of a group, one :class:`WorkerHost` per bundle, started and labelled."""
+
+    def __init__(self, resource_pool: ResourcePool, roles: Mapping[str, RoleSpec], options: GroupOptions) -> None:
+        self.resource_pool, self.options = resource_pool, options
+        self.roles = dict(roles)
+        self.handles: list[Any] = []
+        bundles = resource_pool.bundles()
+        resource_pool.claim()  # fails fast when more groups than max_colocate_count share it
+        res = resource_pool.actor_resources()
+        threads = None if resource_pool.use_gpu else options.cpu_torch_threads
+        remote_host = ray.remote(WorkerHost)
+        self.handles = [
+            remote_host.options(
+                num_cpus=res["num_cpus"],
+                num_gpus=res["num_gpus"],
+                scheduling_strategy=PlacementGroupSchedulingStrategy(b.placement_group, b.bundle_index),
+            ).remote(threads)
+            for b in bundles
+        ]
+        role_names = ",".join(self.roles)
+        boot = [RankLabel(b.rank, b.node_ip, b.node_id, -1) for b in bundles]
+        try:
+            infos: list[HostInfo] = _gather(
+                [h.info.remote() for h in self.handles], boot, role_names, "<start>", options.start_timeout_s
+            )
+            self.labels = [RankLabel(b.rank, i.node_ip, i.node_id, i.pid) for b, i in zip(bundles, infos)]
+            port = _gather([self.handles[0].free_port.remote()], self.labels[:1], role_names, "<free_port>", 30.0)[0]
+            envs = [
+                RankEnv(b.rank, len(bundles), b.local_rank, b.local_world_size, self.labels[0].node_ip, port)
+                for b in bundles
+            ]
+            self._set_layouts(_gather(
+                [h.start.remote(env, self.roles) for h, env in zip(self.handles, envs)],
+                self.labels, role_names, "__init__", options.start_timeout_s,
+            ))
+        except BaseException:
+            self.shutdown()
+            raise
+        logger.info("started %d ranks for roles %s", len(self.handles), role_names)
+
+    @property
+    def world_size(self) -> int:
+        """Number of ranks."""
+        return len(self.handles)
+
+    def _set_layouts(self, rank_layouts: Sequence[Mapping[str, RankLayout]]) -> None:
+        self.layouts = {role: GroupLayout(tuple(r[role] for r in rank_layouts)) for role in self.roles}
+
+    def layout(self, role: str) -> GroupLayout:
+        """The data-parallel layout of ``role`` as read at start (or the last refresh)."""
+        return self.layouts[role]
+
+    def refresh_layouts(self) -> None:
+        """Read every role's data-parallel layout again (after a mesh was rebuilt)."""
+        self._set_layouts(_gather(
+            [h.layouts.remote() for h in self.handles], self.labels, ",".join(self.roles), "layouts",
+            self.options.start_timeout_s,
+        ))
+
+    def shutdown(self) -> None:
+        """Kill the actors (the pool's bundles stay reserved for other groups)."""
+        if not self.handles:
+            return
+        for h in self.handles:
+            ray.kill(h)
+        self.handles = []
+        self.resource_pool.unclaim()
+
+
+# ------------------------------------------------------------------ calls
+def _layout_tuple(rank: RankLayout) -> tuple[int, int, bool]:
+    return (rank.dp_rank, rank.dp_size, rank.is_collect_rank)
+
+
+class GroupMethod:
+    """A registered worker method bound to a group: call it like the method itself.
+
+    ``.options(timeout_s=..., blocking=...)`` returns a copy with other call settings.
+    """
+
+    def __init__(self, group: RoleGroup, name: str, registration: Registration, timeout_s: float | None) -> None:
+        self.group, self.name, self.registration, self.timeout_s = group, name, registration, timeout_s
+
+    def options(self, *, timeout_s: float | None = None, blocking: bool | None = None) -> GroupMethod:
+        """This method with a call timeout and/or blocking setting overridden."""
+        reg = self.registration if blocking is None else replace(self.registration, blocking=blocking)
+        return GroupMethod(self.group, self.name, reg, self.timeout_s if timeout_s is None else timeout_s)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        future = self.group._submit(self.name, self.registration, args, kwargs, self.timeout_s)
+        return future.get() if self.registration.blocking else future
+
+    def __repr__(self) -> str:
+        reg = self.registration
+        return f"<group method {self.group.role}.{self.name} {reg.dispatch.name} {reg.execute.name}>"
+
+
+class RoleGroup:
+    """The driver's handle on one role of a group of hosts.
+
+    Every ``@register``-ed method of the role's worker class is an attribute:
+    ``group.compute_log_prob(batch)``.
+    """
+
+    def __init__(self, hosts: HostGroup, role: str, worker_cls: type[Worker]) -> None:
+        self.hosts, self.role, self.worker_cls = hosts, role, worker_cls
+
+    @property
+    def world_size(self) -> int:
+        """Number of ranks."""
+        return self.hosts.world_size
+
+    @property
+    def labels(self) -> list[RankLabel]:
+        """Rank, node and pid of every rank."""
+        return list(self.hosts.labels)
+
+    @property
+    def layout(self) -> GroupLayout:
+        """The role's data-parallel layout."""
+        return self.hosts.layout(self.role)
+
+    def refresh_layout(self) -> None:
+        """Read the data-parallel layout again after workers rebuilt their mesh."""
+        self.hosts.refresh_layouts()
+
+    def registered_methods(self) -> list[str]:
+        """Names of the methods callable on the group."""
+        return sorted(
+            name for name in dir(self.worker_cls)
+            if isinstance(inspect.getattr_static(self.worker_cls, name, None), RegisteredMethod)
+        )
+
+    def __getattr__(self, name: str) -> GroupMethod:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        attr = inspect.getattr_static(self.worker_cls, name, None)
+        if not isinstance(attr, RegisteredMethod):
+            raise AttributeError(
+                f"{self.worker_cls.__name__} (role {self.role!r}) has no @register-ed method {name!r}; "
+                f"registered: {self.registered_methods()}"
+            )
+        return GroupMethod(self, name, attr.registration, self.hosts.options.call_timeout_s)
+
+    def _submit(
+        self, name: str, reg: Registration, args: tuple, kwargs: dict[str, Any], timeout_s: float | None
+    ) -> GroupFuture:
+        layout = self.layout
+        mode = reg.dispatch
+        plan = mode.dispatch(layout, args, kwargs)
+        handles, labels = self.hosts.handles, self.hosts.labels
+        if not handles:
+            raise RuntimeError(f"group {self.role!r} was shut down")
+        if reg.execute is Execute.RANK_ZERO:
+            expected = _layout_tuple(layout.ranks[0]) if mode.needs_layout else None
+            ref = handles[0].execute.remote((self.role, name, True, expected), *plan.rank_args[0], **plan.rank_kwargs[0])
+            return GroupFuture([ref], labels[:1], [0], None, layout, plan.context, self.role, name, timeout_s)
+        keep = mode.collect_ranks(layout)
+        kept = set(keep)
+        refs = [
+            h.execute.remote(
+                (self.role, name, r in kept, _layout_tuple(layout.ranks[r]) if mode.needs_layout else None),
+                *plan.rank_args[r],
+                **plan.rank_kwargs[r],
+            )
+            for r, h in enumerate(handles)
+        ]
+        return GroupFuture(refs, labels, keep, mode, layout, plan.context, self.role, name, timeout_s)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} role={self.role!r} cls={self.worker_cls.__name__} world_size={self.world_size}>"
+
+
+class RayWorkerGroup(RoleGroup):
+    """One worker class on a resource pool: one Ray actor per bundle.
+
+    ``RayWorkerGroup(pool, MyWorker, *args, **kwargs)`` starts ``MyWorker(*args,
+    **kwargs)`` on every rank with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and
+    MASTER_PORT set. For group settings (timeouts) or several roles in one
+    process, use :class:`~hybridflow.core.colocate.ColocatedWorkerGroup`.
+    """
+
+    def __init__(self, resource_pool: ResourcePool, worker_cls: type[Worker], *args: Any, **kwargs: Any) -> None:
+        role = worker_cls.__name__
+        hosts = HostGroup(resource_pool, {role: RoleSpec(worker_cls, args, kwargs)}, GroupOptions())
+        super().__init__(hosts, role, worker_cls)
+
+    def shutdown(self) -> None:
+        """Kill the group's actors."""
+        self.hosts.shutdown()
+
+    def __enter__(self) -> RayWorkerGroup:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()

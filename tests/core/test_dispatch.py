@@ -1,0 +1,141 @@
+"""Dispatch modes and @register, without Ray: plans and collects checked by hand."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hybridflow.core import (
+    ALL_TO_ALL,
+    DP_COMPUTE,
+    DP_COMPUTE_METRIC,
+    DP_COMPUTE_PROTO,
+    ONE_TO_ALL,
+    DataProto,
+    DispatchMode,
+    DispatchPlan,
+    Execute,
+    GroupLayout,
+    RankLayout,
+    Worker,
+    register,
+)
+from hybridflow.core.dispatch import FutureShard, Pending, RegisteredMethod, strip_padding
+
+# dp=2 x tp=2, row-major mesh: ranks 0,1 form dp group 0; ranks 2,3 dp group 1;
+# the tp coordinate 0 (ranks 0 and 2) is each group's representative.
+MESH_2X2 = GroupLayout(
+    (RankLayout(0, 2, True), RankLayout(0, 2, False), RankLayout(1, 2, True), RankLayout(1, 2, False))
+)
+
+
+def _rows(n: int) -> DataProto:
+    return DataProto.from_dict({"x": torch.arange(n * 3).reshape(n, 3)}, {"id": [f"r{i}" for i in range(n)]})
+
+
+def test_dp_proto_splits_across_dp_and_replicates_across_tp() -> None:
+    plan = DP_COMPUTE_PROTO.dispatch(MESH_2X2, (_rows(8),), {})
+    assert plan.context == 0
+    seen = [list(args[0].non_tensor_batch["id"]) for args in plan.rank_args]
+    first, second = [f"r{i}" for i in range(4)], [f"r{i}" for i in range(4, 8)]
+    assert seen == [first, first, second, second]
+    assert DP_COMPUTE_PROTO.collect_ranks(MESH_2X2) == [0, 2]
+    out = DP_COMPUTE_PROTO.collect(MESH_2X2, [plan.rank_args[0][0], plan.rank_args[2][0]], plan.context)
+    assert list(out.non_tensor_batch["id"]) == [f"r{i}" for i in range(8)]
+    assert torch.equal(out.batch["x"], torch.arange(24).reshape(8, 3))
+
+
+def test_dp_proto_pads_five_rows_over_two_and_strips_after_collect() -> None:
+    layout = GroupLayout.flat(2)
+    plan = DP_COMPUTE_PROTO.dispatch(layout, (), {"data": _rows(5)})
+    assert plan.context == 1  # 5 rows -> 6: one padding row
+    assert [len(kw["data"]) for kw in plan.rank_kwargs] == [3, 3]
+    # The padding row is a copy of row 0, appended at the end.
+    assert list(plan.rank_kwargs[1]["data"].non_tensor_batch["id"]) == ["r3", "r4", "r0"]
+    out = DP_COMPUTE_PROTO.collect(layout, [kw["data"] for kw in plan.rank_kwargs], plan.context)
+    assert list(out.non_tensor_batch["id"]) == ["r0", "r1", "r2", "r3", "r4"]
+
+
+def test_dp_proto_rejects_non_dataproto_and_unequal_lengths() -> None:
+    with pytest.raises(TypeError, match="positional argument 1 is a int"):
+        DP_COMPUTE_PROTO.dispatch(GroupLayout.flat(2), (_rows(4), 3), {})
+    with pytest.raises(ValueError, match=r"equal lengths, got \[3, 4\]"):
+        DP_COMPUTE_PROTO.dispatch(GroupLayout.flat(2), (_rows(4), _rows(3)), {})
+    with pytest.raises(TypeError, match="must return a DataProto"):
+        DP_COMPUTE_PROTO.collect(GroupLayout.flat(2), [_rows(1), {"loss": 1.0}], 0)
+
+
+def test_dp_metric_returns_every_rank_output() -> None:
+    plan = DP_COMPUTE_METRIC.dispatch(MESH_2X2, (_rows(4),), {})
+    assert [len(a[0]) for a in plan.rank_args] == [2, 2, 2, 2]
+    assert DP_COMPUTE_METRIC.collect(MESH_2X2, [1.0, 2.0, 3.0, 4.0], plan.context) == [1.0, 2.0, 3.0, 4.0]
+
+
+def test_one_to_all_and_all_to_all() -> None:
+    layout = GroupLayout.flat(3)
+    plan = ONE_TO_ALL.dispatch(layout, (7,), {"k": "v"})
+    assert list(plan.rank_args) == [(7,)] * 3 and list(plan.rank_kwargs) == [{"k": "v"}] * 3
+    plan = ALL_TO_ALL.dispatch(layout, ([1, 2, 3],), {"k": ["a", "b", "c"]})
+    assert list(plan.rank_args) == [(1,), (2,), (3,)]
+    assert list(plan.rank_kwargs) == [{"k": "a"}, {"k": "b"}, {"k": "c"}]
+    with pytest.raises(ValueError, match=r"one entry per rank \(3\), got a list of length 2"):
+        DP_COMPUTE.dispatch(layout, ([1, 2],), {})
+
+
+def _scale_by_rank(layout: GroupLayout, args: tuple, kwargs: dict) -> DispatchPlan:
+    return DispatchPlan([(args[0] * r,) for r in range(layout.world_size)], [kwargs] * layout.world_size)
+
+
+def test_user_defined_mode_in_a_few_lines() -> None:
+    # Rank r gets r * x; the collect step adds the outputs up.
+    scaled_sum = DispatchMode("SCALED_SUM", _scale_by_rank, lambda layout, outs, ctx: sum(outs))
+    plan = scaled_sum.dispatch(GroupLayout.flat(4), (2,), {})
+    assert [a[0] for a in plan.rank_args] == [0, 2, 4, 6]
+    assert scaled_sum.collect(GroupLayout.flat(4), [a[0] * 10 for a in plan.rank_args], plan.context) == 120
+
+
+def test_register_stores_one_typed_object_and_keeps_the_method_callable() -> None:
+    class W(Worker):
+        @register(dispatch=DP_COMPUTE_PROTO, execute=Execute.RANK_ZERO, blocking=False)
+        def double(self, data: DataProto) -> DataProto:
+            """Doubles x."""
+            return DataProto.from_dict({"x": data.batch["x"] * 2})
+
+    attr = W.__dict__["double"]
+    assert isinstance(attr, RegisteredMethod)
+    assert attr.registration.dispatch is DP_COMPUTE_PROTO
+    assert attr.registration.execute is Execute.RANK_ZERO and attr.registration.blocking is False
+    out = W().double(_rows(2))  # a plain local call still works
+    assert torch.equal(out.batch["x"], torch.tensor([[0, 2, 4], [6, 8, 10]]))
+    with pytest.raises(TypeError, match="must be a DispatchMode"):
+        register(dispatch="dp_compute_proto")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="Execute member"):
+        register(execute="rank_zero")  # type: ignore[arg-type]
+
+
+def test_layout_validation() -> None:
+    assert MESH_2X2.collect_ranks() == [0, 2] and MESH_2X2.dp_size == 2
+    with pytest.raises(ValueError, match="exactly one collect rank"):
+        GroupLayout((RankLayout(0, 1, True), RankLayout(0, 1, True)))
+    with pytest.raises(ValueError, match="disagree"):
+        GroupLayout((RankLayout(0, 1, True), RankLayout(0, 2, True)))
+
+
+class _Ready(Pending):
+    def __init__(self, value: DataProto) -> None:
+        self.value = value
+
+    def get(self, timeout_s: float | None = None) -> DataProto:
+        return self.value
+
+
+def test_future_shard_cuts_inside_the_worker_and_strips_its_padding() -> None:
+    future = _Ready(_rows(5))
+    plan = DP_COMPUTE_PROTO.dispatch(GroupLayout.flat(2), (future,), {})
+    assert [type(a[0]) for a in plan.rank_args] == [FutureShard, FutureShard]
+    shard0, real0 = plan.rank_args[0][0].resolve()
+    shard1, real1 = plan.rank_args[1][0].resolve()
+    assert (len(shard0), real0, len(shard1), real1) == (3, 3, 3, 2)
+    assert list(strip_padding(shard1, 3, real1).non_tensor_batch["id"]) == ["r3", "r4"]
+    with pytest.raises(ValueError, match="one output row per input row"):
+        strip_padding(_rows(1), 3, 2)
