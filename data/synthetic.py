@@ -26,12 +26,16 @@ prompts are never trained on. That asks for:
   shared by all prompts (attend to the largest digit, copy it). Every
   rewarded sample teaches the same attention-and-copy circuit.
 
-What was measured (a plain on-policy GRPO loop, 16 prompts x 8 samples,
-AdamW lr 1e-3, ``builtin:tiny-qwen2``, one CPU thread): greedy validation
-accuracy 0.0 at start, 0.79-1.0 after 300-600 steps (20-60 s). The first
-candidate, ``(a + b) mod 10`` over two-digit operands (a 10 x 10 table with
-no shared structure), did not learn in 1,500 RL steps, nor in 600
-*supervised* steps: the policy collapsed to one constant digit.
+What was measured (a throwaway on-policy GRPO loop with the built-in engine:
+16 prompts x 8 samples, 8 response tokens, token-mean loss, AdamW lr 1e-3,
+no KL, ``builtin:tiny-qwen2``, one CPU thread, about 0.25 s a step): greedy
+validation accuracy 0.0 at step 0 for every seed; then, over four model
+seeds, 1.0 at step 300, 0.87 at step 250, a plateau at 0.77 from step 400,
+and 0.45 at step 600. The plateaus are collapsed policies (entropy gone, a
+few digits confused), so the trainer's settings decide the rest. Variants
+that did no better: three digits, hidden size 128. The first candidate,
+``(a + b) mod 10`` over two-digit operands (a 10 x 10 table with no shared
+structure), did not learn in 1,500 RL steps, nor in 600 *supervised* steps.
 
 Splits: the 10,000 digit tuples are split once by a seeded permutation
 (20% of them form the validation pool), so no validation prompt is ever a

@@ -1,1 +1,1 @@
-"""The SPMD stage programs: actor, critic, reference and rollout engines."""
+"""The SPMD stage programs: actor, critic, reference and rollout engines, and model loading."""

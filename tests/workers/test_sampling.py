@@ -1,0 +1,82 @@
+"""Token choice of the rollout engine: top-k / top-p filtering, log-probs, sampling frequencies."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from hybridflow.workers.rollout.sampling import SamplingParams, filter_top_k_top_p, sample_next_tokens
+
+NEG = float("-inf")
+
+
+def test_top_k_keeps_the_k_largest():
+    logits = torch.tensor([[1.0, 4.0, 2.0, 3.0], [0.0, -1.0, 5.0, 5.0]])
+    out = filter_top_k_top_p(logits, top_k=2, top_p=1.0)
+    assert out.tolist() == [[NEG, 4.0, NEG, 3.0], [NEG, NEG, 5.0, 5.0]]
+
+
+def test_top_p_keeps_the_smallest_nucleus_reaching_p():
+    # probabilities 0.5, 0.25, 0.125, 0.125 (in shuffled order)
+    probs = torch.tensor([[0.125, 0.5, 0.125, 0.25]])
+    logits = probs.log()
+    # 0.5 alone < 0.6, 0.5 + 0.25 reaches it: keep two
+    assert filter_top_k_top_p(logits, 0, 0.6).isfinite().tolist() == [[False, True, False, True]]
+    # p = 0.5 is reached by the top token alone
+    assert filter_top_k_top_p(logits, 0, 0.5).isfinite().tolist() == [[False, True, False, False]]
+    # a tiny p still keeps the most likely token
+    assert filter_top_k_top_p(logits, 0, 1e-6).isfinite().tolist() == [[False, True, False, False]]
+    assert torch.equal(filter_top_k_top_p(logits, 0, 1.0), logits)
+
+
+def test_log_probs_are_of_logits_over_temperature_before_filtering():
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    params = SamplingParams(temperature=0.5, top_k=1)  # top_k=1: the argmax is the only choice
+    tokens, log_probs = sample_next_tokens(logits, params, greedy=False, generator=torch.Generator().manual_seed(0))
+    assert tokens.tolist() == [0]
+    scaled = [x / 0.5 for x in (2.0, 1.0, 0.0, -1.0)]
+    expected = scaled[0] - math.log(sum(math.exp(s) for s in scaled))
+    assert log_probs.item() == pytest.approx(expected, abs=1e-6)
+
+
+def test_greedy_uses_temperature_one():
+    logits = torch.tensor([[0.0, 3.0, 1.0]])
+    tokens, log_probs = sample_next_tokens(logits, SamplingParams(temperature=0.1), greedy=True, generator=None)
+    assert tokens.tolist() == [1]
+    assert log_probs.item() == pytest.approx(3.0 - math.log(1 + math.exp(3.0) + math.exp(1.0)), abs=1e-6)
+
+
+def test_sampling_frequencies_match_the_filtered_distribution():
+    logits = torch.tensor([1.0, 0.5, 0.0, -0.5, -3.0]).log_softmax(-1)
+    params = SamplingParams(temperature=0.8, top_k=4, top_p=0.9)
+    draws = 40_000
+    tokens, _ = sample_next_tokens(
+        logits.expand(draws, -1), params, greedy=False, generator=torch.Generator().manual_seed(0)
+    )
+    freq = torch.bincount(tokens, minlength=5).double() / draws
+    # By hand: probabilities of logits / 0.8; top_k=4 drops token 4; top-p then
+    # keeps the shortest prefix of the rest (sorted: 0, 1, 2, 3) whose mass,
+    # renormalized after top-k (as HF's warpers do), reaches 0.9.
+    p = (logits / 0.8).softmax(-1).double()
+    p[4] = 0
+    p = p / p.sum()
+    cum, keep = 0.0, []
+    for i in range(4):
+        keep.append(i)
+        cum += p[i].item()
+        if cum >= 0.9:
+            break
+    expected = torch.zeros(5, dtype=torch.float64)
+    expected[keep] = p[keep] / p[keep].sum()
+    assert (freq - expected).abs().max() < 0.01
+    assert freq[4] == 0
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"temperature": 0.0}, {"temperature": -1.0}, {"top_p": 0.0}, {"top_p": 1.5}, {"max_new_tokens": 0}]
+)
+def test_invalid_sampling_params(kwargs):
+    with pytest.raises(ValueError):
+        SamplingParams(**kwargs)

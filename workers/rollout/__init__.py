@@ -1,0 +1,11 @@
+"""Rollout: turn a batch of prompts into sampled responses with their log-probs.
+
+:class:`RolloutEngine` is the built-in engine (HF model forward with a KV
+cache); :class:`SamplingParams` holds temperature, top-p, top-k and the
+response length.
+"""
+
+from hybridflow.workers.rollout.engine import RolloutConfig, RolloutEngine
+from hybridflow.workers.rollout.sampling import SamplingParams
+
+__all__ = ["RolloutConfig", "RolloutEngine", "SamplingParams"]

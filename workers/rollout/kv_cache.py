@@ -1,0 +1,108 @@
+"""A KV cache sized once for the whole generation, for the built-in rollout engine.
+
+transformers' ``DynamicCache`` grows every layer with ``torch.cat`` at each
+step, copying the whole cache per token. Here each layer's keys and values
+live in a buffer of ``capacity`` positions (prompt + response length),
+allocated on the first write; a step writes one slice in place and hands the
+attention a view of the filled part. Dropping finished rows
+(:meth:`PreallocatedLayer.batch_select_indices`) moves the kept rows to the
+front of the same buffers, copying only their filled part.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import PretrainedConfig
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+
+__all__ = ["PreallocatedLayer", "make_generation_cache"]
+
+
+class PreallocatedLayer(DynamicLayer):
+    """One attention layer's keys and values in buffers of shape (B, heads, capacity, head_dim)."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self.capacity = capacity
+        self.length = 0
+        self._key_buffer: torch.Tensor | None = None
+        self._value_buffer: torch.Tensor | None = None
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device = key_states.device
+        self._key_buffer = self._allocate(key_states, key_states.shape[0])
+        self._value_buffer = self._allocate(value_states, value_states.shape[0])
+        self.is_initialized = True
+
+    def _allocate(self, like: torch.Tensor, rows: int) -> torch.Tensor:
+        return like.new_empty((rows, like.shape[1], self.capacity, like.shape[3]))
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """Write the new positions in place; return views of all filled positions."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        end = self.length + key_states.shape[-2]
+        if end > self.capacity:
+            raise RuntimeError(f"KV cache capacity {self.capacity} exceeded (needs {end} positions)")
+        self._key_buffer[:, :, self.length : end] = key_states
+        self._value_buffer[:, :, self.length : end] = value_states
+        self.length = end
+        self._refresh_views()
+        return self.keys, self.values
+
+    def _refresh_views(self) -> None:
+        self.keys = self._key_buffer[:, :, : self.length]
+        self.values = self._value_buffer[:, :, : self.length]
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.length + query_length, 0
+
+    def get_max_length(self) -> int:
+        return self.capacity
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        if self.is_initialized:
+            keys = self._allocate(self._key_buffer, self._key_buffer.shape[0] * repeats)
+            values = self._allocate(self._value_buffer, self._value_buffer.shape[0] * repeats)
+            keys[:, :, : self.length] = self.keys.repeat_interleave(repeats, dim=0)
+            values[:, :, : self.length] = self.values.repeat_interleave(repeats, dim=0)
+            self._key_buffer, self._value_buffer = keys, values
+            self._refresh_views()
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keep rows ``indices`` (ascending, as when dropping finished rows), compacted in place
+        to the front of the buffers: no new allocation, only the filled part is copied."""
+        if self.is_initialized:
+            indices = indices.to(self.device)
+            kept = len(indices)
+            for name in ("_key_buffer", "_value_buffer"):
+                buffer = getattr(self, name)
+                buffer[:kept, :, : self.length] = buffer[indices, :, : self.length]
+                setattr(self, name, buffer[:kept])
+            self._refresh_views()
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove > 0:
+            raise ValueError("crop takes a negative count of positions to remove")
+        self.length = max(0, self.length + tokens_to_remove)
+        if self.is_initialized:
+            self._refresh_views()
+
+    def reset(self) -> None:
+        self.length = 0
+        self.keys = self.values = self._key_buffer = self._value_buffer = None
+        self.is_initialized = False
+
+
+def make_generation_cache(config: PretrainedConfig, capacity: int) -> Cache:
+    """A cache for ``capacity`` positions: preallocated layers when every layer is full attention,
+    else transformers' ``DynamicCache`` (sliding-window and linear-attention layers keep their own
+    cache classes)."""
+    text_config = config.get_text_config(decoder=True)
+    layer_types = getattr(text_config, "layer_types", None) or ["full_attention"] * text_config.num_hidden_layers
+    if any(kind != "full_attention" for kind in layer_types):
+        return DynamicCache(config=config)
+    return Cache(layers=[PreallocatedLayer(capacity) for _ in layer_types])
