@@ -23,7 +23,7 @@ $(VENV)/.installed: $(PY) setup.cfg pyproject.toml
 install: $(VENV)/.installed
 
 run: install
-	$(VENV)/bin/hybridflow demo
+	$(VENV)/bin/hybridflow-train
 
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -164,13 +164,17 @@ class RewardConfig:
     route: dict[str, str] = field(default_factory=dict)
     """data_source (exact or glob) -> verifier name, added to the built-in routes."""
     num_workers: int = 1
-    """Processes scoring responses in parallel."""
+    """Processes scoring responses in parallel (each with a hard per-sample timeout)."""
     timeout_s: float = 10.0
     """Hard wall-clock limit per sample; a sample past it scores ``timeout_score`` and is counted."""
     timeout_score: float = 0.0
     """Score given to a sample that timed out or whose verifier raised."""
     custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
-    """A user's scoring function loaded from a file."""
+    """A user's scoring function loaded from a file (verifier ``custom``)."""
+    verifier_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Verifier name -> extra keyword arguments it is called with."""
+    worker_memory_mb: Optional[int] = 8192
+    """Address-space limit of each scoring process (None: no limit); importing a CUDA torch maps ~4 GB."""
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
     """Overlong-response penalty."""
 

@@ -28,11 +28,12 @@ class MetricSink(Protocol):
 
 
 class ConsoleSink:
-    """One line per step with the main numbers, at INFO level."""
+    """The main numbers of each validated step at INFO (the progress bar shows the others)."""
 
     def log(self, metrics: dict[str, float], step: int) -> None:
-        shown = [f"{k}={metrics[k]:.4g}" for k in CONSOLE_KEYS if k in metrics]
-        logger.info("step %d: %s", step, " ".join(shown))
+        shown = " ".join(f"{k}={metrics[k]:.4g}" for k in CONSOLE_KEYS if k in metrics)
+        level = logging.INFO if any(k.startswith("val/") for k in metrics) else logging.DEBUG
+        logger.log(level, "step %d: %s", step, shown)
 
     def close(self) -> None:
         pass

@@ -15,6 +15,7 @@ from collections import defaultdict
 from collections.abc import Callable
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from hybridflow.core import DataProto
@@ -30,6 +31,19 @@ def clip_grad_norm(model: nn.Module, max_norm: float) -> float:
     if hasattr(norm, "full_tensor"):  # a DTensor under FSDP2
         norm = norm.full_tensor()
     return float(norm)
+
+
+def parameter_norm(model: nn.Module) -> float:
+    """L2 norm of all parameters; under FSDP2 each rank sums its shard and the sums are all-reduced."""
+    sharded = False
+    total = torch.zeros((), dtype=torch.float64)
+    for param in model.parameters():
+        if hasattr(param, "to_local"):
+            sharded, param = True, param.to_local()
+        total += param.detach().double().square().sum().cpu()
+    if sharded and dist.is_initialized():
+        dist.all_reduce(total)
+    return float(total) ** 0.5
 
 
 def optimizer_step(

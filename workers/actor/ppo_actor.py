@@ -26,7 +26,7 @@ from hybridflow.core.keys import ADVANTAGES, OLD_LOG_PROBS, REF_LOG_PROBS, RESPO
 from hybridflow.losses import agg_loss, kl_penalty
 from hybridflow.plugins import get_policy_loss
 from hybridflow.workers.log_probs import response_log_probs
-from hybridflow.workers.train_step import mean_metrics, optimizer_step
+from hybridflow.workers.train_step import mean_metrics, optimizer_step, parameter_norm
 
 
 def global_counts(mask: torch.Tensor, group: dist.ProcessGroup | None) -> tuple[float, float]:
@@ -67,7 +67,6 @@ class PPOActor:
         self.rows_per_mini_batch = rows_per_mini_batch
         self.dp_group = dp_group
         self.dp_size = dist.get_world_size(dp_group) if dp_group is not None else 1
-        self._updates = 0
         self.policy_loss = get_policy_loss(config.policy_loss)
         unknown = set(config.policy_loss_options) - set(self.policy_loss.options)
         if unknown:
@@ -90,16 +89,19 @@ class PPOActor:
             tensors["entropy"] = torch.cat(entropies)
         return DataProto.from_dict(tensors)
 
-    def update_policy(self, data: DataProto, *, temperature: float) -> dict[str, float]:
-        """``ppo_epochs`` passes of mini-batch updates over this rank's rows; returns mean metrics."""
+    def update_policy(self, data: DataProto, *, temperature: float, shuffle_seed: int = 0) -> dict[str, float]:
+        """``ppo_epochs`` passes of mini-batch updates over this rank's rows; returns mean metrics.
+
+        ``shuffle_seed`` orders the rows when ``shuffle`` is on; the trainer
+        passes the step number, so a resumed run shuffles as the original did.
+        """
         if len(data) % self.rows_per_mini_batch:
             raise ValueError(
                 f"this rank holds {len(data)} rows, not a multiple of its {self.rows_per_mini_batch} rows per mini-batch"
             )
         self.model.train()
-        self._updates += 1  # a new shuffle order each update, reproducible from the start
         mini_batches = data.make_iterator(
-            self.rows_per_mini_batch, epochs=self.config.ppo_epochs, shuffle=self.config.shuffle, seed=self._updates
+            self.rows_per_mini_batch, epochs=self.config.ppo_epochs, shuffle=self.config.shuffle, seed=shuffle_seed
         )
         steps = []
         for mini in mini_batches:
@@ -117,7 +119,9 @@ class PPOActor:
                     scheduler=self.scheduler,
                 )
             )
-        return mean_metrics(steps)
+        metrics = mean_metrics(steps)
+        metrics["actor/param_norm"] = parameter_norm(self.model)
+        return metrics
 
     def _micro_batch_loss(
         self, micro: DataProto, temperature: float, counts: dict[str, float]

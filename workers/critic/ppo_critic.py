@@ -21,7 +21,7 @@ from hybridflow.core.keys import ATTENTION_MASK, INPUT_IDS, POSITION_IDS, RESPON
 from hybridflow.losses import agg_loss
 from hybridflow.losses.value import clipped_value_loss
 from hybridflow.workers.actor.ppo_actor import global_counts
-from hybridflow.workers.train_step import mean_metrics, optimizer_step
+from hybridflow.workers.train_step import mean_metrics, optimizer_step, parameter_norm
 
 
 def response_values(model: nn.Module, batch: DataProto) -> torch.Tensor:
@@ -86,7 +86,9 @@ class PPOCritic:
                     prefix="critic",
                 )
             )
-        return mean_metrics(steps)
+        metrics = mean_metrics(steps)
+        metrics["critic/param_norm"] = parameter_norm(self.model)
+        return metrics
 
     def _micro_batch_loss(self, micro: DataProto, num_tokens: float) -> tuple[torch.Tensor, dict[str, float]]:
         mask = micro.batch[RESPONSE_MASK].float()

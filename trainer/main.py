@@ -1,0 +1,133 @@
+"""``hybridflow-train``: the Hydra entry point (also ``python -m hybridflow.trainer.main``).
+
+Parse the config, check it, build the worker groups, train, print a summary.
+Everything a run writes (metrics.jsonl, checkpoints) goes to Hydra's run
+directory (``outputs/<date>/<time>/`` by default).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import to_absolute_path
+from omegaconf import DictConfig, OmegaConf
+
+from hybridflow.configs.schema import PPOConfig, register_configs
+from hybridflow.trainer.config_checks import check_config
+from hybridflow.trainer.ppo_trainer import RunSummary
+
+logger = logging.getLogger("hybridflow.train")
+
+register_configs()
+
+
+def resolve_data_files(config: PPOConfig) -> tuple[list[str], list[str]]:
+    """Absolute train and validation files; generate the synthetic task when none are given."""
+    data = config.data
+    val = [to_absolute_path(f) for f in data.val_files]
+    if data.train_files:
+        return [to_absolute_path(f) for f in data.train_files], val or [to_absolute_path(f) for f in data.train_files]
+    from hybridflow.data.synthetic import generate_synthetic
+
+    paths = generate_synthetic(to_absolute_path(data.synthetic_dir), seed=config.trainer.seed)
+    return [paths["train"]], val or [paths["val"]]
+
+
+def build_and_fit(config: PPOConfig, run_dir: Path) -> RunSummary:
+    """Start Ray, build the colocated worker groups, run the trainer, shut down."""
+    from hybridflow.core import ColocatedWorkerGroup, ResourcePool, RoleSpec, init_ray, shutdown
+    from hybridflow.data.loading import load_rows
+    from hybridflow.trainer.ppo_trainer import PPOTrainer, needs_critic, needs_reference, resolve_loss_agg_mode
+    from hybridflow.trainer.prompt_loader import PromptSet
+    from hybridflow.workers.actor.worker import ActorRolloutWorker
+    from hybridflow.workers.critic.worker import CriticWorker
+    from hybridflow.workers.models import load_tokenizer
+    from hybridflow.workers.reference import RefWorker
+
+    train_files, val_files = resolve_data_files(config)
+    tokenizer = load_tokenizer(config.actor_rollout_ref.model.path)
+    max_len = config.data.max_prompt_length
+    # load_rows validates the files (schema, types, empty files, naming file and row);
+    # PromptSet tokenizes once and drops (and counts) over-long prompts
+    train = PromptSet.from_rows(load_rows(train_files)[0], tokenizer, max_len)
+    val = PromptSet.from_rows(load_rows(val_files)[0], tokenizer, max_len)
+
+    import ray
+
+    started_ray = not ray.is_initialized()  # leave a Ray instance we did not start running
+    init_ray(address=config.trainer.ray_address)
+    roles = {"actor": RoleSpec(ActorRolloutWorker, kwargs={"config": config, "loss_agg_mode": resolve_loss_agg_mode(config)})}
+    if needs_reference(config):
+        roles["ref"] = RoleSpec(RefWorker, kwargs={"config": config})
+    if needs_critic(config):
+        roles["critic"] = RoleSpec(CriticWorker, kwargs={"config": config})
+    pool = ResourcePool(
+        process_on_nodes=[config.trainer.n_gpus_per_node] * config.trainer.nnodes, use_gpu=config.trainer.device == "cuda"
+    )
+    try:
+        with ColocatedWorkerGroup(pool, roles) as group, _reward_manager(config) as reward_manager:
+            handles = {name: group[name] for name in roles}
+            for handle in handles.values():
+                handle.init_model()
+            trainer = PPOTrainer(config, handles, reward_manager, tokenizer, train, val, run_dir)
+            return trainer.fit()
+    finally:
+        pool.release()
+        if started_ray:
+            shutdown()
+
+
+def _reward_manager(config: PPOConfig):
+    from hybridflow.rewards.manager import RewardManager
+
+    reward = config.reward
+    return RewardManager(
+        route=dict(reward.route),
+        num_workers=reward.num_workers,
+        timeout_s=reward.timeout_s,
+        timeout_score=reward.timeout_score,
+        custom_reward_function=OmegaConf.to_container(OmegaConf.structured(reward.custom_reward_function)),
+        overlong_buffer=OmegaConf.to_container(OmegaConf.structured(reward.overlong_buffer)),
+        verifier_kwargs={name: dict(kwargs) for name, kwargs in reward.verifier_kwargs.items()},
+        max_response_length=config.actor_rollout_ref.rollout.response_length,
+        worker_memory_mb=reward.worker_memory_mb,
+    )
+
+
+def format_summary(summary: RunSummary, config: PPOConfig) -> str:
+    """The table printed at the end of a run."""
+    before = summary.val_before.get("val/accuracy", float("nan"))
+    after = summary.val_after.get("val/accuracy", float("nan"))
+    rows = [
+        ("estimator", config.algorithm.adv_estimator),
+        ("steps", str(summary.steps)),
+        ("validation accuracy before", f"{before:.3f}"),
+        ("validation accuracy after", f"{after:.3f}"),
+        ("train score (last step)", f"{summary.last_metrics.get('score/mean', float('nan')):.3f}"),
+        ("wall time", f"{summary.wall_time_s:.1f} s"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    lines = ["", "hybridflow run summary", "-" * (width + 20)]
+    lines += [f"{k.ljust(width)}  {v}" for k, v in rows]
+    return "\n".join(lines)
+
+
+@hydra.main(config_path="../configs", config_name="ppo_trainer", version_base=None)
+def main(cfg: DictConfig) -> float:
+    """Train with the composed config; returns the final validation accuracy (for sweepers)."""
+    config: PPOConfig = OmegaConf.to_object(cfg)
+    check_config(config)
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    summary = build_and_fit(config, run_dir)
+    print(format_summary(summary, config), file=sys.stdout, flush=True)
+    return summary.val_after.get("val/accuracy", float("nan"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,242 @@
+"""The single controller: the RL loop, one step per batch of prompts.
+
+``fit()`` is the seven steps of DESIGN.md, each one call; everything heavy
+runs in the worker groups (``self.actor``, ``self.ref``, ``self.critic``),
+and only the logical batch (ids, masks, log-probs, rewards, advantages)
+comes back here. Which stages exist is decided once, in ``__init__``, from
+what the estimator and the config declare: the loop never branches on an
+estimator's name.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from hybridflow.configs.schema import PPOConfig
+from hybridflow.core import DataProto
+from hybridflow.core.keys import DATA_SOURCE, TOKEN_LEVEL_REWARDS, TOKEN_LEVEL_SCORES, UID
+from hybridflow.estimators import compute_advantage
+from hybridflow.plugins import get_estimator
+from hybridflow.trainer import checkpoint as ckpt
+from hybridflow.trainer.kl_control import KLController, apply_kl_penalty
+from hybridflow.trainer.metrics import StageTimer, compute_data_metrics, throughput_metrics
+from hybridflow.trainer.prompt_loader import PromptLoader, PromptSet
+from hybridflow.trainer.tracking import Tracking
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RunSummary:
+    """What ``fit()`` returns and prints at the end."""
+
+    steps: int = 0
+    wall_time_s: float = 0.0
+    val_before: dict[str, float] = field(default_factory=dict)
+    val_after: dict[str, float] = field(default_factory=dict)
+    last_metrics: dict[str, float] = field(default_factory=dict)
+
+
+class PPOTrainer:
+    """Drives the worker groups through RL steps.
+
+    :param config: the composed config.
+    :param groups: role name -> worker-group handle (``actor``; ``ref`` and
+        ``critic`` when :attr:`use_reference` / :attr:`use_critic`).
+    :param reward_fn: ``reward_fn(batch, tokenizer) -> (token_level_scores, metrics)``.
+    :param tokenizer: decodes responses for the reward.
+    :param train_prompts, val_prompts: tokenized prompt sets.
+    :param run_dir: where metrics and checkpoints go.
+    """
+
+    def __init__(
+        self,
+        config: PPOConfig,
+        groups: dict[str, Any],
+        reward_fn: Any,
+        tokenizer: Any,
+        train_prompts: PromptSet,
+        val_prompts: PromptSet,
+        run_dir: str | Path,
+    ) -> None:
+        self.config = config
+        self.actor, self.ref, self.critic = groups["actor"], groups.get("ref"), groups.get("critic")
+        self.reward_fn, self.tokenizer = reward_fn, tokenizer
+        self.run_dir = Path(run_dir)
+        self.world_size = config.trainer.nnodes * config.trainer.n_gpus_per_node
+        pad_id = int(self.actor.tokenizer_info()[0]["pad_token_id"])
+        self.pad_id = pad_id
+        self.loader = PromptLoader(
+            train_prompts, config.data.train_batch_size, pad_id, shuffle=config.data.shuffle, seed=config.trainer.seed
+        )
+        self.val_prompts = val_prompts
+        self.kl_ctrl = KLController.from_config(config.algorithm.kl_ctrl)
+        self.tracking = Tracking(list(config.trainer.logger), self.run_dir)
+        self.global_step = 0
+        epochs_steps = config.trainer.total_epochs * self.loader.batches_per_epoch
+        self.total_steps = min(epochs_steps, config.trainer.total_training_steps or epochs_steps)
+        self.checkpoint_root = self.run_dir / config.trainer.default_local_dir
+
+    # ------------------------------------------------------------- the loop
+    def fit(self) -> RunSummary:
+        """Train for ``total_steps`` steps; validate and checkpoint on schedule."""
+        summary = RunSummary()
+        start = time.perf_counter()
+        self.resume()
+        if self.config.trainer.test_freq > 0:
+            summary.val_before = self.validate()
+            self.tracking.log(summary.val_before, self.global_step)
+        progress = tqdm(total=self.total_steps, initial=self.global_step, desc="training", unit="step", dynamic_ncols=True)
+        while self.global_step < self.total_steps:
+            metrics = self.train_step()
+            self.global_step += 1
+            if self._due(self.config.trainer.test_freq) or self.global_step == self.total_steps:
+                if self.config.trainer.test_freq > 0:
+                    metrics.update(self.validate())
+            if self._due(self.config.trainer.save_freq):
+                self.save_checkpoint()
+            self.tracking.log(metrics, self.global_step)
+            progress.set_postfix({k.split("/")[-1]: f"{metrics[k]:.3f}" for k in ("score/mean", "val/accuracy") if k in metrics})
+            progress.update(1)
+            summary.last_metrics = metrics
+        progress.close()
+        self.tracking.close()
+        summary.steps = self.global_step
+        summary.val_after = {k: v for k, v in summary.last_metrics.items() if k.startswith("val/")}
+        summary.wall_time_s = time.perf_counter() - start
+        return summary
+
+    def train_step(self) -> dict[str, float]:
+        """One RL step: the seven stages of DESIGN.md, in order."""
+        timer, step_start = StageTimer(), time.perf_counter()
+        prompts = self.loader.next_batch()
+        prompts.non_tensor_batch[UID] = np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)
+        prompts.meta_info.update(n=self.config.actor_rollout_ref.rollout.n, greedy=False, seed=self._seed())
+        metrics: dict[str, float] = {}
+
+        with timer("gen"):  # 1. rollout: n responses per prompt, with the current weights
+            batch = self.actor.generate_sequences(prompts)
+        with timer("old_log_prob"):  # 2. log-probs under the training layout
+            batch.union(self.actor.compute_log_prob(batch))
+        if self.ref is not None:
+            with timer("ref"):  # 3. reference log-probs for the KL terms
+                batch.union(self.ref.compute_ref_log_prob(batch))
+        with timer("reward"):  # 4. verifiers
+            metrics.update(self.score(batch))
+        if self.critic is not None:
+            with timer("values"):  # 5. values, for estimators that need a critic
+                batch.union(self.critic.compute_values(batch))
+        with timer("adv"):  # 6. advantages, the estimator resolved by name
+            options = dict(self.config.algorithm.estimator_options)
+            batch = compute_advantage(batch, self.config.algorithm.adv_estimator, **options)
+        with timer("update"):  # 7. update critic, then actor
+            batch.meta_info["global_step"] = self.global_step
+            if self.critic is not None:
+                metrics.update(_mean_over_ranks(self.critic.update_critic(batch)))
+            metrics.update(_mean_over_ranks(self.actor.update_actor(batch)))
+
+        metrics.update(compute_data_metrics(batch))
+        metrics.update(timer.metrics())
+        metrics.update(throughput_metrics(batch, time.perf_counter() - step_start, self.world_size))
+        return metrics
+
+    def score(self, batch: DataProto) -> dict[str, float]:
+        """Verifier scores into ``token_level_scores``; rewards with the KL penalty when configured."""
+        scores, metrics = self.reward_fn(batch, self.tokenizer)
+        batch.batch[TOKEN_LEVEL_SCORES] = scores
+        if self.config.algorithm.use_kl_in_reward:
+            metrics.update(apply_kl_penalty(batch, self.kl_ctrl, self.config.algorithm.kl_penalty))
+        else:
+            batch.batch[TOKEN_LEVEL_REWARDS] = scores
+        return metrics
+
+    # ----------------------------------------------------------- validation
+    def validate(self) -> dict[str, float]:
+        """Greedy decoding on the validation prompts; mean score per data_source and accuracy."""
+        indices = list(range(len(self.val_prompts)))
+        scores, sources = [], []
+        for start in range(0, len(indices), self.config.data.val_batch_size):
+            prompts = self.val_prompts.batch(indices[start : start + self.config.data.val_batch_size], self.pad_id)
+            prompts.meta_info.update(n=1, greedy=True, seed=0)
+            padded, pad = prompts.pad_to_divisor(self.world_size)
+            out = self.actor.generate_sequences(padded).unpad(pad)
+            token_scores, _ = self.reward_fn(out, self.tokenizer)
+            scores.append(token_scores.sum(-1))
+            sources.extend(out.non_tensor_batch[DATA_SOURCE].tolist())
+        all_scores = torch.cat(scores)
+        metrics = {"val/accuracy": (all_scores >= 1.0).float().mean().item(), "val/score": all_scores.mean().item()}
+        for source in sorted(set(sources)):
+            picked = torch.tensor([s == source for s in sources])
+            metrics[f"val/{source}/score"] = all_scores[picked].mean().item()
+        return metrics
+
+    # ---------------------------------------------------------- checkpoints
+    def save_checkpoint(self) -> Path:
+        """Sharded worker state plus the driver's position, published atomically."""
+        staged = ckpt.staging_dir(self.checkpoint_root, self.global_step)
+        staged.mkdir(parents=True, exist_ok=True)
+        self.actor.save_checkpoint(str(staged))
+        if self.critic is not None:
+            self.critic.save_checkpoint(str(staged))
+        driver_state = {"global_step": self.global_step, "loader": self.loader.state_dict(), "kl_coef": self.kl_ctrl.value}
+        (staged / "driver.json").write_text(json.dumps(driver_state))
+        return ckpt.publish(self.checkpoint_root, self.global_step, self.config.trainer.max_ckpt_to_keep)
+
+    def resume(self) -> None:
+        """Load the checkpoint ``trainer.resume_mode`` names (auto: the latest, if any)."""
+        mode = str(self.config.trainer.resume_mode)
+        if mode == "disable":
+            return
+        path = ckpt.latest_checkpoint(self.checkpoint_root) if mode == "auto" else Path(mode)
+        if path is None:
+            return
+        ckpt.step_of(path)  # a clear error for a path that is not a checkpoint
+        state = json.loads((path / "driver.json").read_text())
+        self.actor.load_checkpoint(str(path))
+        if self.critic is not None:
+            self.critic.load_checkpoint(str(path))
+        self.global_step = state["global_step"]
+        self.loader.load_state_dict(state["loader"])
+        self.kl_ctrl.value = state["kl_coef"]
+        logger.info("resumed from %s at step %d", path, self.global_step)
+
+    # -------------------------------------------------------------- helpers
+    def _due(self, freq: int) -> bool:
+        return freq > 0 and self.global_step % freq == 0
+
+    def _seed(self) -> int:
+        # sampling is a function of (seed, step): a resumed run samples as the original did
+        return self.config.trainer.seed * 100_003 + self.global_step
+
+
+def _mean_over_ranks(per_rank: list[dict[str, float]]) -> dict[str, float]:
+    keys = per_rank[0].keys()
+    return {key: sum(m[key] for m in per_rank) / len(per_rank) for key in keys}
+
+
+def needs_reference(config: PPOConfig) -> bool:
+    """A reference policy is built only when a KL term uses it."""
+    return bool(config.actor_rollout_ref.actor.use_kl_loss or config.algorithm.use_kl_in_reward)
+
+
+def needs_critic(config: PPOConfig) -> bool:
+    """A critic is built when the config asks for one, or (by default) when the estimator needs one."""
+    enable = config.critic.enable
+    return get_estimator(config.algorithm.adv_estimator).needs_critic if enable is None else bool(enable)
+
+
+def resolve_loss_agg_mode(config: PPOConfig) -> str:
+    """The configured mode, else the estimator's recommendation, else ``token-mean``."""
+    if config.actor_rollout_ref.actor.loss_agg_mode is not None:
+        return config.actor_rollout_ref.actor.loss_agg_mode
+    return get_estimator(config.algorithm.adv_estimator).actor_defaults.get("loss_agg_mode", "token-mean")

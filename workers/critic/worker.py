@@ -1,0 +1,76 @@
+"""The critic worker: a value model sharded like the actor.
+
+The critic is the policy's architecture with a one-output token head
+(``AutoModelForTokenClassification``, ``num_labels=1``, no dropout), its
+backbone initialized from the policy's weights and its head fresh.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import AutoModelForTokenClassification
+
+from hybridflow.configs.schema import PPOConfig
+from hybridflow.core import DP_COMPUTE_METRIC, DP_COMPUTE_PROTO, ONE_TO_ALL, DataProto, Worker, register
+from hybridflow.workers.checkpointing import load_role, save_role
+from hybridflow.workers.critic.ppo_critic import PPOCritic
+from hybridflow.workers.fsdp import shard_model
+from hybridflow.workers.models import load_model_and_tokenizer
+from hybridflow.workers.optim import build_optimizer
+
+
+def build_value_model(path: str, dtype: torch.dtype, seed: int) -> torch.nn.Module:
+    """A token-classification model with one output, backbone copied from the policy at ``path``."""
+    policy, _ = load_model_and_tokenizer(path, dtype=dtype, seed=seed)
+    config = policy.config
+    config.num_labels = 1
+    config.classifier_dropout = 0.0
+    torch.manual_seed(seed)
+    critic = AutoModelForTokenClassification.from_config(config).to(dtype)
+    missing = critic.model.load_state_dict(policy.model.state_dict())
+    if missing.missing_keys or missing.unexpected_keys:
+        raise RuntimeError(f"critic backbone does not match the policy: {missing}")
+    return critic
+
+
+class CriticWorker(Worker):
+    """Values and value-loss updates on one rank."""
+
+    def __init__(self, config: PPOConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.init_device_mesh((self.world_size,), ("dp",))
+
+    @register(dispatch=ONE_TO_ALL)
+    def init_model(self) -> None:
+        """Build the value model, shard it, build its optimizer."""
+        cfg = self.config
+        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.actor_rollout_ref.model.dtype]
+        self.model = shard_model(build_value_model(cfg.actor_rollout_ref.model.path, dtype, cfg.trainer.seed), self.device_mesh)
+        self.optimizer, self.scheduler = build_optimizer(self.model, cfg.critic.optim)
+        rows = cfg.actor_rollout_ref.actor.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n // self.world_size
+        self.critic = PPOCritic(
+            self.model, self.optimizer, cfg.critic, rows_per_mini_batch=rows,
+            ppo_epochs=cfg.actor_rollout_ref.actor.ppo_epochs, dp_group=self.device_mesh.get_group(), scheduler=self.scheduler,
+        )
+
+    @register(dispatch=DP_COMPUTE_PROTO)
+    def compute_values(self, data: DataProto) -> DataProto:
+        """``values`` (B, T) of the response tokens."""
+        return self.critic.compute_values(data)
+
+    @register(dispatch=DP_COMPUTE_METRIC)
+    def update_critic(self, data: DataProto) -> dict[str, float]:
+        """Clipped value-loss updates over this rank's rows."""
+        return self.critic.update_critic(data)
+
+    @register(dispatch=ONE_TO_ALL)
+    def save_checkpoint(self, directory: str) -> None:
+        """Write this rank's sharded critic and optimizer into ``directory/critic``."""
+        save_role(directory, "critic", self.model, self.optimizer, extra={"scheduler": self.scheduler.state_dict()})
+
+    @register(dispatch=ONE_TO_ALL)
+    def load_checkpoint(self, directory: str) -> None:
+        """Restore what :meth:`save_checkpoint` wrote."""
+        extra = load_role(directory, "critic", self.model, self.optimizer)
+        self.scheduler.load_state_dict(extra["scheduler"])

@@ -1,0 +1,21 @@
+"""Optimizer and learning-rate schedule from an ``optim`` config section."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from hybridflow.configs.schema import OptimConfig
+
+
+def build_optimizer(
+    model: nn.Module, config: OptimConfig
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+    """AdamW over the trainable parameters, with linear warm-up to ``lr`` then constant."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=config.lr, betas=tuple(config.betas), weight_decay=config.weight_decay)
+    warmup = max(0, config.warmup_steps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
+    )
+    return optimizer, scheduler

@@ -1,0 +1,44 @@
+"""The reference worker: a frozen copy of the initial policy, for KL terms.
+
+Built only when a KL term is on (``actor.use_kl_loss`` or
+``algorithm.use_kl_in_reward``). It loads the same weights the actor starts
+from (same path, same seed) and shards them with FSDP2 like the actor.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hybridflow.configs.schema import PPOConfig
+from hybridflow.core import DP_COMPUTE_PROTO, ONE_TO_ALL, DataProto, Worker, register
+from hybridflow.core.keys import REF_LOG_PROBS
+from hybridflow.workers.fsdp import shard_model
+from hybridflow.workers.log_probs import response_log_probs
+from hybridflow.workers.models import load_model_and_tokenizer
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class RefWorker(Worker):
+    """``ref_log_probs`` of responses under the initial policy."""
+
+    def __init__(self, config: PPOConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.init_device_mesh((self.world_size,), ("dp",))
+
+    @register(dispatch=ONE_TO_ALL)
+    def init_model(self) -> None:
+        """Load the initial policy weights, frozen, sharded over the ranks."""
+        model_cfg = self.config.actor_rollout_ref.model
+        model, _ = load_model_and_tokenizer(model_cfg.path, dtype=_DTYPES[model_cfg.dtype], seed=self.config.trainer.seed)
+        self.model = shard_model(model.eval().requires_grad_(False), self.device_mesh)
+
+    @register(dispatch=DP_COMPUTE_PROTO)
+    @torch.no_grad()
+    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+        """Teacher-forced log-probs of the responses, at the rollout temperature."""
+        temperature = self.config.actor_rollout_ref.rollout.temperature
+        micro = self.config.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu
+        parts = [response_log_probs(self.model, part, temperature=temperature)[0] for part in data.split(micro)]
+        return DataProto.from_dict({REF_LOG_PROBS: torch.cat(parts)})
