@@ -1,6 +1,7 @@
 """Helpers shared by tests (importable as ``support``: setup.cfg puts tests/ on sys.path)."""
 
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -67,3 +68,9 @@ def fsdp_update_rank(rank, world, port, mode, micro, out_dir):
         dist.barrier()  # no rank tears down its connections while another still uses them
     finally:
         dist.destroy_process_group()
+    # Skip interpreter teardown: a torch.distributed background thread still
+    # joinable at exit sometimes aborts the process ("terminate called without
+    # an active exception") after all the work above is done and saved.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
