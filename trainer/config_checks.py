@@ -83,6 +83,8 @@ def check_config(cfg: Any) -> None:
         _check_divides(problems, "actor_rollout_ref.actor.ppo_mini_batch_size x rollout.n",
                        actor.ppo_mini_batch_size * rollout.n, world,
                        f"each mini-batch's rows are split evenly over the {world} data-parallel ranks")
+        _check_divides(problems, "data.train_batch_size", data.train_batch_size, world,
+                       f"each step's prompts are split evenly over the {world} rollout ranks")
         _check_divides(problems, "trainer.nnodes x trainer.n_gpus_per_node", world, rollout.tensor_model_parallel_size,
                        "rollout tensor-parallel groups tile the ranks")
     for key, value in (

@@ -25,6 +25,7 @@ def test_defaults_are_valid():
         ({"actor_rollout_ref.model.path": "/no/such/model"}, "model.path='/no/such/model' is not a directory"),
         ({"data.train_batch_size": 12}, "data.train_batch_size=12 must be a multiple of 8"),
         ({"trainer.n_gpus_per_node": 3}, "ppo_mini_batch_size x rollout.n=64 must be a multiple of 3"),
+        ({"trainer.n_gpus_per_node": 3}, "data.train_batch_size=16 must be a multiple of 3"),
         ({"actor_rollout_ref.rollout.tensor_model_parallel_size": 4}, "n_gpus_per_node=2 must be a multiple of 4"),
         ({"actor_rollout_ref.actor.loss_agg_mode": "mean"}, "loss_agg_mode='mean'; allowed: token-mean"),
         ({"actor_rollout_ref.actor.kl_loss_type": "k9"}, "kl_loss_type='k9'; allowed: k1"),

@@ -60,3 +60,60 @@ def test_estimator_trains_end_to_end(ray_session, tmp_path, estimator):
         assert len({m["critic/param_norm"] for m in steps}) == 3
     else:
         assert "critic/vf_loss" not in steps[0]
+
+
+def test_kl_terms_build_a_reference_and_are_logged(ray_session, tmp_path):
+    config = small_config(tmp_path, **{
+        "actor_rollout_ref.actor.use_kl_loss": True,
+        "actor_rollout_ref.actor.kl_loss_type": "low_var_kl",
+        "algorithm.use_kl_in_reward": True,
+        "algorithm.kl_ctrl.type": "adaptive",
+        "actor_rollout_ref.actor.policy_loss": "gspo",
+    })
+    build_and_fit(config, tmp_path / "run")
+    steps = read_metrics(tmp_path / "run")
+    # the reference is the initial policy: before the first update the KL to it is zero
+    assert steps[0]["actor/kl_loss"] == pytest.approx(0.0, abs=1e-6)
+    assert steps[0]["actor/reward_kl_penalty"] == pytest.approx(0.0, abs=1e-6)
+    assert steps[-1]["actor/kl_loss"] > 0  # the policy has moved away from it
+    assert steps[0]["actor/reward_kl_penalty_coeff"] == pytest.approx(0.001)
+    assert all(math.isfinite(m["actor/pg_loss"]) for m in steps)
+
+
+def test_two_node_cluster_runs_two_steps(tmp_path):
+    """A two-node Ray cluster (ray.cluster_utils.Cluster) in a subprocess: 1 rank per node."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(f"""
+        import json, sys
+        from ray.cluster_utils import Cluster
+        from omegaconf import OmegaConf
+        from hybridflow.configs.schema import PPOConfig
+        from hybridflow.trainer.main import build_and_fit
+
+        cluster = Cluster(initialize_head=True, head_node_args={{"num_cpus": 2}})
+        cluster.add_node(num_cpus=2)
+        cluster.wait_for_nodes()
+        import ray
+        ray.init(address=cluster.address)
+        cfg = OmegaConf.structured(PPOConfig)
+        for key, value in {{
+            "data.synthetic_dir": {str(tmp_path / "data")!r}, "data.train_batch_size": 4,
+            "actor_rollout_ref.actor.ppo_mini_batch_size": 2, "actor_rollout_ref.rollout.n": 4,
+            "actor_rollout_ref.rollout.response_length": 4, "trainer.total_training_steps": 2,
+            "trainer.test_freq": 0, "trainer.nnodes": 2, "trainer.n_gpus_per_node": 1,
+        }}.items():
+            OmegaConf.update(cfg, key, value)
+        summary = build_and_fit(OmegaConf.to_object(cfg), __import__("pathlib").Path({str(tmp_path / "run")!r}))
+        nodes = {{n["NodeID"] for n in ray.nodes() if n["Alive"]}}
+        print("RESULT", json.dumps({{"steps": summary.steps, "nodes": len(nodes)}}))
+        ray.shutdown()
+        cluster.shutdown()
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.split("RESULT", 1)[1])
+    assert result == {"steps": 2, "nodes": 2}
+    assert len(read_metrics(tmp_path / "run")) == 2
