@@ -16,6 +16,7 @@ RESPONSE_MASK = "response_mask"  # (B, T) 1 for response tokens that count
 ROLLOUT_LOG_PROBS = "rollout_log_probs"  # (B, T) log-probs from the rollout engine
 OLD_LOG_PROBS = "old_log_probs"  # (B, T) recomputed under the training layout
 REF_LOG_PROBS = "ref_log_probs"  # (B, T) reference policy log-probs
+ENTROPY = "entropy"  # (B, T) policy entropy at each response position
 VALUES = "values"  # (B, T) critic values
 TOKEN_LEVEL_SCORES = "token_level_scores"  # (B, T) verifier score at the last token
 TOKEN_LEVEL_REWARDS = "token_level_rewards"  # (B, T) scores after any KL penalty

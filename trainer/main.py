@@ -101,13 +101,14 @@ def _reward_manager(config: PPOConfig):
 
 def format_summary(summary: RunSummary, config: PPOConfig) -> str:
     """The table printed at the end of a run."""
-    before = summary.val_before.get("val/accuracy", float("nan"))
-    after = summary.val_after.get("val/accuracy", float("nan"))
+    def accuracy(metrics: dict[str, float]) -> str:
+        return f"{metrics['val/accuracy']:.3f}" if "val/accuracy" in metrics else "not run (trainer.test_freq=0)"
+
     rows = [
         ("estimator", config.algorithm.adv_estimator),
         ("steps", str(summary.steps)),
-        ("validation accuracy before", f"{before:.3f}"),
-        ("validation accuracy after", f"{after:.3f}"),
+        ("validation accuracy before", accuracy(summary.val_before)),
+        ("validation accuracy after", accuracy(summary.val_after)),
         ("train score (last step)", f"{summary.last_metrics.get('score/mean', float('nan')):.3f}"),
         ("wall time", f"{summary.wall_time_s:.1f} s"),
     ]

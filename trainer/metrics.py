@@ -20,6 +20,12 @@ from hybridflow.core.keys import (
 )
 
 
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
+    """Mean of ``values`` over positions where ``mask`` is 1."""
+    mask = mask.float()
+    return float((values * mask).sum() / mask.sum().clamp(min=1))
+
+
 def _masked_stats(name: str, values: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
     valid = values[mask.bool()]
     if valid.numel() == 0:

@@ -24,12 +24,12 @@ from tqdm import tqdm
 
 from hybridflow.configs.schema import PPOConfig
 from hybridflow.core import DataProto
-from hybridflow.core.keys import DATA_SOURCE, TOKEN_LEVEL_REWARDS, TOKEN_LEVEL_SCORES, UID
+from hybridflow.core.keys import DATA_SOURCE, ENTROPY, RESPONSE_MASK, TOKEN_LEVEL_REWARDS, TOKEN_LEVEL_SCORES, UID
 from hybridflow.estimators import compute_advantage
 from hybridflow.plugins import get_estimator
 from hybridflow.trainer import checkpoint as ckpt
 from hybridflow.trainer.kl_control import KLController, apply_kl_penalty
-from hybridflow.trainer.metrics import StageTimer, compute_data_metrics, throughput_metrics
+from hybridflow.trainer.metrics import StageTimer, compute_data_metrics, masked_mean, throughput_metrics
 from hybridflow.trainer.prompt_loader import PromptLoader, PromptSet
 from hybridflow.trainer.tracking import Tracking
 
@@ -128,6 +128,7 @@ class PPOTrainer:
             batch = self.actor.generate_sequences(prompts)
         with timer("old_log_prob"):  # 2. log-probs under the training layout
             batch.union(self.actor.compute_log_prob(batch))
+            metrics["actor/entropy"] = masked_mean(batch.pop(batch_keys=[ENTROPY]).batch[ENTROPY], batch.batch[RESPONSE_MASK])
         if self.ref is not None:
             with timer("ref"):  # 3. reference log-probs for the KL terms
                 batch.union(self.ref.compute_ref_log_prob(batch))

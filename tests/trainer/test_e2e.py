@@ -51,7 +51,7 @@ def test_estimator_trains_end_to_end(ray_session, tmp_path, estimator):
     steps = read_metrics(tmp_path / "run")
     assert [m["step"] for m in steps] == [1, 2, 3]
     for m in steps:
-        for key in ("actor/pg_loss", "actor/grad_norm", "score/mean", "timing_s/gen", "timing_s/update", "perf/tokens_per_s"):
+        for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "score/mean", "timing_s/gen", "timing_s/update", "perf/tokens_per_s"):
             assert math.isfinite(m[key]), (key, m[key])
     norms = [m["actor/param_norm"] for m in steps]
     assert len(set(norms)) == 3  # the weights change every step

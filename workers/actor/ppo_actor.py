@@ -22,7 +22,7 @@ from torch import nn
 
 from hybridflow.configs.schema import ActorConfig
 from hybridflow.core import DataProto
-from hybridflow.core.keys import ADVANTAGES, OLD_LOG_PROBS, REF_LOG_PROBS, RESPONSE_MASK
+from hybridflow.core.keys import ADVANTAGES, ENTROPY, OLD_LOG_PROBS, REF_LOG_PROBS, RESPONSE_MASK
 from hybridflow.losses import agg_loss, kl_penalty
 from hybridflow.plugins import get_policy_loss
 from hybridflow.workers.log_probs import response_log_probs
@@ -86,7 +86,7 @@ class PPOActor:
             entropies.append(ent)
         tensors = {OLD_LOG_PROBS: torch.cat(log_probs)}
         if with_entropy:
-            tensors["entropy"] = torch.cat(entropies)
+            tensors[ENTROPY] = torch.cat(entropies)
         return DataProto.from_dict(tensors)
 
     def update_policy(self, data: DataProto, *, temperature: float, shuffle_seed: int = 0) -> dict[str, float]:

@@ -99,8 +99,9 @@ class ActorRolloutWorker(Worker):
 
     @register(dispatch=DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
-        """``old_log_probs`` under the training layout (the importance ratio's denominator)."""
-        return self.actor.compute_log_prob(data, temperature=self.config.actor_rollout_ref.rollout.temperature)
+        """``old_log_probs`` (the importance ratio's denominator) and ``entropy``, under the training layout."""
+        temperature = self.config.actor_rollout_ref.rollout.temperature
+        return self.actor.compute_log_prob(data, temperature=temperature, with_entropy=True)
 
     @register(dispatch=DP_COMPUTE_METRIC)
     def update_actor(self, data: DataProto) -> dict[str, float]:
