@@ -15,6 +15,7 @@ from hybridflow.plugins import UnknownNameError, get_estimator, get_policy_loss
 ROLLOUT_ENGINES = ("builtin", "vllm")
 DEVICES = ("cpu", "cuda")
 RESUME_MODES = ("auto", "disable")
+MODEL_DTYPES = ("float32", "bfloat16")  # workers.models.DTYPES; not imported here to keep checks free of transformers
 
 
 class ConfigError(ValueError):
@@ -61,6 +62,8 @@ def check_config(cfg: Any) -> None:
             f"actor_rollout_ref.model.path={arr.model.path!r} is not a directory; give a local HF model directory "
             "or builtin:<name>"
         )
+    if arr.model.dtype not in MODEL_DTYPES:
+        problems.append(f"actor_rollout_ref.model.dtype={arr.model.dtype!r}; allowed: {', '.join(MODEL_DTYPES)}")
     if actor.loss_agg_mode is not None and actor.loss_agg_mode not in LOSS_AGG_MODES:
         problems.append(f"actor_rollout_ref.actor.loss_agg_mode={actor.loss_agg_mode!r}; allowed: {', '.join(LOSS_AGG_MODES)}, or null")
     for key, value in (("actor_rollout_ref.actor.kl_loss_type", actor.kl_loss_type), ("algorithm.kl_penalty", algo.kl_penalty)):

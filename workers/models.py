@@ -42,6 +42,16 @@ logger = logging.getLogger(__name__)
 
 BUILTIN_PREFIX = "builtin:"
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+"""The parameter dtypes ``actor_rollout_ref.model.dtype`` may name."""
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype for a config name; an unknown name lists the allowed ones."""
+    if name not in DTYPES:
+        raise ValueError(f"model dtype {name!r} is not supported; allowed: {', '.join(DTYPES)}")
+    return DTYPES[name]
+
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>", "<|system|>", "<|user|>", "<|assistant|>")
 CHARACTERS = tuple("0123456789+-*%=(), ?aimnx")  # 25 + 7 specials = 32
 CHAT_TEMPLATE = (

@@ -14,9 +14,7 @@ from hybridflow.core import DP_COMPUTE_PROTO, ONE_TO_ALL, DataProto, Worker, reg
 from hybridflow.core.keys import REF_LOG_PROBS
 from hybridflow.workers.fsdp import shard_model
 from hybridflow.workers.log_probs import response_log_probs
-from hybridflow.workers.models import load_model_and_tokenizer
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+from hybridflow.workers.models import load_model_and_tokenizer, torch_dtype
 
 
 class RefWorker(Worker):
@@ -31,7 +29,7 @@ class RefWorker(Worker):
     def init_model(self) -> None:
         """Load the initial policy weights, frozen, sharded over the ranks."""
         model_cfg = self.config.actor_rollout_ref.model
-        model, _ = load_model_and_tokenizer(model_cfg.path, dtype=_DTYPES[model_cfg.dtype], seed=self.config.trainer.seed)
+        model, _ = load_model_and_tokenizer(model_cfg.path, dtype=torch_dtype(model_cfg.dtype), seed=self.config.trainer.seed)
         self.model = shard_model(model.eval().requires_grad_(False), self.device_mesh)
 
     @register(dispatch=DP_COMPUTE_PROTO)

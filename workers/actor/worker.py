@@ -27,13 +27,11 @@ from hybridflow.core import DP_COMPUTE_METRIC, DP_COMPUTE_PROTO, ONE_TO_ALL, Dat
 from hybridflow.workers.actor.ppo_actor import PPOActor
 from hybridflow.workers.checkpointing import load_role, save_role
 from hybridflow.workers.fsdp import shard_model
-from hybridflow.workers.models import load_model_and_tokenizer
+from hybridflow.workers.models import load_model_and_tokenizer, torch_dtype
 from hybridflow.workers.optim import build_optimizer
 from hybridflow.workers.rollout import RolloutEngine, SamplingParams
 
 logger = logging.getLogger(__name__)
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 class ActorRolloutWorker(Worker):
@@ -52,7 +50,7 @@ class ActorRolloutWorker(Worker):
         """Load the model (same seed on every rank), shard it, build the optimizer and the engine."""
         arr = self.config.actor_rollout_ref
         model, tokenizer = load_model_and_tokenizer(
-            arr.model.path, dtype=_DTYPES[arr.model.dtype], seed=self.config.trainer.seed
+            arr.model.path, dtype=torch_dtype(arr.model.dtype), seed=self.config.trainer.seed
         )
         self.tokenizer = tokenizer
         self.rollout_model = copy.deepcopy(model).eval().requires_grad_(False)

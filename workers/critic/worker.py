@@ -15,7 +15,7 @@ from hybridflow.core import DP_COMPUTE_METRIC, DP_COMPUTE_PROTO, ONE_TO_ALL, Dat
 from hybridflow.workers.checkpointing import load_role, save_role
 from hybridflow.workers.critic.ppo_critic import PPOCritic
 from hybridflow.workers.fsdp import shard_model
-from hybridflow.workers.models import load_model_and_tokenizer
+from hybridflow.workers.models import load_model_and_tokenizer, torch_dtype
 from hybridflow.workers.optim import build_optimizer
 
 
@@ -45,7 +45,7 @@ class CriticWorker(Worker):
     def init_model(self) -> None:
         """Build the value model, shard it, build its optimizer."""
         cfg = self.config
-        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.actor_rollout_ref.model.dtype]
+        dtype = torch_dtype(cfg.actor_rollout_ref.model.dtype)
         self.model = shard_model(build_value_model(cfg.actor_rollout_ref.model.path, dtype, cfg.trainer.seed), self.device_mesh)
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg.critic.optim)
         rows = cfg.actor_rollout_ref.actor.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n // self.world_size
