@@ -106,7 +106,8 @@ class PPOTrainer:
             if self._due(self.config.trainer.save_freq):
                 self.save_checkpoint()
             self.tracking.log(metrics, self.global_step)
-            progress.set_postfix({k.split("/")[-1]: f"{metrics[k]:.3f}" for k in ("score/mean", "val/accuracy") if k in metrics})
+            shown = {"score": "score/mean", "val_acc": "val/accuracy"}
+            progress.set_postfix({label: f"{metrics[key]:.3f}" for label, key in shown.items() if key in metrics})
             progress.update(1)
             summary.last_metrics = metrics
         progress.close()
