@@ -96,6 +96,7 @@ class PPOTrainer:
         if self.config.trainer.test_freq > 0:
             summary.val_before = self.validate()
             self.tracking.log(summary.val_before, self.global_step)
+        last_val = summary.val_before.get("val/accuracy", float("nan"))
         progress = tqdm(total=self.total_steps, initial=self.global_step, desc="training", unit="step", dynamic_ncols=True)
         while self.global_step < self.total_steps:
             metrics = self.train_step()
@@ -106,8 +107,8 @@ class PPOTrainer:
             if self._due(self.config.trainer.save_freq):
                 self.save_checkpoint()
             self.tracking.log(metrics, self.global_step)
-            shown = {"score": "score/mean", "val_acc": "val/accuracy"}
-            progress.set_postfix({label: f"{metrics[key]:.3f}" for label, key in shown.items() if key in metrics})
+            last_val = metrics.get("val/accuracy", last_val)
+            progress.set_postfix(score=f"{metrics['score/mean']:.3f}", val_acc=f"{last_val:.3f}")
             progress.update(1)
             summary.last_metrics = metrics
         progress.close()
