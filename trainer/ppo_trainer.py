@@ -101,10 +101,10 @@ class PPOTrainer:
         while self.global_step < self.total_steps:
             metrics = self.train_step()
             self.global_step += 1
-            if self._due(self.config.trainer.test_freq) or self.global_step == self.total_steps:
-                if self.config.trainer.test_freq > 0:
-                    metrics.update(self.validate())
-            if self._due(self.config.trainer.save_freq):
+            last = self.global_step == self.total_steps
+            if self.config.trainer.test_freq > 0 and (self._due(self.config.trainer.test_freq) or last):
+                metrics.update(self.validate())
+            if self._due(self.config.trainer.save_freq) or (last and self.config.trainer.save_freq > 0):
                 self.save_checkpoint()
             self.tracking.log(metrics, self.global_step)
             last_val = metrics.get("val/accuracy", last_val)
