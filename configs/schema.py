@@ -225,7 +225,8 @@ class TrainerConfig:
     max_ckpt_to_keep: int = 2
     """Keep this many most recent checkpoints."""
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
-    """Metric sinks."""
+    """Metric sinks: ``console``, ``jsonl`` (``metrics.jsonl`` in the run directory), ``wandb``
+    (offline under the run directory unless ``WANDB_API_KEY`` or ``WANDB_MODE`` is set)."""
     project_name: str = "hybridflow"
     """Project name for loggers."""
     experiment_name: str = "default"

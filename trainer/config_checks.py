@@ -15,6 +15,7 @@ from hybridflow.plugins import UnknownNameError, get_estimator, get_policy_loss
 ROLLOUT_ENGINES = ("builtin", "vllm")
 DEVICES = ("cpu", "cuda")
 RESUME_MODES = ("auto", "disable")
+LOGGERS = ("console", "jsonl", "wandb")  # trainer.tracking.SINKS
 MODEL_DTYPES = ("float32", "bfloat16")  # workers.models.DTYPES; not imported here to keep checks free of transformers
 
 
@@ -71,6 +72,9 @@ def check_config(cfg: Any) -> None:
             problems.append(f"{key}={value!r}; allowed: {', '.join(KL_PENALTIES)}")
     if rollout.name not in ROLLOUT_ENGINES:
         problems.append(f"actor_rollout_ref.rollout.name={rollout.name!r}; allowed: {', '.join(ROLLOUT_ENGINES)}")
+    unknown_loggers = [name for name in trainer.logger if name not in LOGGERS]
+    if unknown_loggers:
+        problems.append(f"trainer.logger has {unknown_loggers}; allowed: {', '.join(LOGGERS)}")
     if trainer.device not in DEVICES:
         problems.append(f"trainer.device={trainer.device!r}; allowed: {', '.join(DEVICES)}")
     if rollout.name == "vllm" and trainer.device != "cuda":

@@ -14,7 +14,7 @@ import json
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ from hybridflow.trainer import checkpoint as ckpt
 from hybridflow.trainer.kl_control import KLController, apply_kl_penalty
 from hybridflow.trainer.metrics import StageTimer, compute_data_metrics, masked_mean, throughput_metrics
 from hybridflow.trainer.prompt_loader import PromptLoader, PromptSet
-from hybridflow.trainer.tracking import Tracking
+from hybridflow.trainer.tracking import RunInfo, Tracking
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class PPOTrainer:
         )
         self.val_prompts = val_prompts
         self.kl_ctrl = KLController.from_config(config.algorithm.kl_ctrl)
-        self.tracking = Tracking(list(config.trainer.logger), self.run_dir)
+        self.tracking = Tracking(list(config.trainer.logger), run_info(config, self.run_dir))
         self.global_step = 0
         epochs_steps = config.trainer.total_epochs * self.loader.batches_per_epoch
         self.total_steps = min(epochs_steps, config.trainer.total_training_steps or epochs_steps)
@@ -220,6 +220,19 @@ class PPOTrainer:
     def _seed(self) -> int:
         # sampling is a function of (seed, step): a resumed run samples as the original did
         return self.config.trainer.seed * 100_003 + self.global_step
+
+
+def run_info(config: PPOConfig, run_dir: Path) -> RunInfo:
+    """Names for the loggers, the resolved config and the installed plugins with their versions."""
+    from hybridflow.plugins import get_plugin_manager
+
+    plugins = {name: f"{src.distribution} {src.version}" for name, src in get_plugin_manager().sources.items()}
+    return RunInfo(
+        run_dir=run_dir,
+        project=config.trainer.project_name,
+        name=config.trainer.experiment_name,
+        config={**asdict(config), "installed_plugins": plugins},
+    )
 
 
 def _mean_over_ranks(per_rank: list[dict[str, float]]) -> dict[str, float]:

@@ -11,8 +11,11 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 logger = logging.getLogger("hybridflow.metrics")
 
@@ -56,19 +59,57 @@ class JsonlSink:
         self._file.close()
 
 
-SINKS = ("console", "jsonl")
+@dataclass(frozen=True)
+class RunInfo:
+    """What a sink may record about the run besides its metrics."""
+
+    run_dir: Path
+    project: str = "hybridflow"
+    name: str = "default"
+    group: str | None = None
+    config: Mapping[str, Any] = field(default_factory=dict)
+
+
+class WandbSink:
+    """A W&B run; offline (files under ``run_dir/wandb``) unless an API key or ``WANDB_MODE`` says otherwise."""
+
+    def __init__(self, info: RunInfo) -> None:
+        import wandb  # heavy; only runs that ask for W&B pay for it
+
+        mode = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
+        self.run = wandb.init(
+            project=info.project,
+            name=info.name,
+            group=info.group,
+            config=dict(info.config),
+            dir=str(info.run_dir),
+            mode=mode,
+            settings=wandb.Settings(silent=True, console="off"),
+        )
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        self.run.log(metrics, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+SINKS: dict[str, Callable[[RunInfo], MetricSink]] = {
+    "console": lambda info: ConsoleSink(),
+    "jsonl": lambda info: JsonlSink(info.run_dir / "metrics.jsonl"),
+    "wandb": WandbSink,
+}
 
 
 class Tracking:
     """Fans every ``log`` call out to the configured sinks."""
 
-    def __init__(self, backends: list[str], run_dir: str | Path) -> None:
+    def __init__(self, backends: list[str], info: RunInfo) -> None:
         unknown = [b for b in backends if b not in SINKS]
         if unknown:
             raise ValueError(f"trainer.logger has unknown back-end(s) {unknown}; allowed: {', '.join(SINKS)}")
-        self.sinks: list[MetricSink] = []
-        for backend in backends:
-            self.sinks.append(ConsoleSink() if backend == "console" else JsonlSink(Path(run_dir) / "metrics.jsonl"))
+        Path(info.run_dir).mkdir(parents=True, exist_ok=True)
+        self.sinks: list[MetricSink] = [SINKS[backend](info) for backend in backends]
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         """Send ``metrics`` of ``step`` to every sink."""

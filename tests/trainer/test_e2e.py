@@ -44,8 +44,9 @@ def read_metrics(run_dir):
 @pytest.mark.parametrize(
     "estimator", ["grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gae"]
 )
-def test_estimator_trains_end_to_end(ray_session, tmp_path, estimator):
-    config = small_config(tmp_path, **{"algorithm.adv_estimator": estimator})
+def test_estimator_trains_end_to_end(ray_session, tmp_path, estimator, monkeypatch):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    config = small_config(tmp_path, **{"algorithm.adv_estimator": estimator, "trainer.logger": ["jsonl", "wandb"]})
     summary = build_and_fit(config, tmp_path / "run")
     assert summary.steps == 3
     steps = read_metrics(tmp_path / "run")
@@ -60,6 +61,8 @@ def test_estimator_trains_end_to_end(ray_session, tmp_path, estimator):
         assert len({m["critic/param_norm"] for m in steps}) == 3
     else:
         assert "critic/vf_loss" not in steps[0]
+    [offline_run] = (tmp_path / "run" / "wandb").glob("offline-run-*")  # W&B without an account
+    assert b"actor/pg_loss" in next(offline_run.glob("run-*.wandb")).read_bytes()
 
 
 def test_kl_terms_build_a_reference_and_are_logged(ray_session, tmp_path):

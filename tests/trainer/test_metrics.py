@@ -5,7 +5,7 @@ import torch
 
 from hybridflow.core import DataProto
 from hybridflow.trainer.metrics import StageTimer, compute_data_metrics, throughput_metrics
-from hybridflow.trainer.tracking import Tracking
+from hybridflow.trainer.tracking import RunInfo, Tracking
 
 
 def finished_batch():
@@ -42,7 +42,7 @@ def test_throughput_counts_all_attended_tokens():
 
 
 def test_jsonl_sink_writes_every_metric(tmp_path):
-    tracking = Tracking(["jsonl", "console"], tmp_path)
+    tracking = Tracking(["jsonl", "console"], RunInfo(tmp_path))
     tracking.log({"score/mean": 0.5, "bad": float("nan")}, step=1)
     tracking.log({"score/mean": 0.75}, step=2)
     tracking.close()
@@ -51,5 +51,18 @@ def test_jsonl_sink_writes_every_metric(tmp_path):
 
 
 def test_unknown_logger_lists_the_known_ones(tmp_path):
-    with pytest.raises(ValueError, match=r"unknown back-end\(s\) \['wandbb'\]; allowed: console, jsonl"):
-        Tracking(["wandbb"], tmp_path)
+    with pytest.raises(ValueError, match=r"unknown back-end\(s\) \['wandbb'\]; allowed: console, jsonl, wandb"):
+        Tracking(["wandbb"], RunInfo(tmp_path))
+
+
+def test_wandb_runs_offline_without_an_account(tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    info = RunInfo(tmp_path, project="p", name="adv_estimator=rloo,seed=1", group="sweep", config={"lr": 0.5})
+    tracking = Tracking(["wandb"], info)
+    tracking.log({"score/mean": 0.25}, step=1)
+    tracking.close()
+    [run_dir] = (tmp_path / "wandb").glob("offline-run-*")
+    [records] = run_dir.glob("run-*.wandb")
+    data = records.read_bytes()
+    assert b"score/mean" in data and b"adv_estimator=rloo,seed=1" in data and b"sweep" in data
