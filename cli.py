@@ -1,4 +1,4 @@
-"""The ``hybridflow`` command: ``hybridflow plugins``, ``hybridflow demo``."""
+"""The ``hybridflow`` command: ``hybridflow plugins``, ``hybridflow demo``, ``hybridflow compare``."""
 
 from __future__ import annotations
 
@@ -21,6 +21,15 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compare(args: argparse.Namespace) -> int:
+    from hybridflow.trainer.compare import compare
+
+    png, table = compare(args.paths, args.out, threshold=args.threshold)
+    print(table.read_text(), end="")
+    print(f"\nwrote {png} and {table}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``hybridflow`` console script."""
     parser = argparse.ArgumentParser(prog="hybridflow", description=__doc__)
@@ -29,6 +38,11 @@ def main(argv: list[str] | None = None) -> int:
     demo = sub.add_parser("demo", help="advantages of every installed estimator on one grouped batch")
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(func=_demo)
+    cmp = sub.add_parser("compare", help="plot and tabulate runs (sweep or run directories), grouped across seeds")
+    cmp.add_argument("paths", nargs="+", help="run directories (with metrics.jsonl) or sweep directories")
+    cmp.add_argument("--out", default=".", help="where compare.png and compare.md go (default: here)")
+    cmp.add_argument("--threshold", type=float, default=0.8, help="validation accuracy for 'steps to reach'")
+    cmp.set_defaults(func=_compare)
     args = parser.parse_args(argv)
     return args.func(args)
 
