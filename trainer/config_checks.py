@@ -11,11 +11,11 @@ from typing import Any
 
 from hybridflow.losses import KL_PENALTIES, LOSS_AGG_MODES
 from hybridflow.plugins import UnknownNameError, get_estimator, get_policy_loss
+from hybridflow.trainer.tracking import SINKS
 
 ROLLOUT_ENGINES = ("builtin", "vllm")
 DEVICES = ("cpu", "cuda")
 RESUME_MODES = ("auto", "disable")
-LOGGERS = ("console", "jsonl", "wandb")  # trainer.tracking.SINKS
 MODEL_DTYPES = ("float32", "bfloat16")  # workers.models.DTYPES; not imported here to keep checks free of transformers
 
 
@@ -72,9 +72,11 @@ def check_config(cfg: Any) -> None:
             problems.append(f"{key}={value!r}; allowed: {', '.join(KL_PENALTIES)}")
     if rollout.name not in ROLLOUT_ENGINES:
         problems.append(f"actor_rollout_ref.rollout.name={rollout.name!r}; allowed: {', '.join(ROLLOUT_ENGINES)}")
-    unknown_loggers = [name for name in trainer.logger if name not in LOGGERS]
+    unknown_loggers = [name for name in trainer.logger if name not in SINKS]
     if unknown_loggers:
-        problems.append(f"trainer.logger has {unknown_loggers}; allowed: {', '.join(LOGGERS)}")
+        problems.append(f"trainer.logger has {unknown_loggers}; allowed: {', '.join(SINKS)}")
+    if algo.kl_ctrl.type not in ("fixed", "adaptive"):
+        problems.append(f"algorithm.kl_ctrl.type={algo.kl_ctrl.type!r}; allowed: fixed, adaptive")
     if trainer.device not in DEVICES:
         problems.append(f"trainer.device={trainer.device!r}; allowed: {', '.join(DEVICES)}")
     if rollout.name == "vllm" and trainer.device != "cuda":

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import hydra
@@ -91,8 +92,8 @@ def _reward_manager(config: PPOConfig):
         num_workers=reward.num_workers,
         timeout_s=reward.timeout_s,
         timeout_score=reward.timeout_score,
-        custom_reward_function=OmegaConf.to_container(OmegaConf.structured(reward.custom_reward_function)),
-        overlong_buffer=OmegaConf.to_container(OmegaConf.structured(reward.overlong_buffer)),
+        custom_reward_function=asdict(reward.custom_reward_function),
+        overlong_buffer=asdict(reward.overlong_buffer),
         verifier_kwargs={name: dict(kwargs) for name, kwargs in reward.verifier_kwargs.items()},
         max_response_length=config.actor_rollout_ref.rollout.response_length,
         worker_memory_mb=reward.worker_memory_mb,

@@ -33,6 +33,14 @@ def clip_grad_norm(model: nn.Module, max_norm: float) -> float:
     return float(norm)
 
 
+def global_counts(mask: torch.Tensor, group: dist.ProcessGroup | None) -> tuple[float, float]:
+    """Valid tokens and sequences of a mini-batch summed over the data-parallel group."""
+    counts = torch.tensor([mask.sum().item(), float(mask.shape[0])], dtype=torch.float64)
+    if group is not None and dist.get_world_size(group) > 1:
+        dist.all_reduce(counts, group=group)
+    return counts[0].item(), counts[1].item()
+
+
 def parameter_norm(model: nn.Module) -> float:
     """L2 norm of all parameters; under FSDP2 each rank sums its shard and the sums are all-reduced."""
     sharded = False

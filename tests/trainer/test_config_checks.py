@@ -34,6 +34,7 @@ def test_defaults_are_valid():
         ({"algorithm.estimator_options": {"gamma": 0.9}}, "estimator_options has ['gamma']; estimator 'grpo' takes"),
         ({"trainer.resume_mode": "sometimes"}, "trainer.resume_mode='sometimes'; allowed: auto, disable"),
         ({"actor_rollout_ref.rollout.top_p": 0.0}, "top_p=0.0 must be in (0, 1]"),
+        ({"algorithm.kl_ctrl.type": "pid"}, "algorithm.kl_ctrl.type='pid'; allowed: fixed, adaptive"),
         ({"trainer.logger": ["console", "mlflow"]}, "trainer.logger has ['mlflow']; allowed: console, jsonl, wandb"),
     ],
 )

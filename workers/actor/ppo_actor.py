@@ -26,15 +26,7 @@ from hybridflow.core.keys import ADVANTAGES, ENTROPY, OLD_LOG_PROBS, REF_LOG_PRO
 from hybridflow.losses import agg_loss, kl_penalty
 from hybridflow.plugins import get_policy_loss
 from hybridflow.workers.log_probs import response_log_probs
-from hybridflow.workers.train_step import mean_metrics, optimizer_step, parameter_norm
-
-
-def global_counts(mask: torch.Tensor, group: dist.ProcessGroup | None) -> tuple[float, float]:
-    """Valid tokens and sequences of a mini-batch summed over the data-parallel group."""
-    counts = torch.tensor([mask.sum().item(), float(mask.shape[0])], dtype=torch.float64)
-    if group is not None and dist.get_world_size(group) > 1:
-        dist.all_reduce(counts, group=group)
-    return counts[0].item(), counts[1].item()
+from hybridflow.workers.train_step import global_counts, mean_metrics, optimizer_step, parameter_norm
 
 
 class PPOActor:

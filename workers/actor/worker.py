@@ -8,7 +8,8 @@ Per rank it holds the policy twice:
   engine decodes with. Before generating, the rollout copy is refreshed from
   the training shards when they changed (each parameter gathered in turn and
   copied in place), so every step samples from the current policy. Weight
-  version numbers make a stale rollout impossible to miss.
+  version numbers decide when to refresh, and each output reports the version it
+was sampled with (``meta_info["weight_version"]``).
 
 Moving between two *different* layouts with bounded memory (FSDP to tensor
 parallel) is the hybrid engine's job (``core/reshard.py``, a later issue).
@@ -83,8 +84,6 @@ class ActorRolloutWorker(Worker):
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """``meta_info``: ``n``, ``greedy``, ``seed``. Returns n responses per prompt, adjacent."""
         self._sync_rollout_weights()
-        if self.rollout_version != self.weight_version:
-            raise RuntimeError(f"rollout weights are version {self.rollout_version}, training weights {self.weight_version}")
         rollout = self.config.actor_rollout_ref.rollout
         meta = prompts.meta_info
         sampling = SamplingParams(

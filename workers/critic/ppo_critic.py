@@ -20,8 +20,7 @@ from hybridflow.core import DataProto
 from hybridflow.core.keys import ATTENTION_MASK, INPUT_IDS, POSITION_IDS, RESPONSE_MASK, RESPONSES, RETURNS, VALUES
 from hybridflow.losses import agg_loss
 from hybridflow.losses.value import clipped_value_loss
-from hybridflow.workers.actor.ppo_actor import global_counts
-from hybridflow.workers.train_step import mean_metrics, optimizer_step, parameter_norm
+from hybridflow.workers.train_step import global_counts, mean_metrics, optimizer_step, parameter_norm
 
 
 def response_values(model: nn.Module, batch: DataProto) -> torch.Tensor:
