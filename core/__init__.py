@@ -23,6 +23,7 @@ from typing import Any
 from hybridflow.core.data_proto import DataProto
 from hybridflow.core.dispatch import (
     ALL_TO_ALL,
+    DEFAULT_MESH,
     DP_COMPUTE,
     DP_COMPUTE_METRIC,
     DP_COMPUTE_PROTO,
@@ -50,6 +51,7 @@ _LAZY = {
 }
 
 __all__ = [
+    "DEFAULT_MESH",
     "ALL_TO_ALL",
     "DP_COMPUTE",
     "DP_COMPUTE_METRIC",

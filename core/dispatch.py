@@ -53,6 +53,10 @@ __all__ = [
 
 
 # --------------------------------------------------------------------- layout
+DEFAULT_MESH = "default"
+"""The name of a worker's mesh when it builds only one (``Worker.init_device_mesh``'s default)."""
+
+
 @dataclass(frozen=True)
 class RankLayout:
     """Where one rank sits in the data-parallel split.
@@ -293,6 +297,7 @@ class Registration:
     dispatch: DispatchMode = ONE_TO_ALL
     execute: Execute = Execute.ALL
     blocking: bool = True
+    mesh: str = DEFAULT_MESH
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -315,13 +320,16 @@ class RegisteredMethod(Generic[F]):
 
 
 def register(
-    dispatch: DispatchMode = ONE_TO_ALL, execute: Execute = Execute.ALL, blocking: bool = True
+    dispatch: DispatchMode = ONE_TO_ALL, execute: Execute = Execute.ALL, blocking: bool = True, mesh: str = DEFAULT_MESH
 ) -> Callable[[F], RegisteredMethod[F]]:
     """Mark a :class:`~hybridflow.core.worker.Worker` method as callable on the whole group.
 
     ``dispatch`` is a :class:`DispatchMode` constant, ``execute`` an
     :class:`Execute` member; with ``blocking=False`` the group call returns a
-    future instead of the result.
+    future instead of the result. ``mesh`` names the worker's device mesh
+    whose data-parallel layout splits the data (a worker that generates on
+    a tensor-parallel layout and trains on another registers its generate
+    method with the rollout mesh's name).
     """
     if not isinstance(dispatch, DispatchMode):
         raise TypeError(f"dispatch must be a DispatchMode (e.g. DP_COMPUTE_PROTO), got {dispatch!r}")
@@ -329,6 +337,6 @@ def register(
         raise TypeError(f"execute must be an Execute member (Execute.ALL, Execute.RANK_ZERO), got {execute!r}")
 
     def wrap(fn: F) -> RegisteredMethod[F]:
-        return RegisteredMethod(fn, Registration(dispatch, execute, blocking))
+        return RegisteredMethod(fn, Registration(dispatch, execute, blocking, mesh))
 
     return wrap

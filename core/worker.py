@@ -28,7 +28,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from hybridflow.core.data_proto import DataProto
-from hybridflow.core.dispatch import FutureShard, Pending, RankLayout, strip_padding
+from hybridflow.core.dispatch import DEFAULT_MESH, FutureShard, Pending, RankLayout, strip_padding
 
 __all__ = ["RankEnv", "RoleSpec", "Worker", "WorkerHost", "HostInfo", "CallHeader", "ProtoPayload"]
 
@@ -82,8 +82,8 @@ class Worker:
 
     def __init__(self) -> None:
         self.env = RankEnv.from_environ()
-        self.device_mesh: Any = None
-        self._dp_dim: str | None = None
+        self.device_mesh: Any = None  # the default mesh (see init_device_mesh)
+        self._meshes: dict[str, tuple[Any, str]] = {}  # mesh name -> (DeviceMesh, dp dim name)
 
     # ------------------------------------------------------------- identity
     @property
@@ -127,12 +127,18 @@ class Worker:
         )
         logger.debug("rank %d/%d joined %s process group", self.rank, self.world_size, backend)
 
-    def init_device_mesh(self, shape: Sequence[int], dim_names: Sequence[str], dp_dim: str = "dp") -> Any:
+    def init_device_mesh(
+        self, shape: Sequence[int], dim_names: Sequence[str], dp_dim: str = "dp", name: str = DEFAULT_MESH
+    ) -> Any:
         """Build a named ``DeviceMesh`` (e.g. ``(2, 2), ("dp", "tp")``) over the group.
 
         ``dp_dim`` names the data-parallel axis: a rank's coordinate on it is
         its dp rank, and the rank whose other coordinates are all 0 is its dp
         group's representative (the one whose output the collect step keeps).
+        A worker may hold several meshes over the same ranks under different
+        ``name`` s (the actor trains on one layout and generates on another); a
+        method registered with ``@register(..., mesh=name)`` is dispatched by
+        that mesh's layout. The default mesh is also ``self.device_mesh``.
         Initializes the process group first if needed.
         """
         if dp_dim not in dim_names:
@@ -145,20 +151,27 @@ class Worker:
         if size != self.world_size:
             raise ValueError(f"mesh shape {tuple(shape)} has {size} ranks but the group has {self.world_size}")
         self.init_process_group()
-        self.device_mesh = init_device_mesh(self.device.type, tuple(shape), mesh_dim_names=tuple(dim_names))
-        self._dp_dim = dp_dim
-        return self.device_mesh
+        mesh = init_device_mesh(self.device.type, tuple(shape), mesh_dim_names=tuple(dim_names))
+        self._meshes[name] = (mesh, dp_dim)
+        if name == DEFAULT_MESH:
+            self.device_mesh = mesh
+        return mesh
 
-    def dp_layout(self) -> RankLayout:
-        """This rank's data-parallel position (every rank its own group without a mesh)."""
-        if self.device_mesh is None or self._dp_dim is None:
+    def mesh_names(self) -> list[str]:
+        """The names of the meshes built so far (always including the default one)."""
+        return list(dict.fromkeys([DEFAULT_MESH, *self._meshes]))
+
+    def dp_layout(self, mesh: str = DEFAULT_MESH) -> RankLayout:
+        """This rank's data-parallel position on mesh ``mesh`` (every rank its own group without a mesh)."""
+        if mesh not in self._meshes:
+            if mesh != DEFAULT_MESH:
+                raise KeyError(f"{type(self).__name__} has no mesh named {mesh!r}; built: {sorted(self._meshes)}")
             return RankLayout(self.rank, self.world_size, True)
-        mesh = self.device_mesh
-        coords = mesh.get_coordinate()
-        names = mesh.mesh_dim_names
-        dp_axis = names.index(self._dp_dim)
+        device_mesh, dp_dim = self._meshes[mesh]
+        coords = device_mesh.get_coordinate()
+        dp_axis = device_mesh.mesh_dim_names.index(dp_dim)
         others_zero = all(c == 0 for i, c in enumerate(coords) if i != dp_axis)
-        return RankLayout(coords[dp_axis], mesh.size(dp_axis), others_zero)
+        return RankLayout(coords[dp_axis], device_mesh.size(dp_axis), others_zero)
 
 
 # ----------------------------------------------------------------- the host
@@ -171,13 +184,13 @@ class RoleSpec:
     kwargs: Mapping[str, Any] = field(default_factory=dict)
 
 
-CallHeader = tuple[str, str, bool, "tuple[int, int, bool] | None"]
-"""``(role, method, keep_output, expected_layout)`` of one call on one rank.
+CallHeader = tuple[str, str, bool, "tuple[int, int, bool] | None", str]
+"""``(role, method, keep_output, expected_layout, mesh)`` of one call on one rank.
 
 ``keep_output``: the collect step uses this rank's output (other ranks return
 ``None`` and save the transfer). ``expected_layout``: the ``(dp_rank, dp_size,
 is_collect_rank)`` the driver split the data for, checked against the worker's
-own; None when the mode ignores the layout. A plain tuple on purpose: Ray
+own on the mesh named ``mesh``; None when the mode ignores the layout. A plain tuple on purpose: Ray
 serializes it with msgpack, while an object header would go through
 cloudpickle on every call of every rank.
 """
@@ -248,7 +261,7 @@ class WorkerHost:
             s.bind(("", 0))
             return int(s.getsockname()[1])
 
-    def start(self, env: RankEnv, roles: Mapping[str, RoleSpec]) -> dict[str, RankLayout]:
+    def start(self, env: RankEnv, roles: Mapping[str, RoleSpec]) -> dict[str, dict[str, RankLayout]]:
         """Set the rank's environment, construct every role's worker, return their dp layouts."""
         os.environ.update(env.as_environ())
         for name, spec in roles.items():
@@ -258,19 +271,19 @@ class WorkerHost:
                 raise RuntimeError(f"role {name!r} ({spec.cls.__name__}) failed to start on rank {env.rank}: {err!r}") from err
         return self.layouts()
 
-    def layouts(self) -> dict[str, RankLayout]:
-        """Each role's current data-parallel position."""
-        return {name: w.dp_layout() for name, w in self.workers.items()}
+    def layouts(self) -> dict[str, dict[str, RankLayout]]:
+        """Each role's current data-parallel position on each of its meshes: ``{role: {mesh: layout}}``."""
+        return {name: {m: w.dp_layout(m) for m in w.mesh_names()} for name, w in self.workers.items()}
 
     def execute(self, header: CallHeader, /, *args: Any, **kwargs: Any) -> Any:
         """Run one call on this rank: ``header`` says which, see :data:`CallHeader`.
 
         Futures among the arguments are resolved here, in this process.
         """
-        role, method, keep_output, expected_layout = header
+        role, method, keep_output, expected_layout, mesh = header
         worker = self.workers[role]
         if expected_layout is not None:
-            actual = worker.dp_layout()
+            actual = worker.dp_layout(mesh)
             if (actual.dp_rank, actual.dp_size, actual.is_collect_rank) != tuple(expected_layout):
                 raise RuntimeError(
                     f"role {role!r} rank {worker.rank}: the driver split the data for (dp_rank, dp_size, "

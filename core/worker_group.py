@@ -36,6 +36,7 @@ from ray.exceptions import GetTimeoutError, RayError
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from hybridflow.core.dispatch import (
+    DEFAULT_MESH,
     DispatchMode,
     Execute,
     GroupLayout,
@@ -223,12 +224,21 @@ class HostGroup:
         """Number of ranks."""
         return len(self.handles)
 
-    def _set_layouts(self, rank_layouts: Sequence[Mapping[str, RankLayout]]) -> None:
-        self.layouts = {role: GroupLayout(tuple(r[role] for r in rank_layouts)) for role in self.roles}
+    def _set_layouts(self, rank_layouts: Sequence[Mapping[str, Mapping[str, RankLayout]]]) -> None:
+        self.layouts = {
+            role: {mesh: GroupLayout(tuple(r[role][mesh] for r in rank_layouts)) for mesh in rank_layouts[0][role]}
+            for role in self.roles
+        }
 
-    def layout(self, role: str) -> GroupLayout:
-        """The data-parallel layout of ``role`` as read at start (or the last refresh)."""
-        return self.layouts[role]
+    def layout(self, role: str, mesh: str = DEFAULT_MESH) -> GroupLayout:
+        """The data-parallel layout of ``role`` on its mesh ``mesh``, as read at start (or the last refresh)."""
+        meshes = self.layouts[role]
+        if mesh not in meshes:
+            raise KeyError(
+                f"role {role!r} has no device mesh named {mesh!r} (meshes: {sorted(meshes)}); build it in the "
+                "worker's __init__ with init_device_mesh(..., name=...)"
+            )
+        return meshes[mesh]
 
     def refresh_layouts(self) -> None:
         """Read every role's data-parallel layout again (after a mesh was rebuilt)."""
@@ -297,8 +307,12 @@ class RoleGroup:
 
     @property
     def layout(self) -> GroupLayout:
-        """The role's data-parallel layout."""
+        """The role's data-parallel layout (on its default mesh)."""
         return self.hosts.layout(self.role)
+
+    def layout_of(self, mesh: str) -> GroupLayout:
+        """The role's data-parallel layout on its device mesh named ``mesh``."""
+        return self.hosts.layout(self.role, mesh)
 
     def refresh_layout(self) -> None:
         """Read the data-parallel layout again after workers rebuilt their mesh."""
@@ -325,7 +339,7 @@ class RoleGroup:
     def _submit(
         self, name: str, reg: Registration, args: tuple, kwargs: dict[str, Any], timeout_s: float | None
     ) -> GroupFuture:
-        layout = self.layout
+        layout = self.hosts.layout(self.role, reg.mesh)
         mode = reg.dispatch
         plan = mode.dispatch(layout, args, kwargs)
         handles, labels = self.hosts.handles, self.hosts.labels
@@ -333,13 +347,13 @@ class RoleGroup:
             raise RuntimeError(f"group {self.role!r} was shut down")
         if reg.execute is Execute.RANK_ZERO:
             expected = _layout_tuple(layout.ranks[0]) if mode.needs_layout else None
-            ref = handles[0].execute.remote((self.role, name, True, expected), *plan.rank_args[0], **plan.rank_kwargs[0])
+            ref = handles[0].execute.remote((self.role, name, True, expected, reg.mesh), *plan.rank_args[0], **plan.rank_kwargs[0])
             return GroupFuture([ref], labels[:1], [0], None, layout, plan.context, self.role, name, timeout_s)
         keep = mode.collect_ranks(layout)
         kept = set(keep)
         refs = [
             h.execute.remote(
-                (self.role, name, r in kept, _layout_tuple(layout.ranks[r]) if mode.needs_layout else None),
+                (self.role, name, r in kept, _layout_tuple(layout.ranks[r]) if mode.needs_layout else None, reg.mesh),
                 *plan.rank_args[r],
                 **plan.rank_kwargs[r],
             )

@@ -265,3 +265,40 @@ def test_mesh_changed_after_start_is_caught_then_refreshed(ray_session) -> None:
             assert wg.tag(_rows(4)).batch["rank"].tolist() == [0, 0, 0, 0]
     finally:
         pool.release()
+
+
+class TwoMeshWorker(Worker):
+    """Trains on a 4-way dp mesh, generates on a (2 dp x 2 tp) mesh named "rollout"."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.init_device_mesh((4,), ("dp",))
+        self.init_device_mesh((2, 2), ("dp", "tp"), name="rollout")
+
+    @register(dispatch=DP_COMPUTE_PROTO)
+    def train_rows(self, data: DataProto) -> DataProto:
+        return DataProto.from_dict({"rank": torch.full((len(data),), self.rank)})
+
+    @register(dispatch=DP_COMPUTE_PROTO, mesh="rollout")
+    def rollout_rows(self, data: DataProto) -> DataProto:
+        # tp peers see the same rows; prove it by summing their ids over the tp group
+        ids = data.batch["x"].clone()
+        dist.all_reduce(ids, group=self._meshes["rollout"][0].get_group("tp"))
+        return DataProto.from_dict({"rank": torch.full((len(data),), self.rank), "tp_sum": ids})
+
+
+def test_methods_dispatch_by_their_own_mesh(ray_session) -> None:
+    pool = ResourcePool([4])
+    try:
+        with RayWorkerGroup(pool, TwoMeshWorker) as wg:
+            data = DataProto.from_dict({"x": torch.arange(8.0)})
+            assert wg.train_rows(data).batch["rank"].tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+            out = wg.rollout_rows(data)
+            # 2 dp groups ({0,1}, {2,3}); the collect step keeps tp rank 0 of each
+            assert out.batch["rank"].tolist() == [0, 0, 0, 0, 2, 2, 2, 2]
+            assert out.batch["tp_sum"].tolist() == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 14.0]
+            assert wg.layout.dp_size == 4 and wg.layout_of("rollout").dp_size == 2
+            with pytest.raises(KeyError, match=r"no device mesh named 'decode'.*meshes: \['default', 'rollout'\]"):
+                wg.layout_of("decode")
+    finally:
+        pool.release()
