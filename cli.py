@@ -10,7 +10,7 @@ def _plugins(args: argparse.Namespace) -> int:
     from hybridflow.plugins import get_plugin_manager
     from hybridflow.plugins.listing import format_plugin_table
 
-    print(format_plugin_table(get_plugin_manager()))
+    print(format_plugin_table(get_plugin_manager(), verbose=args.verbose))
     return 0
 
 
@@ -34,7 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``hybridflow`` console script."""
     parser = argparse.ArgumentParser(prog="hybridflow", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("plugins", help="list installed plugins and what each registered").set_defaults(func=_plugins)
+    plugins = sub.add_parser("plugins", help="list installed plugins and what each registered")
+    plugins.add_argument("-v", "--verbose", action="store_true", help="also each name's options and docstring summary")
+    plugins.set_defaults(func=_plugins)
     demo = sub.add_parser("demo", help="advantages of every installed estimator on one grouped batch")
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(func=_demo)
