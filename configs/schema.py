@@ -88,6 +88,14 @@ class RolloutConfig:
     """Tensor-parallel degree of the rollout layout."""
     val_greedy: bool = True
     """Validation decodes greedily (one response per prompt)."""
+    gpu_memory_utilization: float = 0.5
+    """``vllm`` only: fraction of each GPU's memory the vLLM engine may take (weights, activations, KV cache);
+    the rest must hold the actor's FSDP shards, gradients and optimizer state."""
+    enforce_eager: bool = False
+    """``vllm`` only: decode without CUDA graphs (slower steps; faster start-up and less memory)."""
+    enable_sleep_mode: bool = True
+    """``vllm`` only: while the actor trains, free the KV cache and offload the weights to CPU
+    (``LLM.sleep(level=1)``); they are woken before the next weight push and generate."""
 
 
 @dataclass

@@ -28,6 +28,24 @@ def _check_divides(problems: list[str], key: str, value: int, divisor: int, why:
         problems.append(f"{key}={value} must be a multiple of {divisor} ({why})")
 
 
+def _vllm_problems(arr: Any, trainer: Any) -> list[str]:
+    """What stops ``rollout.name=vllm``: a builtin model, a bad memory fraction, and, when the workers run
+    on this machine (no Ray address), vLLM or CUDA missing here."""
+    problems = []
+    if str(arr.model.path).startswith("builtin:"):
+        problems.append(
+            f"actor_rollout_ref.model.path={arr.model.path!r}: vLLM loads a local HF model directory, not builtin:<name>"
+        )
+    if not 0.0 < arr.rollout.gpu_memory_utilization <= 1.0:
+        problems.append(f"actor_rollout_ref.rollout.gpu_memory_utilization={arr.rollout.gpu_memory_utilization} must be in (0, 1]")
+    if not (trainer.ray_address or os.environ.get("RAY_ADDRESS")):
+        # Imported here: it loads torch and transformers, which only a vllm run needs.
+        from hybridflow.workers.rollout.vllm_engine import vllm_unavailable_reasons
+
+        problems.extend(f"actor_rollout_ref.rollout.name='vllm': {reason}" for reason in vllm_unavailable_reasons())
+    return problems
+
+
 def check_config(cfg: Any) -> None:
     """Raise :class:`ConfigError` listing every invalid setting of ``cfg`` (a PPOConfig-shaped tree)."""
     problems: list[str] = []
@@ -81,6 +99,8 @@ def check_config(cfg: Any) -> None:
         problems.append(f"trainer.device={trainer.device!r}; allowed: {', '.join(DEVICES)}")
     if rollout.name == "vllm" and trainer.device != "cuda":
         problems.append("actor_rollout_ref.rollout.name='vllm' needs trainer.device='cuda'; on CPU use the builtin engine")
+    if rollout.name == "vllm":
+        problems.extend(_vllm_problems(arr, trainer))
     if str(trainer.resume_mode) not in RESUME_MODES and not os.path.isdir(str(trainer.resume_mode)):
         problems.append(f"trainer.resume_mode={trainer.resume_mode!r}; allowed: auto, disable, or an existing checkpoint directory")
 
