@@ -301,7 +301,8 @@ def build_tp_rollout_model(
     :param tp_group: the process group of the ``tp_size`` ranks sharing this model (gloo on
         CPU, nccl on CUDA); None is allowed only for ``tp_size == 1``.
     :param tp_rank: this process's rank in ``tp_group``.
-    :param dtype: parameter dtype; :param device: where the shard lives.
+    :param dtype: parameter dtype.
+    :param device: where the shard lives (CPU for gloo groups, this rank's GPU for nccl).
     :returns: the model in eval mode, parameters zero (load weights before use), rotary
         buffers computed. With ``tp_size == 1`` it is the plain HF model (no collectives).
     :raises ValueError: when ``tp_size`` cannot split the model (:func:`check_tp_size`'s
