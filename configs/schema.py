@@ -234,11 +234,17 @@ class TrainerConfig:
     """Keep this many most recent checkpoints."""
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     """Metric sinks: ``console``, ``jsonl`` (``metrics.jsonl`` in the run directory), ``wandb``
-    (offline under the run directory unless ``WANDB_API_KEY`` or ``WANDB_MODE`` is set)."""
+    (offline under the run directory unless ``WANDB_API_KEY`` or ``WANDB_MODE`` is set),
+    ``tensorboard`` (event files in ``tensorboard/`` of the run directory; ``pip install hybridflow[tensorboard]``)."""
     project_name: str = "hybridflow"
     """Project name for loggers."""
     experiment_name: str = "default"
-    """Run name for loggers."""
+    """Run name for loggers when ``run_name`` is None outside a sweep."""
+    run_group: Optional[str] = None
+    """Logger (W&B) group. None: the sweep's directory name under ``--multirun``, no group otherwise."""
+    run_name: Optional[str] = None
+    """Logger run name. None: under ``--multirun`` the job's swept overrides with short keys
+    (``adv_estimator=rloo,seed=1``), otherwise ``experiment_name``."""
 
 
 @dataclass

@@ -2,7 +2,9 @@
 
 Parse the config, check it, build the worker groups, train, print a summary.
 Everything a run writes (metrics.jsonl, checkpoints) goes to Hydra's run
-directory (``outputs/<date>/<time>/`` by default).
+directory (``outputs/<date>/<time>/`` by default). Under ``--multirun`` each
+job runs through :func:`hybridflow.trainer.sweep.run_sweep_job`: a failing
+job is recorded and the sweep goes on (see that module).
 """
 
 from __future__ import annotations
@@ -10,8 +12,11 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import tempfile
+import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -21,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from hybridflow.configs.schema import PPOConfig, register_configs
 from hybridflow.trainer.config_checks import check_config
 from hybridflow.trainer.ppo_trainer import RunSummary
+from hybridflow.trainer.sweep import current_job, logger_names, run_sweep_job
 
 logger = logging.getLogger("hybridflow.train")
 
@@ -28,19 +34,34 @@ register_configs()
 
 
 def resolve_data_files(config: PPOConfig) -> tuple[list[str], list[str]]:
-    """Absolute train and validation files; generate the synthetic task when none are given."""
+    """Absolute train and validation files; generate the synthetic task when none are given.
+
+    The task is generated into ``<data.synthetic_dir>/seed<trainer.seed>``: its
+    split depends on the seed, and jobs of a parallel sweep share the directory.
+    """
     data = config.data
     val = [to_absolute_path(f) for f in data.val_files]
     if data.train_files:
         return [to_absolute_path(f) for f in data.train_files], val or [to_absolute_path(f) for f in data.train_files]
     from hybridflow.data.synthetic import generate_synthetic
 
-    paths = generate_synthetic(to_absolute_path(data.synthetic_dir), seed=config.trainer.seed)
-    return [paths["train"]], val or [paths["val"]]
+    target = Path(to_absolute_path(data.synthetic_dir)) / f"seed{config.trainer.seed}"
+    target.mkdir(parents=True, exist_ok=True)
+    # write privately, then rename into place (atomic): a job of a parallel
+    # sweep never reads a file that another job is still writing
+    with tempfile.TemporaryDirectory(dir=target, prefix=".tmp-") as scratch:
+        for path in generate_synthetic(scratch, seed=config.trainer.seed).values():
+            os.replace(path, target / Path(path).name)
+    return [str(target / "train.parquet")], val or [str(target / "val.parquet")]
 
 
-def build_and_fit(config: PPOConfig, run_dir: Path) -> RunSummary:
-    """Start Ray, build the colocated worker groups, run the trainer, shut down."""
+def build_and_fit(config: PPOConfig, run_dir: Path, facts: dict[str, Any] | None = None) -> RunSummary:
+    """Start Ray, build the colocated worker groups, run the trainer, shut down; returns the run's summary.
+
+    Ray is stopped on the way out, also when anything fails, if this call
+    started it. ``facts``, when given, receives the Ray node and GCS address the
+    run used and when it connected and let go (``job_status.json`` of a sweep job records them).
+    """
     from hybridflow.core import ColocatedWorkerGroup, ResourcePool, RoleSpec, init_ray, shutdown
     from hybridflow.data.loading import load_rows
     from hybridflow.trainer.ppo_trainer import PPOTrainer, needs_critic, needs_reference, resolve_loss_agg_mode
@@ -62,15 +83,20 @@ def build_and_fit(config: PPOConfig, run_dir: Path) -> RunSummary:
 
     started_ray = not ray.is_initialized()  # leave a Ray instance we did not start running
     init_ray(address=config.trainer.ray_address)
-    roles = {"actor": RoleSpec(ActorRolloutWorker, kwargs={"config": config, "loss_agg_mode": resolve_loss_agg_mode(config)})}
-    if needs_reference(config):
-        roles["ref"] = RoleSpec(RefWorker, kwargs={"config": config})
-    if needs_critic(config):
-        roles["critic"] = RoleSpec(CriticWorker, kwargs={"config": config})
-    pool = ResourcePool(
-        process_on_nodes=[config.trainer.n_gpus_per_node] * config.trainer.nnodes, use_gpu=config.trainer.device == "cuda"
-    )
-    try:
+    pool = None
+    try:  # from here on Ray is up: every failure, placement included, must reach the shutdown below
+        if facts is not None:
+            context = ray.get_runtime_context()
+            facts.update(ray_node_id=context.get_node_id(), ray_gcs_address=context.gcs_address, ray_up_at=time.time())
+        roles = {"actor": RoleSpec(ActorRolloutWorker, kwargs={"config": config, "loss_agg_mode": resolve_loss_agg_mode(config)})}
+        if needs_reference(config):
+            roles["ref"] = RoleSpec(RefWorker, kwargs={"config": config})
+        if needs_critic(config):
+            roles["critic"] = RoleSpec(CriticWorker, kwargs={"config": config})
+        pool = ResourcePool(
+            process_on_nodes=[config.trainer.n_gpus_per_node] * config.trainer.nnodes,
+            use_gpu=config.trainer.device == "cuda",
+        )
         with ColocatedWorkerGroup(pool, roles) as group, _reward_manager(config) as reward_manager:
             handles = {name: group[name] for name in roles}
             for handle in handles.values():
@@ -78,9 +104,12 @@ def build_and_fit(config: PPOConfig, run_dir: Path) -> RunSummary:
             trainer = PPOTrainer(config, handles, reward_manager, tokenizer, train, val, run_dir)
             return trainer.fit()
     finally:
-        pool.release()
+        if pool is not None:
+            pool.release()
         if started_ray:
             shutdown()
+        if facts is not None:
+            facts["ray_down_at"] = time.time()
 
 
 def _reward_manager(config: PPOConfig):
@@ -119,16 +148,31 @@ def format_summary(summary: RunSummary, config: PPOConfig) -> str:
     return "\n".join(lines)
 
 
-@hydra.main(config_path="../configs", config_name="ppo_trainer", version_base=None)
-def main(cfg: DictConfig) -> float:
-    """Train with the composed config; returns the final validation accuracy (for sweepers)."""
+def train(cfg: DictConfig, facts: dict[str, Any] | None = None) -> float:
+    """Check ``cfg``, name the run for the loggers, train; returns the final validation accuracy (NaN if not run)."""
     config: PPOConfig = OmegaConf.to_object(cfg)
     check_config(config)
+    trainer = config.trainer
+    trainer.run_group, trainer.run_name = logger_names(trainer.run_group, trainer.run_name, trainer.experiment_name)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    summary = build_and_fit(config, run_dir)
+    summary = build_and_fit(config, run_dir, facts)
     print(format_summary(summary, config), file=sys.stdout, flush=True)
     return summary.val_after.get("val/accuracy", float("nan"))
+
+
+@hydra.main(config_path="../configs", config_name="ppo_trainer", version_base=None)
+def main(cfg: DictConfig) -> float:
+    """Hydra's task function; returns the final validation accuracy (for sweepers; NaN for a failed sweep job).
+
+    A single run raises its errors. Under ``--multirun`` a failing job is
+    logged and recorded in its directory and the next job starts.
+    """
+    job = current_job()
+    if job is None:
+        return train(cfg)
+    facts: dict[str, Any] = {}
+    return run_sweep_job(lambda: train(cfg, facts), job, facts)
 
 
 if __name__ == "__main__":

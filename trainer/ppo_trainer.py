@@ -230,7 +230,8 @@ def run_info(config: PPOConfig, run_dir: Path) -> RunInfo:
     return RunInfo(
         run_dir=run_dir,
         project=config.trainer.project_name,
-        name=config.trainer.experiment_name,
+        name=config.trainer.run_name or config.trainer.experiment_name,
+        group=config.trainer.run_group,
         config={**asdict(config), "installed_plugins": plugins},
     )
 

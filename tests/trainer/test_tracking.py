@@ -1,0 +1,157 @@
+"""Metric sinks: TensorBoard event files read back, W&B offline runs named from the config or the sweep."""
+
+import json
+import struct
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from hybridflow.configs.schema import PPOConfig
+from hybridflow.trainer.config_checks import ConfigError, check_config
+from hybridflow.trainer.sweep import job_run_name, logger_names, short_keys
+from hybridflow.trainer.tracking import SINKS, RunInfo, TensorBoardSink, Tracking
+
+STEPS = [
+    {"score/mean": 0.25, "actor/pg_loss": -0.5, "note": "not a number"},
+    {"score/mean": 0.5, "actor/pg_loss": -0.25, "note": "still not"},
+    {"score/mean": 0.75, "actor/pg_loss": 0.125, "val/accuracy": 0.375},
+]
+
+
+def read_wandb_records(path):
+    """Records of a W&B transaction log (``run-*.wandb``), parsed with W&B's own protobuf classes.
+
+    The file is a 7-byte header (``:W&B``, magic, version) then LevelDB-log
+    style 32 KiB blocks of chunks: crc32 (4 bytes), length (2), type
+    (1: full, 2: first, 3: middle, 4: last).
+    """
+    from wandb.proto import wandb_internal_pb2
+
+    data = Path(path).read_bytes()
+    assert data[:4] == b":W&B"
+    pos, block, pending = 7, 32768, b""
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        if left < 7:  # a block's tail too short for a chunk header is padding
+            pos += left
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if length == 0 and kind == 0:
+            pos += left
+            continue
+        pending += data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            pending = b""
+            yield record
+
+
+def wandb_run_record(run_dir):
+    """(run record, history records) of the one offline W&B run under ``run_dir/wandb``."""
+    [log] = Path(run_dir, "wandb").glob("offline-run-*/run-*.wandb")
+    records = list(read_wandb_records(log))
+    [run] = [r.run for r in records if r.WhichOneof("record_type") == "run"]
+    history = [r.history for r in records if r.WhichOneof("record_type") == "history"]
+    return run, history
+
+
+def history_of(history, key):
+    """(step, value) of ``key`` in W&B history records (a key with "/" is stored as its parts)."""
+    found = []
+    for record in history:
+        items = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.item}
+        if key in items:
+            found.append((items["_step"], items[key]))
+    return found
+
+
+def test_tensorboard_sink_writes_scalars_per_step_and_the_config(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    info = RunInfo(run_dir=tmp_path, name="adv_estimator=rloo,seed=1", group="sweep-a",
+                   config={"algorithm": {"adv_estimator": "rloo"}, "installed_plugins": {"rloo": "hybridflow 0.1.0"}})
+    tracking = Tracking(["jsonl", "tensorboard"], info)
+    for step, metrics in enumerate(STEPS, start=1):
+        tracking.log(metrics, step)
+    tracking.close()
+
+    events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"scalars": 0, "tensors": 0})
+    events.Reload()
+    scalars = events.Tags()["scalars"]
+    assert sorted(scalars) == ["actor/pg_loss", "score/mean", "val/accuracy"]  # the strings are left out
+    assert [(e.step, e.value) for e in events.Scalars("score/mean")] == [(1, 0.25), (2, 0.5), (3, 0.75)]
+    assert [(e.step, e.value) for e in events.Scalars("actor/pg_loss")] == [(1, -0.5), (2, -0.25), (3, 0.125)]
+    assert [(e.step, e.value) for e in events.Scalars("val/accuracy")] == [(3, 0.375)]
+    [text] = events.Tensors("config/text_summary")
+    shown = text.tensor_proto.string_val[0].decode()
+    assert shown.startswith("run `adv_estimator=rloo,seed=1` in group `sweep-a`")
+    config = json.loads("\n".join(line[4:] for line in shown.split("\n\n", 1)[1].splitlines()))
+    assert config == {"algorithm": {"adv_estimator": "rloo"}, "installed_plugins": {"rloo": "hybridflow 0.1.0"}}
+    # the jsonl sink beside it got the same numbers
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["actor/pg_loss"] for r in rows] == [-0.5, -0.25, 0.125]
+
+
+def test_missing_tensorboard_names_the_extra(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # makes the import fail as if not installed
+    with pytest.raises(ImportError, match=r"pip install 'hybridflow\[tensorboard\]'"):
+        TensorBoardSink(RunInfo(run_dir=tmp_path))
+
+
+def test_config_checks_accept_every_sink_name_and_reject_others():
+    assert set(SINKS) == {"console", "jsonl", "wandb", "tensorboard"}
+    cfg = OmegaConf.structured(PPOConfig)
+    OmegaConf.update(cfg, "trainer.logger", ["console", "tensorboard"])
+    check_config(OmegaConf.to_object(cfg))
+    OmegaConf.update(cfg, "trainer.logger", ["tensorbord"])
+    with pytest.raises(ConfigError, match=r"trainer.logger has \['tensorbord'\]; allowed: console, jsonl, wandb, tensorboard"):
+        check_config(OmegaConf.to_object(cfg))
+
+
+def test_wandb_offline_run_has_the_configured_group_and_name(tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    info = RunInfo(run_dir=tmp_path, project="proj-x", name="lr=0.001,seed=2", group="my-sweep",
+                   config={"trainer": {"seed": 2}, "installed_plugins": {"grpo": "hybridflow 0.1.0"}})
+    tracking = Tracking(["wandb"], info)
+    [sink] = tracking.sinks
+    assert (sink.run.name, sink.run.group, sink.run.project) == ("lr=0.001,seed=2", "my-sweep", "proj-x")
+    tracking.log({"score/mean": 0.5}, 1)
+    tracking.log({"score/mean": 0.75}, 2)
+    tracking.close()
+    run, history = wandb_run_record(tmp_path)
+    assert (run.display_name, run.run_group, run.project) == ("lr=0.001,seed=2", "my-sweep", "proj-x")
+    config = {item.key: json.loads(item.value_json) for item in run.config.update}
+    assert config["installed_plugins"] == {"grpo": "hybridflow 0.1.0"}
+    assert config["trainer"] == {"seed": 2}
+    assert history_of(history, "score/mean") == [(1, 0.5), (2, 0.75)]
+
+
+def test_single_run_names_outside_a_sweep():
+    assert logger_names(None, None, "default") == (None, "default")
+    assert logger_names("grp", "explicit", "default") == ("grp", "explicit")
+
+
+def test_short_keys_keep_just_enough_of_each_key():
+    assert short_keys(["algorithm.adv_estimator", "trainer.seed"]) == ["adv_estimator", "seed"]
+    assert short_keys(["actor_rollout_ref.actor.optim.lr", "critic.optim.lr", "trainer.seed"]) == [
+        "actor.optim.lr", "critic.optim.lr", "seed"]
+
+
+def test_job_run_name_keeps_swept_overrides_and_the_seed():
+    job = ["algorithm.adv_estimator=rloo", "trainer.total_training_steps=200", "trainer.seed=1"]
+    assert job_run_name(job, frozenset({"algorithm.adv_estimator", "trainer.seed"})) == "adv_estimator=rloo,seed=1"
+    # a fixed seed stays in the name; other fixed overrides do not
+    assert job_run_name(job, frozenset({"algorithm.adv_estimator"})) == "adv_estimator=rloo,seed=1"
+    # swept keys unknown (another sweeper): every override of the job
+    assert job_run_name(job, None) == "adv_estimator=rloo,total_training_steps=200,seed=1"
+    assert job_run_name([], None) is None
+
+
+def test_group_override_is_named_by_its_group():
+    name = job_run_name(["model@actor_rollout_ref.model=tiny", "trainer.seed=0"], frozenset({"model"}))
+    assert name == "model=tiny,seed=0"
