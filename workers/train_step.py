@@ -25,11 +25,33 @@ logger = logging.getLogger(__name__)
 MicroLoss = Callable[[DataProto], "tuple[torch.Tensor, dict[str, float]]"]
 
 
+def _by_mesh(tensors) -> dict:
+    """Tensors grouped by DTensor mesh (None: plain tensors). Under FSDP2 with tensor parallelism the
+    parameters live on two meshes (split weights on ``(dp, tp)``, norms on ``dp``) and DTensor ops
+    refuse to mix meshes, so each group is handled on its own."""
+    groups: dict = defaultdict(list)
+    for tensor in tensors:
+        groups[getattr(tensor, "device_mesh", None)].append(tensor)
+    return groups
+
+
+def total_norm(tensors) -> torch.Tensor:
+    """The L2 norm of all ``tensors`` together (float64 scalar; collective when some are DTensors)."""
+    squares = torch.zeros((), dtype=torch.float64)
+    for mesh, group in _by_mesh(tensors).items():
+        norm = torch.nn.utils.get_total_norm(group)
+        if mesh is not None:
+            norm = norm.full_tensor()
+        squares += norm.double().cpu().square()
+    return squares.sqrt()
+
+
 def clip_grad_norm(model: nn.Module, max_norm: float) -> float:
-    """Clip the global gradient norm (DTensor-aware); returns the norm before clipping."""
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    if hasattr(norm, "full_tensor"):  # a DTensor under FSDP2
-        norm = norm.full_tensor()
+    """Clip the global gradient norm (DTensor-aware, any mix of meshes); returns the norm before clipping."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    norm = total_norm([p.grad for p in params])
+    for group in _by_mesh(params).values():
+        torch.nn.utils.clip_grads_with_norm_(group, max_norm, norm.float())
     return float(norm)
 
 
@@ -42,16 +64,9 @@ def global_counts(mask: torch.Tensor, group: dist.ProcessGroup | None) -> tuple[
 
 
 def parameter_norm(model: nn.Module) -> float:
-    """L2 norm of all parameters; under FSDP2 each rank sums its shard and the sums are all-reduced."""
-    sharded = False
-    total = torch.zeros((), dtype=torch.float64)
-    for param in model.parameters():
-        if hasattr(param, "to_local"):
-            sharded, param = True, param.to_local()
-        total += param.detach().double().square().sum().cpu()
-    if sharded and dist.is_initialized():
-        dist.all_reduce(total)
-    return float(total) ** 0.5
+    """L2 norm of all parameters (under FSDP2 a collective: the shards' norms are combined)."""
+    with torch.no_grad():
+        return float(total_norm([p.detach() for p in model.parameters()]))
 
 
 def optimizer_step(
