@@ -27,12 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
-
-try:  # Hydra >= 1.1; the callback is only instantiated by Hydra itself
-    from hydra.experimental.callback import Callback
-except ImportError:  # pragma: no cover
-    Callback = object  # type: ignore[assignment,misc]
 
 logger = logging.getLogger("hybridflow.sweep")
 
@@ -169,7 +165,7 @@ def run_sweep_job(train: Callable[[], float], job: SweepJob, facts: dict[str, An
     try:
         score = float(train())
         record.update(status="ok", val_accuracy=score if math.isfinite(score) else None)
-    except Exception as err:  # noqa: BLE001 - one job's failure must not end the sweep
+    except Exception as err:  # one job's failure must not end the sweep (Ctrl-C still does)
         score = float("nan")
         logger.exception("job %d (%s) failed; the sweep goes on", job.num, " ".join(job.overrides))
         (job.job_dir / ERROR_FILE).write_text(traceback.format_exc(), encoding="utf-8")
