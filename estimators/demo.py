@@ -47,7 +47,7 @@ def run_demo(seed: int = 0) -> str:
     lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in table]
     out = [
         f"hybridflow demo: advantage at each response's first token, for the {len(names)} installed estimators",
-        "(resolved by name through the plugin manager; the training loop is not built yet)",
+        "(resolved by name through the plugin manager, as the training loop resolves algorithm.adv_estimator)",
         "",
         *lines,
     ]

@@ -12,7 +12,7 @@ A group of one gets A_i = 0. Shapes: rewards and mask (B, T), index (B,);
 outputs (B, T).
 
 Select it with ``algorithm.adv_estimator=my_estimator`` and set its option
-with ``algorithm.estimator_options={clip:0.5}``.
+with ``+algorithm.estimator_options.clip=0.5`` (dict-valued keys take a leading ``+``).
 """
 
 from __future__ import annotations

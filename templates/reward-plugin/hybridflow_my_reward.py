@@ -10,8 +10,8 @@ The returned dict also carries ``exact`` (1.0 or 0.0); the reward manager
 logs every numeric extra field as a metric (``reward/exact/mean``).
 
 Route a data_source to it with ``reward.route``, e.g.
-``'reward.route={synthetic/arithmetic:my_reward}'``, and set its option with
-``'reward.verifier_kwargs={my_reward:{tolerance:2}}'``.
+``'+reward.route={synthetic/arithmetic:my_reward}'``, and set its option with
+``'+reward.verifier_kwargs={my_reward:{tolerance:2}}'`` (dict-valued keys take a leading ``+``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ _LEADING_INTEGER = re.compile(r"\s*(-?\d+)")
 def my_reward_score(
     data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None, *, tolerance: float = 4.0
 ) -> dict[str, float]:
-    """``{"score": max(0, 1 - |answer - truth| / tolerance), "exact": answer == truth}``.
+    """Partial credit for the response's leading integer: 1 when exact, falling to 0 at ``tolerance`` away.
+
+    Returns ``{"score": max(0, 1 - |answer - truth| / tolerance), "exact": 1.0 or 0.0}``.
 
     Called by the reward manager's worker processes once per response, with
     the response decoded up to EOS. It must not raise on odd text: anything
