@@ -66,6 +66,10 @@ class ActorConfig:
     """Weight of that KL term."""
     kl_loss_type: str = "low_var_kl"
     """KL estimator: ``k1``/``kl``, ``abs``, ``k2``/``mse``, ``k3``/``low_var_kl``."""
+    tensor_model_parallel_size: int = 1
+    """Tensor-parallel degree p of the training layout: a (ranks / p) x p mesh, ``torch.distributed``
+    tensor parallelism (colwise / rowwise) inside each group of p consecutive ranks, FSDP2 over the
+    data-parallel dimension. 1: FSDP2 over all ranks. Attention and KV heads must divide by p."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Actor optimizer."""
 
@@ -85,7 +89,16 @@ class RolloutConfig:
     response_length: int = 8
     """Maximum new tokens per response."""
     tensor_model_parallel_size: int = 1
-    """Tensor-parallel degree of the rollout layout."""
+    """Tensor-parallel degree q of the rollout layout: the ranks form groups of q consecutive ranks, each
+    group holding one copy of the policy split Megatron-style and decoding the same prompts (rollout
+    data-parallel size = ranks / q). Query heads and the MLP width must divide by q; KV heads are split
+    or, when fewer than q, replicated."""
+    reshard_bucket_mb: float = 64.0
+    """Train-to-rollout weight move after each update: the most memory (send + receive buffers, MiB) one
+    rank allocates for it at any moment (``core/reshard.py``); larger buckets mean fewer collectives."""
+    allow_stale_weights: bool = False
+    """The driver checks that every generation used the weights of the latest actor update (the version
+    each rollout reports); True turns a mismatch into a warning instead of an error."""
     val_greedy: bool = True
     """Validation decodes greedily (one response per prompt)."""
     gpu_memory_utilization: float = 0.5

@@ -46,6 +46,38 @@ def _vllm_problems(arr: Any, trainer: Any) -> list[str]:
     return problems
 
 
+def _check_tensor_parallel(problems: list[str], cfg: Any, world: int) -> None:
+    """Training (p) and rollout (q) tensor-parallel sizes tile the ranks, split the model, and leave whole batches per dp rank."""
+    arr, data = cfg.actor_rollout_ref, cfg.data
+    actor, rollout = arr.actor, arr.rollout
+    sizes = {"actor_rollout_ref.actor.tensor_model_parallel_size": actor.tensor_model_parallel_size,
+             "actor_rollout_ref.rollout.tensor_model_parallel_size": rollout.tensor_model_parallel_size}
+    for key, size in sizes.items():
+        if size < 1:
+            problems.append(f"{key}={size} must be >= 1")
+            return
+        _check_divides(problems, "trainer.nnodes x trainer.n_gpus_per_node", world, size,
+                       f"{key.split('.')[1]} tensor-parallel groups of {size} consecutive ranks tile the ranks")
+    train_dp = max(world // actor.tensor_model_parallel_size, 1)
+    rollout_dp = max(world // rollout.tensor_model_parallel_size, 1)
+    _check_divides(problems, "actor_rollout_ref.actor.ppo_mini_batch_size x rollout.n",
+                   actor.ppo_mini_batch_size * rollout.n, train_dp,
+                   f"each mini-batch's rows are split evenly over the {train_dp} training data-parallel ranks")
+    _check_divides(problems, "data.train_batch_size", data.train_batch_size, rollout_dp,
+                   f"each step's prompts are split evenly over the {rollout_dp} rollout data-parallel ranks")
+    if rollout.name == "builtin" and max(sizes.values()) > 1 and (str(arr.model.path).startswith("builtin:")
+                                                                   or os.path.isdir(str(arr.model.path))):
+        from hybridflow.workers.models import load_model_config  # transformers: only when tp asks for the model's shape
+        from hybridflow.workers.rollout.tp_plan import check_tp_size
+
+        model_config = load_model_config(str(arr.model.path))
+        for key, size in sizes.items():
+            try:
+                check_tp_size(model_config, size)
+            except ValueError as err:
+                problems.append(f"{key}={size}: {err}")
+
+
 def check_config(cfg: Any) -> None:
     """Raise :class:`ConfigError` listing every invalid setting of ``cfg`` (a PPOConfig-shaped tree)."""
     problems: list[str] = []
@@ -109,13 +141,7 @@ def check_config(cfg: Any) -> None:
     else:
         _check_divides(problems, "data.train_batch_size", data.train_batch_size, actor.ppo_mini_batch_size,
                        "each step is split into whole mini-batches of actor.ppo_mini_batch_size prompts")
-        _check_divides(problems, "actor_rollout_ref.actor.ppo_mini_batch_size x rollout.n",
-                       actor.ppo_mini_batch_size * rollout.n, world,
-                       f"each mini-batch's rows are split evenly over the {world} data-parallel ranks")
-        _check_divides(problems, "data.train_batch_size", data.train_batch_size, world,
-                       f"each step's prompts are split evenly over the {world} rollout ranks")
-        _check_divides(problems, "trainer.nnodes x trainer.n_gpus_per_node", world, rollout.tensor_model_parallel_size,
-                       "rollout tensor-parallel groups tile the ranks")
+        _check_tensor_parallel(problems, cfg, world)
     for key, value in (
         ("actor_rollout_ref.rollout.n", rollout.n),
         ("actor_rollout_ref.rollout.response_length", rollout.response_length),

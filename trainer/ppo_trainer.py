@@ -128,6 +128,7 @@ class PPOTrainer:
 
         with timer("gen"):  # 1. rollout: n responses per prompt, with the current weights
             batch = self.actor.generate_sequences(prompts)
+            self.check_weight_version(batch)
         with timer("old_log_prob"):  # 2. log-probs under the training layout
             batch.union(self.actor.compute_log_prob(batch))
             metrics["actor/entropy"] = masked_mean(batch.pop(batch_keys=[ENTROPY]).batch[ENTROPY], batch.batch[RESPONSE_MASK])
@@ -152,6 +153,23 @@ class PPOTrainer:
         metrics.update(timer.metrics())
         metrics.update(throughput_metrics(batch, time.perf_counter() - step_start, self.world_size))
         return metrics
+
+    def check_weight_version(self, batch: DataProto) -> None:
+        """Fail (or warn, with ``rollout.allow_stale_weights``) when a rollout used stale weights.
+
+        The actor makes one update per step, so the policy's weight version is
+        the step count; the rollout reports the version it sampled with.
+        """
+        version = batch.meta_info.get("weight_version")
+        if version == self.global_step:
+            return
+        message = (
+            f"step {self.global_step + 1}: the rollout sampled with weight version {version}, but the actor has made "
+            f"{self.global_step} updates; the train-to-rollout weight sync did not run"
+        )
+        if not self.config.actor_rollout_ref.rollout.allow_stale_weights:
+            raise RuntimeError(message + " (set actor_rollout_ref.rollout.allow_stale_weights=true to only warn)")
+        logger.warning(message)
 
     def score(self, batch: DataProto) -> dict[str, float]:
         """Verifier scores into ``token_level_scores``; rewards with the KL penalty when configured."""

@@ -26,6 +26,7 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, pre_tokenizers
 from tokenizers import models as tok_models
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
     LlamaConfig,
@@ -36,7 +37,7 @@ from transformers import (
     Qwen2Config,
 )
 
-__all__ = ["BUILTIN_PREFIX", "BUILTIN_MODELS", "build_char_tokenizer", "load_model_and_tokenizer", "load_tokenizer"]
+__all__ = ["BUILTIN_PREFIX", "BUILTIN_MODELS", "build_char_tokenizer", "load_model_and_tokenizer", "load_model_config", "load_tokenizer"]
 
 logger = logging.getLogger(__name__)
 
@@ -169,6 +170,17 @@ def _load_tokenizer_dir(path: str) -> PreTrainedTokenizerBase:
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+def load_model_config(path: str) -> PretrainedConfig:
+    """Only the model config of ``path`` (no weights; same rules and errors as :func:`load_model_and_tokenizer`).
+
+    Used before any worker starts, e.g. to check that tensor-parallel sizes split the model.
+    """
+    name = _check_path(path)
+    if name is not None:
+        return _builtin_config(BUILTIN_MODELS[name], build_char_tokenizer())
+    return AutoConfig.from_pretrained(path)
 
 
 def load_tokenizer(path: str) -> PreTrainedTokenizerBase:

@@ -27,6 +27,15 @@ def test_defaults_are_valid():
         ({"trainer.n_gpus_per_node": 3}, "ppo_mini_batch_size x rollout.n=64 must be a multiple of 3"),
         ({"trainer.n_gpus_per_node": 3}, "data.train_batch_size=16 must be a multiple of 3"),
         ({"actor_rollout_ref.rollout.tensor_model_parallel_size": 4}, "n_gpus_per_node=2 must be a multiple of 4"),
+        ({"actor_rollout_ref.actor.tensor_model_parallel_size": 3}, "n_gpus_per_node=2 must be a multiple of 3 (actor"),
+        # 4 ranks, rollout tp 4: one rollout dp rank, so any batch divides; the built-in tiny model has 4 heads
+        ({"trainer.n_gpus_per_node": 8, "actor_rollout_ref.rollout.tensor_model_parallel_size": 8},
+         "rollout.tensor_model_parallel_size=8: rollout tensor parallelism cannot split this model: "
+         "num_attention_heads=4 is not divisible by 8"),
+        ({"trainer.n_gpus_per_node": 8, "actor_rollout_ref.actor.tensor_model_parallel_size": 2,
+          "data.train_batch_size": 16, "actor_rollout_ref.actor.ppo_mini_batch_size": 1, "actor_rollout_ref.rollout.n": 2},
+         "ppo_mini_batch_size x rollout.n=2 must be a multiple of 4 (each mini-batch's rows are split evenly over the 4 "
+         "training data-parallel ranks)"),
         ({"actor_rollout_ref.actor.loss_agg_mode": "mean"}, "loss_agg_mode='mean'; allowed: token-mean"),
         ({"actor_rollout_ref.actor.kl_loss_type": "k9"}, "kl_loss_type='k9'; allowed: k1"),
         ({"actor_rollout_ref.rollout.name": "sglang"}, "rollout.name='sglang'; allowed: builtin, vllm"),
@@ -42,6 +51,11 @@ def test_each_invalid_setting_names_key_value_and_allowed(overrides, message):
     with pytest.raises(ConfigError) as err:
         check_config(cfg(**overrides))
     assert message in str(err.value)
+
+
+def test_tensor_parallel_sizes_that_split_the_model_pass():
+    check_config(cfg(**{"trainer.n_gpus_per_node": 4, "actor_rollout_ref.rollout.tensor_model_parallel_size": 4,
+                        "actor_rollout_ref.actor.tensor_model_parallel_size": 2}))
 
 
 def test_all_problems_are_reported_at_once():

@@ -1,38 +1,54 @@
 """The actor-rollout worker: one rank of the policy, in its training and its rollout layout.
 
-Per rank it holds the policy twice:
+Per rank it holds the policy twice, in two layouts over the same ranks:
 
-* the *training layout*: the model sharded with FSDP2 over all ranks (dp =
-  world size), its AdamW optimizer and the :class:`PPOActor` computation;
-* the *rollout layout*: a full, unsharded copy that the built-in rollout
-  engine decodes with. Before generating, the rollout copy is refreshed from
-  the training shards when they changed (each parameter gathered in turn and
-  copied in place), so every step samples from the current policy. Weight
-  version numbers decide when to refresh, and each output reports the version it
-was sampled with (``meta_info["weight_version"]``).
+* the *training layout* (the default mesh): FSDP2 over all ranks, or a
+  ``(ranks/p) x p`` mesh with tensor parallelism p under FSDP2
+  (``actor.tensor_model_parallel_size``), its AdamW optimizer and the
+  :class:`PPOActor` computation;
+* the *rollout layout* (the mesh named ``rollout``): groups of q consecutive
+  ranks (``rollout.tensor_model_parallel_size``), each rank holding its
+  Megatron-style block of every weight (``workers/rollout/tensor_parallel.py``)
+  for the built-in engine, or one vLLM engine per rank (``rollout.name=vllm``).
 
-Moving between two *different* layouts with bounded memory (FSDP to tensor
-parallel) is the hybrid engine's job (``core/reshard.py``, a later issue).
+After every actor update the new weights move from the training shards into
+the rollout blocks in place, in memory, through a plan made once
+(``core/reshard.py``): no checkpoint, no full model on any rank, extra memory
+bounded by ``rollout.reshard_bucket_mb``. Each move stamps the rollout with the
+weight version (the number of updates so far); every generation reports the
+version it sampled with (``meta_info["weight_version"]``) and the driver checks it.
 """
 
 from __future__ import annotations
 
-import copy
 import logging
+import time
 from pathlib import Path
 
 import torch
+from transformers import AutoModelForCausalLM
 
 from hybridflow.configs.schema import PPOConfig
 from hybridflow.core import DP_COMPUTE_METRIC, DP_COMPUTE_PROTO, ONE_TO_ALL, DataProto, Worker, register
+from hybridflow.core.reshard import plan_reshard
 from hybridflow.workers.actor.ppo_actor import PPOActor
 from hybridflow.workers.checkpointing import load_role, save_role
-from hybridflow.workers.fsdp import shard_model
+from hybridflow.workers.fsdp import data_parallel_group, full_parameters, shard_model, sharded_parameters
 from hybridflow.workers.models import load_model_and_tokenizer, torch_dtype
 from hybridflow.workers.optim import build_optimizer
 from hybridflow.workers.rollout import RolloutEngine, SamplingParams
+from hybridflow.workers.rollout.tensor_parallel import build_tp_rollout_model
+from hybridflow.workers.rollout.tp_plan import rollout_slice
 
 logger = logging.getLogger(__name__)
+
+ROLLOUT_MESH = "rollout"
+"""The name of the rollout layout's device mesh (``@register(..., mesh=ROLLOUT_MESH)``)."""
+
+
+def _mesh(world: int, tp: int) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """A ``(dp, tp)`` mesh of consecutive tp groups, or a 1-D dp mesh when ``tp`` is 1."""
+    return ((world // tp, tp), ("dp", "tp")) if tp > 1 else ((world,), ("dp",))
 
 
 class ActorRolloutWorker(Worker):
@@ -42,55 +58,119 @@ class ActorRolloutWorker(Worker):
         super().__init__()
         self.config = config
         self.loss_agg_mode = loss_agg_mode
-        self.init_device_mesh((self.world_size,), ("dp",))
+        arr = config.actor_rollout_ref
+        self.init_device_mesh(*_mesh(self.world_size, arr.actor.tensor_model_parallel_size))
+        self.tp_size = arr.rollout.tensor_model_parallel_size
+        self.rollout_mesh = self.init_device_mesh(*_mesh(self.world_size, self.tp_size), name=ROLLOUT_MESH)
+        self.use_vllm = arr.rollout.name == "vllm"
         self.weight_version = 0  # bumped by every optimizer update
-        self.rollout_version = -1  # the weight version the rollout copy holds
+        self.rollout_version = -1  # the weight version the rollout layout holds
 
     @register(dispatch=ONE_TO_ALL)
     def init_model(self) -> None:
-        """Load the model (same seed on every rank), shard it, build the optimizer and the engine."""
+        """Load the model (same seed on every rank), shard it, build the optimizer, the rollout layout and the engine."""
         arr = self.config.actor_rollout_ref
         model, tokenizer = load_model_and_tokenizer(
             arr.model.path, dtype=torch_dtype(arr.model.dtype), seed=self.config.trainer.seed
         )
         self.tokenizer = tokenizer
-        self.rollout_model = copy.deepcopy(model).eval().requires_grad_(False)
+        self.hf_config, self.generation_config = model.config, model.generation_config
+        rollout_model = None if self.use_vllm else self._build_rollout_model(model)
         self.model = shard_model(model, self.device_mesh)
         self.optimizer, self.scheduler = build_optimizer(self.model, arr.actor.optim)
-        rows_per_mini_batch = arr.actor.ppo_mini_batch_size * arr.rollout.n // self.world_size
+        dp_size = self.dp_layout().dp_size
+        rows_per_mini_batch = arr.actor.ppo_mini_batch_size * arr.rollout.n // dp_size
+        dp_group = data_parallel_group(self.device_mesh)
         self.actor = PPOActor(
             self.model, self.optimizer, arr.actor, loss_agg_mode=self.loss_agg_mode,
-            rows_per_mini_batch=rows_per_mini_batch, dp_group=self.device_mesh.get_group(), scheduler=self.scheduler,
+            rows_per_mini_batch=rows_per_mini_batch, dp_group=dp_group, scheduler=self.scheduler,
         )
-        self.engine = RolloutEngine(self.rollout_model, tokenizer)
+        if self.use_vllm:
+            self._init_vllm()
+        else:
+            self.engine = RolloutEngine(rollout_model, tokenizer)
+            self.reshard_plan = self._plan_reshard(rollout_model)
+            self._sync_rollout_weights()
+
+    def _build_rollout_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """This rank's tp block of the policy (weights are written by the reshard)."""
+        tp_group = self.rollout_mesh.get_group("tp") if self.tp_size > 1 else None
+        tp_rank = self.rollout_mesh.get_local_rank("tp") if self.tp_size > 1 else 0
+        self.rollout_tp_rank = tp_rank
+        return build_tp_rollout_model(model, tp_group, tp_rank, self.tp_size, dtype=model.dtype, device=self.device)
+
+    def _plan_reshard(self, rollout_model: torch.nn.Module):
+        """The train-to-rollout move, planned once (collective); its runs overwrite the rollout blocks."""
+        sources = sharded_parameters(self.model)
+        targets = dict(rollout_model.named_parameters())
+        shapes = {name: tuple(param.shape) for name, param in sources}
+        slices = {
+            name: rollout_slice(name, shapes[name], self.hf_config, self.rollout_tp_rank, self.tp_size) for name in targets
+        }
+        return plan_reshard(sources, targets, slices)
+
+    def _init_vllm(self) -> None:
+        # Imported here: the adapter's module is light, but keeping the builtin path free of it is clearer.
+        from hybridflow.workers.rollout.vllm_engine import VLLMRolloutEngine
+
+        arr = self.config.actor_rollout_ref
+        self.engine = VLLMRolloutEngine.create(
+            arr.model.path, self.tokenizer, arr.rollout, self.tp_size,
+            max_model_len=self.config.data.max_prompt_length + arr.rollout.response_length,
+            dtype=arr.model.dtype, seed=self.config.trainer.seed,
+        )
+        self.engine.sleep()
 
     @register(dispatch=ONE_TO_ALL)
     def tokenizer_info(self) -> dict[str, int]:
         """The pad and EOS token ids the driver pads prompts with."""
         return {"pad_token_id": self.engine.pad_token_id, "eos_token_id": self.engine.eos_token_ids[0]}
 
-    def _sync_rollout_weights(self) -> None:
-        """Copy the current training weights into the rollout copy (collective)."""
-        if self.rollout_version == self.weight_version:
-            return
-        rollout_params = dict(self.rollout_model.named_parameters())
-        with torch.no_grad():
-            for name, param in self.model.named_parameters():
-                full = param.full_tensor() if hasattr(param, "full_tensor") else param
-                rollout_params[name].copy_(full)
-        self.rollout_version = self.weight_version
+    def _sync_rollout_weights(self) -> dict[str, float]:
+        """Move the current training weights into the rollout layout if they changed (collective).
 
-    @register(dispatch=DP_COMPUTE_PROTO)
+        Returns the ``reshard/*`` metrics of the move (empty when nothing moved).
+        """
+        if self.rollout_version == self.weight_version:
+            return {}
+        if self.use_vllm:
+            from hybridflow.workers.rollout.vllm_engine import iter_full_weights
+
+            cuda = torch.cuda.is_available()
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
+            before, begin = (torch.cuda.memory_allocated() if cuda else 0), time.perf_counter()
+            self.engine.update_weights(iter_full_weights(self.model), version=self.weight_version)
+            peak = (torch.cuda.max_memory_allocated() - before) if cuda else 0
+            stats = {"reshard/seconds": time.perf_counter() - begin, "reshard/peak_extra_bytes": float(max(peak, 0))}
+        else:
+            bucket = int(self.config.actor_rollout_ref.rollout.reshard_bucket_mb * 2**20)
+            run = self.reshard_plan.run(bucket)
+            stats = {"reshard/seconds": run.seconds, "reshard/peak_extra_bytes": float(run.peak_extra_bytes)}
+        self.rollout_version = self.weight_version
+        return stats
+
+    @register(dispatch=DP_COMPUTE_PROTO, mesh=ROLLOUT_MESH)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """``meta_info``: ``n``, ``greedy``, ``seed``. Returns n responses per prompt, adjacent."""
-        self._sync_rollout_weights()
+        """``meta_info``: ``n``, ``greedy``, ``seed``. Returns n responses per prompt, adjacent.
+
+        Every rank of a rollout tp group gets the same prompts (the rollout
+        mesh's data-parallel layout) and samples the same tokens.
+        """
+        if self.use_vllm:
+            self.engine.wake_up(["weights"])
+        self._sync_rollout_weights()  # a no-op unless a checkpoint was loaded (updates sync eagerly)
+        if self.use_vllm:
+            self.engine.wake_up(["kv_cache"])
         rollout = self.config.actor_rollout_ref.rollout
         meta = prompts.meta_info
         sampling = SamplingParams(
             temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k, max_new_tokens=rollout.response_length
         )
-        seed = meta["seed"] * 1_000_003 + self.dp_layout().dp_rank
+        seed = meta["seed"] * 1_000_003 + self.dp_layout(ROLLOUT_MESH).dp_rank
         out = self.engine.generate(prompts, n=meta["n"], sampling=sampling, greedy=meta["greedy"], seed=seed)
+        if self.use_vllm:
+            self.engine.sleep()
         out.meta_info["weight_version"] = self.rollout_version
         return out
 
@@ -102,10 +182,16 @@ class ActorRolloutWorker(Worker):
 
     @register(dispatch=DP_COMPUTE_METRIC)
     def update_actor(self, data: DataProto) -> dict[str, float]:
-        """PPO epochs over this rank's rows; ``meta_info["global_step"]`` seeds the shuffle."""
+        """PPO epochs over this rank's rows, then the weights move to the rollout layout.
+
+        ``meta_info["global_step"]`` seeds the shuffle. Returns the update's
+        metrics plus ``reshard/seconds`` and ``reshard/peak_extra_bytes``.
+        """
         temperature = self.config.actor_rollout_ref.rollout.temperature
         metrics = self.actor.update_policy(data, temperature=temperature, shuffle_seed=data.meta_info["global_step"])
         self.weight_version += 1
+        if not self.use_vllm:  # vLLM sleeps while the actor trains: it takes the weights when woken
+            metrics.update(self._sync_rollout_weights())
         return metrics
 
     @register(dispatch=ONE_TO_ALL)
@@ -116,7 +202,7 @@ class ActorRolloutWorker(Worker):
 
     @register(dispatch=ONE_TO_ALL)
     def load_checkpoint(self, directory: str) -> None:
-        """Restore the state :meth:`save_checkpoint` wrote; the rollout copy follows on the next generate."""
+        """Restore the state :meth:`save_checkpoint` wrote; the rollout layout follows on the next generate."""
         extra = load_role(directory, "actor", self.model, self.optimizer)
         self.scheduler.load_state_dict(extra["scheduler"])
         self.weight_version = extra["weight_version"]
@@ -124,9 +210,16 @@ class ActorRolloutWorker(Worker):
 
     @register(dispatch=ONE_TO_ALL)
     def save_hf_model(self, directory: str) -> None:
-        """Gather the full weights and save an HF model directory (rank 0 writes)."""
-        self._sync_rollout_weights()
-        if self.rank == 0:
-            Path(directory).mkdir(parents=True, exist_ok=True)
-            self.rollout_model.save_pretrained(directory)
-            self.tokenizer.save_pretrained(directory)
+        """Gather the full weights (collective) and save an HF model directory (rank 0 writes)."""
+        full = full_parameters(self.model)
+        if self.rank != 0:
+            return
+        model = AutoModelForCausalLM.from_config(self.hf_config, dtype=next(iter(full.values())).dtype)
+        missing, unexpected = model.load_state_dict(full, strict=False)
+        tied = {"lm_head.weight"} if self.hf_config.tie_word_embeddings else set()
+        if unexpected or set(missing) - tied:
+            raise RuntimeError(f"save_hf_model: weights do not match the model (missing {missing}, unexpected {unexpected})")
+        model.generation_config = self.generation_config
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(directory)
+        self.tokenizer.save_pretrained(directory)
