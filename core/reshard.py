@@ -32,7 +32,7 @@ Algorithm:
    ``bucket_bytes`` and packed into *rounds* so that no rank sends plus
    receives more than ``bucket_bytes`` in one round. Per round, each rank packs
    its outgoing pieces into one buffer ordered by receiver, one
-   ``all_to_all_single`` with split sizes moves them (only overlapping ranks
+   batch of ``isend``/``irecv`` moves them (only overlapping ranks
    exchange non-empty splits), and the received pieces are copied in place
    into narrow views of the targets.
 
@@ -160,7 +160,7 @@ class _Piece:
 
 @dataclass
 class _Round:
-    """One ``all_to_all_single``: this rank's outgoing and incoming pieces, ordered by peer."""
+    """One exchange: this rank's outgoing and incoming pieces, ordered by peer."""
 
     dtype: torch.dtype
     sends: list[_Piece] = field(default_factory=list)
@@ -312,6 +312,10 @@ class ReshardPlan:
     def _target_view(self, piece: _Piece) -> torch.Tensor:
         return self.wanted[piece.name].view_of(self.targets[piece.name], piece.box)
 
+    def _global_rank(self, group_rank: int) -> int:
+        """The default-group rank of ``group_rank`` in the plan's group (what ``P2POp`` takes)."""
+        return group_rank if self.group is None else dist.get_global_rank(self.group, group_rank)
+
     def _splits(self, pieces: Sequence[_Piece], peer) -> list[int]:
         sizes = [0] * self.world
         for p in pieces:
@@ -319,19 +323,24 @@ class ReshardPlan:
         return sizes
 
     def _exchange(self, round_: _Round, device: torch.device) -> tuple[int, int]:
-        """Pack, ``all_to_all_single``, unpack one round; returns (bytes sent, bytes received)."""
+        """Pack, swap with the peers (batched isend/irecv), unpack one round; returns (bytes sent, bytes received)."""
         send = torch.empty(sum(p.box.numel for p in round_.sends), dtype=round_.dtype, device=device)
         offset = 0
         for p in round_.sends:
             send[offset : offset + p.box.numel].view(p.box.shape).copy_(self._source_view(p))
             offset += p.box.numel
         recv = torch.empty(sum(p.box.numel for p in round_.recvs), dtype=round_.dtype, device=device)
-        dist.all_to_all_single(
-            recv, send,
-            output_split_sizes=self._splits(round_.recvs, lambda p: p.src),
-            input_split_sizes=self._splits(round_.sends, lambda p: p.dst),
-            group=self.group,
-        )
+        # Point-to-point between the pairs that exchange bytes: measured 1.6-6x faster than
+        # gloo's all_to_all_single for the same splits (4 CPU ranks, 96 MiB per rank), and
+        # ranks with nothing to swap stay out of each other's way.
+        ops = []
+        for op, buffer, sizes in ((dist.isend, send, self._splits(round_.sends, lambda p: p.dst)),
+                                  (dist.irecv, recv, self._splits(round_.recvs, lambda p: p.src))):
+            for peer, chunk in enumerate(buffer.split(sizes)):
+                if chunk.numel():
+                    ops.append(dist.P2POp(op, chunk, self._global_rank(peer), self.group))
+        for work in dist.batch_isend_irecv(ops) if ops else ():
+            work.wait()
         offset = 0
         for p in round_.recvs:
             self._target_view(p).copy_(recv[offset : offset + p.box.numel].view(p.box.shape))
