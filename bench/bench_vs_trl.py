@@ -8,7 +8,7 @@ installed first, as the CPU wheel, and pinned so pip never replaces it)::
     .venv-bench/bin/pip install -c bench/requirements-trl.txt -r bench/requirements-trl.txt
     .venv-bench/bin/pip install -c bench/requirements-trl.txt -e .
 
-Run (one command; about 15 minutes on 2 quiet cores at the defaults)::
+Run (one command; about 6 minutes on 2 quiet cores at the defaults, longer under load)::
 
     .venv-bench/bin/python bench/bench_vs_trl.py [--steps 200] [--lr 2e-4] [--warmup 5] [--out FILE]
 
@@ -106,7 +106,10 @@ def run_hybridflow(args: argparse.Namespace, data: dict[str, str]) -> dict:
         f"trainer.test_freq={args.steps}",  # validate before the first and after the last step only
         f"trainer.seed={args.seed}",
         "trainer.logger=[jsonl]",
+        f"trainer.n_gpus_per_node={args.hybridflow_ranks}",
     ]
+    if args.hybridflow_micro_batch:
+        overrides.append(f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={args.hybridflow_micro_batch}")
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         cfg = compose(config_name="ppo_trainer", overrides=overrides)
     config = OmegaConf.to_object(cfg)
@@ -124,13 +127,18 @@ def run_hybridflow(args: argparse.Namespace, data: dict[str, str]) -> dict:
     tokens = [r["response_length/mean"] * rows_per_step for r in steps]
     return {
         "name": "hybridflow",
-        "layout": "2 ranks x 1 torch thread (local Ray, FSDP2 over gloo)",
+        "layout": f"{args.hybridflow_ranks} rank(s) x 1 torch thread (local Ray, FSDP2 over gloo), "
+        f"micro-batch {config.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu} rows",
         "steps": len(steps),
         **step_stats(seconds, tokens, args.warmup),
         "val_before": summary.val_before["val/accuracy"],
         "val_after": summary.val_after["val/accuracy"],
         "train_score_last10": statistics.mean(r["score/mean"] for r in steps[-10:]),
         "wall_s": total,
+        "stages_s": {
+            key.removeprefix("timing_s/"): statistics.mean(r[key] for r in steps[args.warmup :])
+            for key in steps[0] if key.startswith("timing_s/")
+        },
     }
 
 
@@ -277,7 +285,7 @@ def run_trl(args: argparse.Namespace, data: dict[str, str]) -> dict:
     pairs = [a + b for a, b in zip(timer.seconds[0::2], timer.seconds[1::2])]
     return {
         "name": f"TRL {trl.__version__} GRPOTrainer",
-        "layout": f"1 process x {torch.get_num_threads()} torch threads",
+        "layout": f"1 process x {torch.get_num_threads()} torch threads, micro-batch {rows_per_step // 2} rows",
         "steps": len(pairs),
         **step_stats(pairs, generated[: len(pairs)], args.warmup),
         "val_before": val_before,
@@ -329,6 +337,8 @@ def format_table(args: argparse.Namespace, results: list[dict], load: str, param
         f"{hf['gen_tokens_per_s'] / trl['gen_tokens_per_s']:.2f}x the generated tokens/s; "
         f"final validation accuracy {hf['val_after']:.3f} vs {trl['val_after']:.3f} "
         f"(TRL's model through hybridflow's engine: {trl['val_after_engine']:.3f}).",
+        "hybridflow's step by stage (mean s): "
+        + ", ".join(f"{k} {v:.3f}" for k, v in hf["stages_s"].items()) + ".",
     ]
     return "\n".join(lines)
 
@@ -353,6 +363,8 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=2e-4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--trl-threads", type=int, default=2)
+    parser.add_argument("--hybridflow-ranks", type=int, default=2, help="CPU ranks (one torch thread each)")
+    parser.add_argument("--hybridflow-micro-batch", type=int, help="rows per forward/backward on a rank (default: the config's 16)")
     parser.add_argument("--out", help="also write the Markdown block to this file")
     parser.add_argument("--child", choices=["hybridflow", "trl"], help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
