@@ -39,6 +39,7 @@ from hybridflow.workers.optim import build_optimizer
 from hybridflow.workers.rollout import RolloutEngine, SamplingParams
 from hybridflow.workers.rollout.tensor_parallel import build_tp_rollout_model
 from hybridflow.workers.rollout.tp_plan import rollout_slice
+from hybridflow.workers.rollout.vllm_engine import VLLMRolloutEngine, iter_full_weights  # imports vLLM only when used
 
 logger = logging.getLogger(__name__)
 
@@ -92,12 +93,17 @@ class ActorRolloutWorker(Worker):
             self.reshard_plan = self._plan_reshard(rollout_model)
             self._sync_rollout_weights()
 
+    @property
+    def rollout_tp_rank(self) -> int:
+        """This rank's position in its rollout tensor-parallel group."""
+        return self.rollout_mesh.get_local_rank("tp") if self.tp_size > 1 else 0
+
     def _build_rollout_model(self, model: torch.nn.Module) -> torch.nn.Module:
         """This rank's tp block of the policy (weights are written by the reshard)."""
         tp_group = self.rollout_mesh.get_group("tp") if self.tp_size > 1 else None
-        tp_rank = self.rollout_mesh.get_local_rank("tp") if self.tp_size > 1 else 0
-        self.rollout_tp_rank = tp_rank
-        return build_tp_rollout_model(model, tp_group, tp_rank, self.tp_size, dtype=model.dtype, device=self.device)
+        return build_tp_rollout_model(
+            model, tp_group, self.rollout_tp_rank, self.tp_size, dtype=model.dtype, device=self.device
+        )
 
     def _plan_reshard(self, rollout_model: torch.nn.Module):
         """The train-to-rollout move, planned once (collective); its runs overwrite the rollout blocks."""
@@ -110,9 +116,6 @@ class ActorRolloutWorker(Worker):
         return plan_reshard(sources, targets, slices)
 
     def _init_vllm(self) -> None:
-        # Imported here: the adapter's module is light, but keeping the builtin path free of it is clearer.
-        from hybridflow.workers.rollout.vllm_engine import VLLMRolloutEngine
-
         arr = self.config.actor_rollout_ref
         self.engine = VLLMRolloutEngine.create(
             arr.model.path, self.tokenizer, arr.rollout, self.tp_size,
@@ -134,8 +137,6 @@ class ActorRolloutWorker(Worker):
         if self.rollout_version == self.weight_version:
             return {}
         if self.use_vllm:
-            from hybridflow.workers.rollout.vllm_engine import iter_full_weights
-
             cuda = torch.cuda.is_available()
             if cuda:
                 torch.cuda.reset_peak_memory_stats()

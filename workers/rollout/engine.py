@@ -48,7 +48,7 @@ from hybridflow.core.keys import (
 from hybridflow.workers.rollout.kv_cache import make_generation_cache
 from hybridflow.workers.rollout.sampling import SamplingParams, sample_next_tokens
 
-__all__ = ["RolloutConfig", "RolloutEngine", "positions_from_mask"]
+__all__ = ["RolloutConfig", "RolloutEngine", "assemble_rollout", "positions_from_mask"]
 
 logger = logging.getLogger(__name__)
 
@@ -245,24 +245,44 @@ class RolloutEngine:
 
     # ---------------------------------------------------------------- output
     def _assemble(self, prompts, n, input_ids, attention_mask, positions, responses, log_probs, lengths) -> DataProto:
-        steps = responses.shape[1]
-        rep = lambda x: x.repeat_interleave(n, dim=0)  # noqa: E731
-        prompt_ids, prompt_mask, prompt_pos = rep(input_ids), rep(attention_mask), rep(positions)
-        arange = torch.arange(steps, device=responses.device)
-        response_mask = (arange[None, :] < lengths[:, None]).to(prompt_mask.dtype)
-        response_pos = prompt_pos[:, -1:] + 1 + arange[None, :]
-        out = prompts.repeat(n, interleave=True)
-        home = prompts.batch[INPUT_IDS].device  # results go back where the prompts came from
-        out.batch.update(
-            {
-                PROMPTS: prompt_ids,
-                RESPONSES: responses,
-                RESPONSE_MASK: response_mask,
-                ROLLOUT_LOG_PROBS: log_probs * response_mask,
-                INPUT_IDS: torch.cat([prompt_ids, responses], dim=1),
-                ATTENTION_MASK: torch.cat([prompt_mask, response_mask], dim=1),
-                POSITION_IDS: torch.cat([prompt_pos, response_pos], dim=1),
-            }
-        )
-        out.batch.update({k: v.to(home) for k, v in out.batch.items()})
-        return out
+        return assemble_rollout(prompts, n, input_ids, attention_mask, positions, responses, log_probs, lengths)
+
+
+def assemble_rollout(
+    prompts: DataProto,
+    n: int,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    positions: torch.Tensor,
+    responses: torch.Tensor,
+    log_probs: torch.Tensor,
+    lengths: torch.Tensor,
+) -> DataProto:
+    """The rollout DataProto every engine returns (the columns :meth:`RolloutEngine.generate` lists).
+
+    ``input_ids`` / ``attention_mask`` / ``positions`` are the (B, P) prompts
+    on the decode device; ``responses`` / ``log_probs`` (B*n, T) and
+    ``lengths`` (B*n,) the decoded rows, ``i*n + j`` being prompt ``i``'s
+    sample ``j``. Results go back to the device the prompts came from.
+    """
+    steps = responses.shape[1]
+    rep = lambda x: x.repeat_interleave(n, dim=0)  # noqa: E731
+    prompt_ids, prompt_mask, prompt_pos = rep(input_ids), rep(attention_mask), rep(positions)
+    arange = torch.arange(steps, device=responses.device)
+    response_mask = (arange[None, :] < lengths[:, None]).to(prompt_mask.dtype)
+    response_pos = prompt_pos[:, -1:] + 1 + arange[None, :]
+    out = prompts.repeat(n, interleave=True)
+    home = prompts.batch[INPUT_IDS].device
+    out.batch.update(
+        {
+            PROMPTS: prompt_ids,
+            RESPONSES: responses,
+            RESPONSE_MASK: response_mask,
+            ROLLOUT_LOG_PROBS: log_probs * response_mask,
+            INPUT_IDS: torch.cat([prompt_ids, responses], dim=1),
+            ATTENTION_MASK: torch.cat([prompt_mask, response_mask], dim=1),
+            POSITION_IDS: torch.cat([prompt_pos, response_pos], dim=1),
+        }
+    )
+    out.batch.update({k: v.to(home) for k, v in out.batch.items()})
+    return out

@@ -59,29 +59,14 @@ def _no_grad_check(x: torch.Tensor, layer: str) -> None:
         raise RuntimeError(f"{layer} is inference-only (its collectives carry no gradient); run it under no_grad")
 
 
-class ColumnParallelLinear(nn.Module):
-    """``y_local = x W_local^T + b_local``: this rank's rows of W (output features); no communication."""
-
-    def __init__(
-        self, in_features: int, local_out_features: int, bias: bool, *, dtype: torch.dtype, device=None
-    ) -> None:
-        super().__init__()
-        self.in_features, self.out_features = in_features, local_out_features
-        self.weight = nn.Parameter(torch.empty(local_out_features, in_features, dtype=dtype, device=device))
-        if bias:
-            self.bias = nn.Parameter(torch.empty(local_out_features, dtype=dtype, device=device))
-        else:
-            self.register_parameter("bias", None)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, local_out_features={self.out_features}, bias={self.bias is not None}"
+class ColumnParallelLinear(nn.Linear):
+    """``y_local = x W_local^T + b_local``: an ``nn.Linear`` holding this rank's rows of W (output
+    features); no communication."""
 
 
-class RowParallelLinear(nn.Module):
-    """``y = sum over the group of x_local W_local^T, + b``: this rank's columns of W (input features).
+class RowParallelLinear(nn.Linear):
+    """``y = sum over the group of x_local W_local^T, + b``: an ``nn.Linear`` holding this rank's
+    columns of W (input features).
 
     The input is the rank's slice of the features (the output of a column-parallel
     layer); partial products are all-reduced and the bias, replicated, is added
@@ -89,32 +74,17 @@ class RowParallelLinear(nn.Module):
     """
 
     def __init__(
-        self,
-        local_in_features: int,
-        out_features: int,
-        bias: bool,
-        tp_group: dist.ProcessGroup,
-        *,
-        dtype: torch.dtype,
-        device=None,
-    ) -> None:
-        super().__init__()
-        self.in_features, self.out_features = local_in_features, out_features
+        self, local_in_features: int, out_features: int, bias: bool, tp_group: dist.ProcessGroup, *,
+        dtype: torch.dtype, device=None,
+    ) -> None:  # fmt: skip
+        super().__init__(local_in_features, out_features, bias, device=device, dtype=dtype)
         self.tp_group = tp_group
-        self.weight = nn.Parameter(torch.empty(out_features, local_in_features, dtype=dtype, device=device))
-        if bias:
-            self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype, device=device))
-        else:
-            self.register_parameter("bias", None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _no_grad_check(x, "RowParallelLinear")
         y = F.linear(x, self.weight)
         dist.all_reduce(y, group=self.tp_group)
         return y if self.bias is None else y + self.bias
-
-    def extra_repr(self) -> str:
-        return f"local_in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
 class VocabParallelEmbedding(nn.Module):

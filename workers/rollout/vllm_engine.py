@@ -45,12 +45,8 @@ from hybridflow.core.keys import (
     INPUT_IDS,
     METRICS,
     POSITION_IDS,
-    PROMPTS,
-    RESPONSE_MASK,
-    RESPONSES,
-    ROLLOUT_LOG_PROBS,
 )
-from hybridflow.workers.rollout.engine import positions_from_mask
+from hybridflow.workers.rollout.engine import assemble_rollout, positions_from_mask
 from hybridflow.workers.rollout.sampling import SamplingParams
 
 __all__ = [
@@ -312,24 +308,11 @@ def outputs_to_dataproto(
             log_probs[row, :length] = torch.tensor(token_log_probs, dtype=torch.float32)
             lengths[row] = length
 
-    rep = lambda x: x.repeat_interleave(n, dim=0)  # noqa: E731
     device = input_ids.device
-    responses, log_probs, lengths = responses.to(device), log_probs.to(device), lengths.to(device)
-    prompt_ids, prompt_mask, prompt_pos = rep(input_ids), rep(attention_mask), rep(positions.to(device))
-    arange = torch.arange(response_length, device=device)
-    response_mask = (arange[None, :] < lengths[:, None]).to(prompt_mask.dtype)
-    out = prompts.repeat(n, interleave=True)
-    out.batch.update(
-        {
-            PROMPTS: prompt_ids,
-            RESPONSES: responses,
-            RESPONSE_MASK: response_mask,
-            ROLLOUT_LOG_PROBS: log_probs * response_mask,
-            INPUT_IDS: torch.cat([prompt_ids, responses], dim=1),
-            ATTENTION_MASK: torch.cat([prompt_mask, response_mask], dim=1),
-            POSITION_IDS: torch.cat([prompt_pos, prompt_pos[:, -1:] + 1 + arange[None, :]], dim=1),
-        }
-    )
+    out = assemble_rollout(
+        prompts, n, input_ids, attention_mask, positions.to(device),
+        responses.to(device), log_probs.to(device), lengths.to(device),
+    )  # fmt: skip
     metrics = dict(out.meta_info.get(METRICS, {}))
     metrics["rollout/generated_tokens"] = generated
     out.meta_info[METRICS] = metrics
