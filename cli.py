@@ -22,9 +22,13 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from hybridflow.trainer.compare import compare
+    from hybridflow.trainer.compare import CompareError, compare
 
-    png, table = compare(args.paths, args.out, threshold=args.threshold)
+    try:
+        png, table = compare(args.paths, args.out, args.threshold, labels=args.label, x=args.x, title=args.title)
+    except (FileNotFoundError, CompareError) as error:
+        print(f"hybridflow compare: {error}", file=sys.stderr)
+        return 2
     print(table.read_text(), end="")
     print(f"\nwrote {png} and {table}")
     return 0
@@ -40,10 +44,24 @@ def main(argv: list[str] | None = None) -> int:
     demo = sub.add_parser("demo", help="advantages of every installed estimator on one grouped batch")
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(func=_demo)
-    cmp = sub.add_parser("compare", help="plot and tabulate runs (sweep or run directories), grouped across seeds")
+    cmp = sub.add_parser(
+        "compare", help="plot and tabulate runs (sweep or run directories), grouped across seeds",
+        description="Draw compare.png (training score and validation accuracy, mean and min-max band over seeds; "
+                    "*accuracy* metrics on a fixed 0-1 axis) and write compare.md (final validation accuracy, steps "
+                    "to --threshold, train time, tokens/s: mean over seeds ± the 95% Student-t interval's "
+                    "half-width, n/a with one seed).",
+    )
     cmp.add_argument("paths", nargs="+", help="run directories (with metrics.jsonl) or sweep directories")
     cmp.add_argument("--out", default=".", help="where compare.png and compare.md go (default: here)")
     cmp.add_argument("--threshold", type=float, default=0.8, help="validation accuracy for 'steps to reach'")
+    cmp.add_argument("--label", action="append", default=[], metavar="SETTING=NAME",
+                     help="name a setting in the legend and table, once per setting to rename; SETTING is as in "
+                          "compare.md's setting column or only its values: --label grpo=GRPO "
+                          "--label adv_estimator=rloo=RLOO")
+    cmp.add_argument("--x", choices=("step", "samples"), default="step",
+                     help="x axis: training steps (default) or training samples, the responses trained on so far "
+                          "(step x data.train_batch_size x rollout.n, from each run's .hydra/config.yaml)")
+    cmp.add_argument("--title", help="a title over the figure (default: none)")
     cmp.set_defaults(func=_compare)
     args = parser.parse_args(argv)
     return args.func(args)
