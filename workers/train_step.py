@@ -56,8 +56,12 @@ def clip_grad_norm(model: nn.Module, max_norm: float) -> float:
 
 
 def global_counts(mask: torch.Tensor, group: dist.ProcessGroup | None) -> tuple[float, float]:
-    """Valid tokens and sequences of a mini-batch summed over the data-parallel group."""
-    counts = torch.tensor([mask.sum().item(), float(mask.shape[0])], dtype=torch.float64)
+    """Valid tokens, and sequences with at least one valid token, of a mini-batch summed over the dp group.
+
+    A fully masked row is not a sequence of the mean (as in veRL's ``agg_loss``),
+    so it does not dilute the ``seq-mean-*`` losses of the others.
+    """
+    counts = torch.tensor([mask.sum().item(), float((mask.sum(-1) > 0).sum().item())], dtype=torch.float64)
     if group is not None and dist.get_world_size(group) > 1:
         dist.all_reduce(counts, group=group)
     return counts[0].item(), counts[1].item()
