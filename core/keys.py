@@ -22,6 +22,12 @@ TOKEN_LEVEL_SCORES = "token_level_scores"  # (B, T) verifier score at the last t
 TOKEN_LEVEL_REWARDS = "token_level_rewards"  # (B, T) scores after any KL penalty
 ADVANTAGES = "advantages"  # (B, T) float32
 RETURNS = "returns"  # (B, T) float32
+# Tensor columns that only some estimators and losses read (each declares it; see
+# plugins/entries.py); the driver fills them because of the declaration.
+REWARD_BASELINES = "reward_baselines"  # (B,) score of a greedy response to the row's prompt (ReMax)
+REWARD_COMPONENTS = "reward_components"  # (B, K) one score per reward component, K fixed for the run (GDPO)
+SUM_PI_SQUARED = "sum_pi_squared"  # (B, T) sum over the vocabulary of pi(v)^2 at each response position
+ROLLOUT_IS_WEIGHTS = "rollout_is_weights"  # (B, T) rollout -> training importance weights, no gradient
 
 # Non-tensor columns (DataProto.non_tensor_batch)
 UID = "uid"  # (B,) one id per prompt, shared by its n samples

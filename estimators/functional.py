@@ -1,4 +1,4 @@
-"""Small tensor helpers the estimators share: masked statistics and group statistics."""
+"""Small tensor helpers the estimators (and the losses' diagnostics) share: masked and group statistics."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import torch
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of ``x`` over positions where ``mask`` is 1 (a scalar tensor)."""
-    return (x * mask).sum() / mask.sum()
+    """Mean of ``x`` over positions where ``mask`` is 1 (a scalar tensor; 0 when nothing is valid)."""
+    return (x * mask).sum() / mask.sum().clamp(min=1)
 
 
 def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
@@ -41,3 +41,20 @@ def group_mean_std(scores: torch.Tensor, index: torch.Tensor) -> tuple[torch.Ten
     mean = torch.where(single, torch.zeros_like(mean), mean)
     std = torch.where(single, torch.ones_like(std), std)
     return mean[index], std[index], count[index]
+
+
+def group_sum(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """For each row, the sum of ``values`` over the rows of its group.
+
+    :param values: (B, ...) one entry (or row of entries) per response.
+    :param index: (B,) int64 group id per row, in ``[0, num_groups)``.
+    :returns: same shape as ``values``.
+    """
+    num_groups = int(index.max()) + 1 if index.numel() else 0
+    sums = torch.zeros((num_groups, *values.shape[1:]), dtype=values.dtype).index_add_(0, index, values)
+    return sums[index]
+
+
+def reward_to_go(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``G_t = sum_{s >= t} mask_s * r_s`` per row (undiscounted; masked positions keep the running sum)."""
+    return (rewards * mask).flip(-1).cumsum(-1).flip(-1)

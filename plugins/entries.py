@@ -12,6 +12,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from hybridflow.core.keys import (
+    OLD_LOG_PROBS,
+    REWARD_BASELINES,
+    REWARD_COMPONENTS,
+    ROLLOUT_IS_WEIGHTS,
+    SUM_PI_SQUARED,
+    UID,
+    VALUES,
+)
+
 _NAME = re.compile(r"^[a-z][a-z0-9_.\-]*$")
 
 
@@ -51,14 +61,80 @@ class PluginEntry:
 
 
 @dataclass(frozen=True)
+class EstimatorInput:
+    """One thing an estimator needs beyond ``token_level_rewards`` and ``response_mask``.
+
+    The adapter reads batch ``column`` (a name from ``core/keys.py``) and
+    passes it to the estimator's function as the keyword ``arg``; the driver
+    fills the column because an estimator declared it. ``dims`` is the shape
+    (``B`` rows, ``T`` response tokens, ``K`` any width), checked against the
+    rewards; tensors arrive as float32. A ``non_tensor`` column is categorical
+    and arrives as (B,) int64 ids, equal values equal id. An ``optional``
+    input is passed only when its column is present. ``meaning`` says, in one
+    line, what the column must hold.
+    """
+
+    arg: str
+    column: str
+    dims: tuple[str, ...]
+    meaning: str
+    non_tensor: bool = False
+    optional: bool = False
+
+    @property
+    def shape(self) -> str:
+        """``dims`` as a shape, e.g. ``(B, T)``."""
+        return f"({', '.join(self.dims)}{',' if len(self.dims) == 1 else ''})"
+
+
+GROUP_IDS = EstimatorInput(
+    "index", UID, ("B",), "one id per prompt, shared by its n samples: rows with equal uid form a group", non_tensor=True
+)
+CRITIC_VALUES = EstimatorInput("values", VALUES, ("B", "T"), "the critic's value estimate at each response token")
+POLICY_OLD_LOG_PROBS = EstimatorInput(
+    "old_log_probs", OLD_LOG_PROBS, ("B", "T"), "log pi_old of each sampled token, recomputed under the training layout"
+)
+POLICY_SUM_PI_SQUARED = EstimatorInput(
+    "sum_pi_squared",
+    SUM_PI_SQUARED,
+    ("B", "T"),
+    "sum over the vocabulary of pi_old(v | prefix)^2 at each response position, from the same forward "
+    "(and temperature) as old_log_probs",
+)
+GREEDY_BASELINE_SCORES = EstimatorInput(
+    "reward_baselines", REWARD_BASELINES, ("B",), "outcome score of one greedy response to the row's prompt"
+)
+REWARD_COMPONENT_SCORES = EstimatorInput(
+    "reward_components",
+    REWARD_COMPONENTS,
+    ("B", "K"),
+    "the response's outcome score under each of K reward components, in one fixed order for the run",
+)
+ROLLOUT_CORRECTION_WEIGHTS = EstimatorInput(
+    "rollout_is_weights",
+    ROLLOUT_IS_WEIGHTS,
+    ("B", "T"),
+    "importance weights pi_old / pi_rollout per token (losses/rollout_correction.py), when rollout correction is on",
+    optional=True,
+)
+
+_BASE_INPUTS = ("token_level_rewards", "response_mask")
+
+
+@dataclass(frozen=True)
 class AdvantageEstimator(PluginEntry):
     """An advantage estimator, resolved by ``algorithm.adv_estimator``.
 
-    ``fn(token_level_rewards, response_mask, *, [index], [values], **options)``
-    takes (B, T) float32 tensors and returns ``(advantages, returns)``, both
-    (B, T). It receives ``index`` (B,) int64 group ids when ``needs_groups``
-    and ``values`` (B, T) when ``needs_critic``. Its keyword-only parameters
-    with defaults are its options.
+    ``fn(token_level_rewards, response_mask, <needs>..., **options)`` takes
+    (B, T) float32 tensors and returns ``(advantages, returns)``, both
+    (B, T). ``needs`` lists what else it receives, as :class:`EstimatorInput`
+    records (for example ``GROUP_IDS``, ``CRITIC_VALUES``,
+    ``POLICY_SUM_PI_SQUARED``): each becomes a keyword argument read from a
+    named batch column, and the driver provides the columns the estimator
+    declares. ``needs_groups`` and ``needs_critic`` are shorthands for
+    ``GROUP_IDS`` and ``CRITIC_VALUES`` in ``needs``; after construction the
+    flags and ``needs`` always agree, whichever was given. Its keyword-only
+    parameters with defaults, other than declared needs, are its options.
 
     ``actor_defaults`` are actor settings the estimator's paper prescribes
     (for example Dr.GRPO's loss aggregation); the trainer applies them unless
@@ -70,6 +146,43 @@ class AdvantageEstimator(PluginEntry):
     needs_critic: bool = False
     needs_groups: bool = False
     actor_defaults: Mapping[str, Any] = field(default_factory=dict)
+    needs: tuple[EstimatorInput, ...] = ()
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        needs = tuple(self.needs)
+        for need in needs:
+            if not isinstance(need, EstimatorInput):
+                raise TypeError(f"estimator {self.name!r}: needs must hold EstimatorInput records, got {need!r}")
+        if self.needs_groups and GROUP_IDS not in needs:
+            needs = (GROUP_IDS, *needs)
+        if self.needs_critic and CRITIC_VALUES not in needs:
+            needs = (*needs, CRITIC_VALUES)
+        args = [need.arg for need in needs]
+        clash = sorted({a for a in args if args.count(a) > 1 or a in _BASE_INPUTS})
+        if clash:
+            raise ValueError(f"estimator {self.name!r}: needs {clash} more than once (or as a base input)")
+        missing = [a for a in args if not _accepts(self.fn, a)]
+        if missing:
+            raise TypeError(f"estimator {self.name!r} declares it needs {missing}, but its fn has no such parameter")
+        # frozen: set the normalized declaration once, here, so the flags and the tuple cannot disagree
+        object.__setattr__(self, "needs", needs)
+        object.__setattr__(self, "needs_groups", GROUP_IDS in needs)
+        object.__setattr__(self, "needs_critic", CRITIC_VALUES in needs)
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """Keyword-only parameters with defaults, except the declared needs (the batch fills those)."""
+        declared = {need.arg for need in self.needs}
+        return {k: v for k, v in keyword_options(self.fn).items() if k not in declared}
+
+
+def _accepts(fn: Callable[..., Any], arg: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: cannot tell, trust the declaration
+        return True
+    return arg in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,10 @@ def hybridflow_register_estimators(register: Callable[[AdvantageEstimator], None
     no network): it only describes what it offers. Registering a name that
     another plugin also registers makes that name an error to look up, naming
     both distributions. Exceptions raised here are reported with the plugin's
-    distribution and leave other plugins working.
+    distribution and leave other plugins working. What an estimator reads
+    beyond rewards and the mask (group ids, values, old log-probs, a greedy
+    baseline's score, ...) is declared in its record's ``needs``; the driver
+    provides those batch columns and the adapter checks they are there.
     """
 
 
