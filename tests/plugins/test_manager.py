@@ -23,7 +23,10 @@ from hybridflow.plugins import (
 from hybridflow.plugins.manager import ESTIMATORS, PluginManager
 from hybridflow.plugins.listing import format_plugin_table
 
-BUILTINS = {"gae", "grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"}
+BUILTINS = {
+    "gae", "grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline",
+    "grpo_passk", "gdpo", "remax", "opo", "gpg", "optimal_token_baseline", "tir_optimal_token_baseline",
+}  # fmt: skip
 
 ESTIMATOR_PLUGIN = """
 from hybridflow.plugins import AdvantageEstimator, hookimpl
