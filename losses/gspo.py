@@ -5,7 +5,9 @@ token ratios over the valid tokens, so one wild token cannot dominate::
 
     log s_i   = mean_t (log pi_{i,t} - log pi_old_{i,t})          # over valid tokens
     s_{i,t}   = sg[s_i] * pi_{i,t} / sg[pi_{i,t}]                  # value s_i, token-level gradient
-    loss_{i,t} = max(-A_{i,t} * s_{i,t}, -A_{i,t} * clip(s_{i,t}, 1 - clip_ratio_low, 1 + clip_ratio_high))
+    loss_{i,t} = max(-A_{i,t} * s_{i,t}, -A_{i,t} * clip(s_{i,t}, 1 - clip_ratio_low, 1 + clip_ratio_high)) * w_{i,t}
+
+(w: the rollout-correction weights, when given).
 
 The paper's clip range is tiny (3e-4 / 4e-4) because s_i is a per-token
 average; pair it with ``loss_agg_mode=seq-mean-token-mean``.
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from hybridflow.losses.vanilla import _masked_mean
+from hybridflow.losses.functional import masked_mean, reweight
 from hybridflow.plugins import PolicyLoss, hookimpl
 
 
@@ -27,6 +29,7 @@ def gspo_loss(
     *,
     clip_ratio_low: float = 3e-4,
     clip_ratio_high: float = 4e-4,
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Sequence-level clipped surrogate with token-level gradients."""
     mask = response_mask.to(log_probs.dtype)
@@ -38,10 +41,10 @@ def gspo_loss(
     token_losses = torch.maximum(pg_loss1, pg_loss2)
     with torch.no_grad():
         metrics = {
-            "pg_clipfrac": _masked_mean((pg_loss2 > pg_loss1).to(mask.dtype), mask),
-            "ppo_kl": _masked_mean((old_log_probs - log_probs), mask),
+            "pg_clipfrac": float(masked_mean((pg_loss2 > pg_loss1).to(mask.dtype), mask)),
+            "ppo_kl": float(masked_mean((old_log_probs - log_probs), mask)),
         }
-    return token_losses, metrics
+    return reweight(token_losses, rollout_is_weights), metrics
 
 
 @hookimpl

@@ -7,6 +7,7 @@ Per token, with ratio r = exp(log pi - log pi_old) (log-ratio clamped to [-20, 2
     clipped  = max(pg_loss1, pg_loss2)
     loss     = min(clipped, -A * clip_ratio_c)   if A < 0   # dual clip bounds the loss of a negative advantage
                clipped                           otherwise
+    loss     = loss * w                          # rollout-correction weights, when given
 
 Diagnostics (no gradient): ``pg_clipfrac`` (share of tokens where the clip
 is active), ``pg_clipfrac_lower`` (where the dual clip is), ``ppo_kl`` (mean
@@ -17,11 +18,8 @@ from __future__ import annotations
 
 import torch
 
+from hybridflow.losses.functional import clamped_log_ratio, masked_mean, reweight
 from hybridflow.plugins import PolicyLoss, hookimpl
-
-
-def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
-    return float((x * mask).sum() / mask.sum().clamp(min=1))
 
 
 def ppo_clip_loss(
@@ -33,11 +31,12 @@ def ppo_clip_loss(
     clip_ratio_low: float = 0.2,
     clip_ratio_high: float = 0.2,
     clip_ratio_c: float = 3.0,
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped surrogate per token, with the dual clip for negative advantages."""
     if clip_ratio_c <= 1.0:
         raise ValueError(f"clip_ratio_c must be > 1.0 (it bounds -A * ratio from above), got {clip_ratio_c}")
-    log_ratio = torch.clamp(log_probs - old_log_probs, min=-20.0, max=20.0)
+    log_ratio = clamped_log_ratio(log_probs, old_log_probs)
     ratio = torch.exp(log_ratio)
     pg_loss1 = -advantages * ratio
     pg_loss2 = -advantages * torch.clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)
@@ -47,11 +46,11 @@ def ppo_clip_loss(
     with torch.no_grad():
         mask = response_mask.to(ratio.dtype)
         metrics = {
-            "pg_clipfrac": _masked_mean((pg_loss2 > pg_loss1).to(mask.dtype), mask),
-            "pg_clipfrac_lower": _masked_mean(((clipped > pg_loss3) & (advantages < 0)).to(mask.dtype), mask),
-            "ppo_kl": _masked_mean(-log_ratio, mask),
+            "pg_clipfrac": float(masked_mean((pg_loss2 > pg_loss1).to(mask.dtype), mask)),
+            "pg_clipfrac_lower": float(masked_mean(((clipped > pg_loss3) & (advantages < 0)).to(mask.dtype), mask)),
+            "ppo_kl": float(masked_mean(-log_ratio, mask)),
         }
-    return token_losses, metrics
+    return reweight(token_losses, rollout_is_weights), metrics
 
 
 @hookimpl

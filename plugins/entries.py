@@ -202,12 +202,28 @@ class RewardVerifier(PluginEntry):
 class PolicyLoss(PluginEntry):
     """A policy-gradient loss, resolved by ``actor.policy_loss``.
 
-    ``fn(old_log_probs, log_probs, advantages, response_mask, **options)``
-    takes (B, T) tensors and returns ``(token_losses, metrics)``: a (B, T)
-    loss per token (the actor aggregates it with the configured loss
-    aggregation mode, normalized over the global mini-batch) and a dict of
-    float diagnostics such as ``pg_clipfrac``. Its keyword-only parameters
-    with defaults are its options.
+    ``fn(old_log_probs, log_probs, advantages, response_mask, *,
+    rollout_is_weights=None, **options)`` takes (B, T) tensors and returns
+    ``(token_losses, metrics)``: a (B, T) loss per token (the actor
+    aggregates it with the configured loss aggregation mode, normalized over
+    the global mini-batch) and a dict of float diagnostics such as
+    ``pg_clipfrac``.
+
+    ``rollout_is_weights`` is a (B, T) tensor of importance weights between
+    the rollout policy and the training policy (computed by
+    ``losses/rollout_correction.py``, no gradient) or None; the actor passes
+    it when rollout correction is on, and the loss multiplies its per-token
+    losses by it before returning them, as veRL does (GMPO's sequence-level
+    loss uses the weights' geometric mean per sequence). It is a runtime
+    input, not an option: the keyword-only parameters with defaults other
+    than ``rollout_is_weights`` are the loss's options.
     """
 
     kind: ClassVar[str] = "policy loss"
+
+    runtime_inputs: ClassVar[tuple[str, ...]] = ("rollout_is_weights",)
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """Keyword-only parameters with defaults, except the runtime inputs the actor passes."""
+        return {k: v for k, v in keyword_options(self.fn).items() if k not in self.runtime_inputs}

@@ -79,4 +79,11 @@ def hybridflow_register_policy_losses(register: Callable[[PolicyLoss], None]) ->
     :func:`hybridflow_register_estimators` apply. The loss returns per-token
     losses; it must not aggregate them or call ``backward``: the actor owns
     aggregation, so the gradient does not depend on the data-parallel size.
+
+    Every loss function must accept the keyword ``rollout_is_weights``
+    (default None): a (B, T) tensor of rollout-to-training importance
+    weights, computed by the driver (``losses/rollout_correction.py``) and
+    carrying no gradient. When it is given, the loss multiplies its per-token
+    losses by it; the actor passes it only when rollout correction is on. It
+    is not an option and is not listed among the loss's options.
     """
