@@ -510,3 +510,12 @@ def test_hybridflow_plugins_lists_the_catalogue_with_summaries():
     for name in CATALOGUE:
         line = next(line for line in listing.splitlines() if line.strip().startswith(f"{name}("))
         assert "(no docstring)" not in line and len(line.split("): ", 1)[1]) > 20, line
+
+
+def test_demo_runs_every_builtin_and_skips_what_it_cannot_feed():
+    from hybridflow.estimators.demo import run_demo
+
+    header = next(line for line in run_demo().splitlines() if line.strip().startswith("uid"))
+    for name in [*CATALOGUE, "grpo", "gae", "rloo"]:
+        assert name in header.split(), name
+    assert "skipped" not in run_demo()
