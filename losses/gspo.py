@@ -7,10 +7,9 @@ token ratios over the valid tokens, so one wild token cannot dominate::
     s_{i,t}   = sg[s_i] * pi_{i,t} / sg[pi_{i,t}]                  # value s_i, token-level gradient
     loss_{i,t} = max(-A_{i,t} * s_{i,t}, -A_{i,t} * clip(s_{i,t}, 1 - clip_ratio_low, 1 + clip_ratio_high)) * w_{i,t}
 
-(w: the rollout-correction weights, when given).
-
-The paper's clip range is tiny (3e-4 / 4e-4) because s_i is a per-token
-average; pair it with ``loss_agg_mode=seq-mean-token-mean``.
+(w: rollout-correction weights, 1 when not given). The paper's clip range is
+tiny (3e-4 / 4e-4) because s_i is a per-token average; pair it with
+``loss_agg_mode=seq-mean-token-mean`` (veRL always aggregates GSPO that way).
 """
 
 from __future__ import annotations
