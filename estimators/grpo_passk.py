@@ -34,12 +34,12 @@ def grpo_passk_advantage(
     if (count < 2).any():
         raise ValueError(f"grpo_passk needs at least 2 responses per prompt; groups {index[count < 2].unique().tolist()} have 1")
     num_groups, rows = int(index.max()) + 1, torch.arange(len(scores))
-    best = torch.full((num_groups,), -torch.inf).scatter_reduce(0, index, scores, "amax")
+    best = scores.new_full((num_groups,), -torch.inf).scatter_reduce(0, index, scores, "amax")
     on_top = scores == best[index]
     first = torch.full((num_groups,), len(scores)).scatter_reduce(0, index[on_top], rows[on_top], "amin")
     winner = rows == first[index]
     others = torch.where(winner, -torch.inf, scores)
-    runner_up = torch.full((num_groups,), -torch.inf).scatter_reduce(0, index, others, "amax")
+    runner_up = scores.new_full((num_groups,), -torch.inf).scatter_reduce(0, index, others, "amax")
     adv = torch.where(winner, scores - runner_up[index], torch.zeros_like(scores))
     if norm_by_std:
         adv = adv / (std + epsilon)

@@ -42,10 +42,10 @@ def realized_energy(
 def zero_tail(baseline: torch.Tensor, lengths: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """Zero the baseline of a group's strictly longest row from the group's second-longest length on."""
     num_groups = int(index.max()) + 1
-    longest = torch.full((num_groups,), -1.0).scatter_reduce(0, index, lengths, "amax")
+    longest = lengths.new_full((num_groups,), -1.0).scatter_reduce(0, index, lengths, "amax")
     on_top = lengths == longest[index]
     ties = torch.bincount(index[on_top], minlength=num_groups)
-    second = torch.full((num_groups,), -1.0).scatter_reduce(0, index, torch.where(on_top, -1.0, lengths), "amax")
+    second = lengths.new_full((num_groups,), -1.0).scatter_reduce(0, index, torch.where(on_top, -1.0, lengths), "amax")
     alone = on_top & (ties[index] == 1) & (second[index] >= 0)  # second < 0: a group of one
     tail = torch.arange(baseline.shape[1]) >= second[index].unsqueeze(-1)
     return baseline.masked_fill(alone.unsqueeze(-1) & tail, 0.0)

@@ -43,7 +43,7 @@ def tir_optimal_token_baseline_advantage(
     lengths = response_mask.sum(dim=-1)
     rows = torch.arange(len(lengths)).unsqueeze(-1).expand_as(valid)[valid]
     rank = (response_mask.cumsum(dim=-1) - 1).long()[valid]  # k - 1 of each valid token
-    packed_g = torch.zeros(len(lengths), int(lengths.max()) if valid.any() else 0)
+    packed_g = returns.new_zeros(len(lengths), int(lengths.max()) if valid.any() else 0)
     packed_w = torch.zeros_like(packed_g)
     packed_g[rows, rank], packed_w[rows, rank] = returns[valid], energy[valid]
     # an empty row joins no group: give it an id of its own
