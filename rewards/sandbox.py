@@ -1,28 +1,50 @@
 """Run untrusted Python in a sandbox: :func:`run_python`.
 
+Threat model. The program is an adversary (in RL, a policy paid to find
+a way): inside its own interpreter and process tree it can do anything:
+rewrite any object (``ctypes`` included), read what it was given (its
+directory, stdin, the system's libraries), fork, spin, allocate and write
+until a limit stops it. It cannot touch the verifier's process, read the
+trainer's files (its checkout, datasets, home directories) or write outside
+its directory, reach the network, see or signal other processes, read the
+trainer's environment, exceed its limits, or outlive its run. So nothing a
+verdict depends on may live inside: callers keep the expected answers in
+their own process and treat what the program writes (stdout, the result
+channel) as untrusted data, parsed and compared there. What decides a score
+is that comparison, never a line the program prints about itself. An
+unisolated run (below) keeps only part of these walls.
+
 Each run gets a fresh temporary directory (removed afterwards) and a
 separate process tree started by :mod:`hybridflow.rewards.sandbox_launcher`:
 
 * **no network**: a new network namespace (only a downed loopback);
 * **nothing outside its directory**: a fresh unprivileged uid that owns
-  nothing else (when started as root), private empty tmpfs it cannot
-  write over the world-writable ``/tmp``, ``/var/tmp``, ``/dev/shm``,
-  ``/run/lock``, its own ``/proc``; its directory is ``/tmp/sandbox``
-  (also ``HOME`` and ``TMPDIR``); the interpreter's standard library, no
-  site-packages of the trainer's virtualenv;
+  nothing else (when started as root), and a minimal root: a read-only
+  tmpfs holding the system's ``/usr``, ``/etc``, ``/bin``, ``/lib``
+  (read-only), ``/dev/null`` and its like, the interpreter's prefix at
+  its own path (read-only; the standard library, no site-packages of the
+  trainer's virtualenv), its own ``/proc`` (its own processes only) and
+  its directory, ``/tmp/sandbox`` (also ``HOME`` and ``TMPDIR``). The
+  trainer's checkout, datasets, home directories and ``/tmp`` are not in
+  it, so it can neither read expected answers from disk nor write anywhere
+  but its directory;
 * **limits** (``setrlimit``): CPU seconds, address space, file size,
   processes (per uid, so a fork bomb stops at ``max_processes``), open
-  files, no core dumps; plus a wall-clock timeout after which the whole
-  tree is killed (a pid namespace: nothing it forked survives);
+  files, no core dumps; the memory of the whole tree together
+  (:mod:`hybridflow.rewards.sandbox_memory`); a wall-clock timeout after
+  which the whole tree is killed (a pid namespace: nothing it forked survives);
 * **a scrubbed environment**: ``PATH``, ``HOME``, ``LANG`` and nothing of
-  the trainer's (no API keys); ``python -I`` ignores ``PYTHON*`` variables.
+  the trainer's (no API keys); ``python -I`` ignores ``PYTHON*`` variables;
+* **separate outputs**: stdout and stderr go to files the program cannot
+  reopen (or to ``/dev/null``), read back up to a cap; with
+  ``result_channel=True`` the program also gets :data:`RESULT_FD`, a third
+  file, so a harness's report is not lost when the program floods stdout.
 
 Where namespaces cannot be created (not root, user namespaces disabled)
 :func:`run_python` raises :class:`SandboxUnavailableError` unless
 ``allow_unisolated=True``, which keeps only the limits, the scrubbed
 environment, the directory and the timeout: no network isolation and no
-protection of files the trainer's user can write. A sandbox protects the
-trainer; it cannot make a program's self-reported results trustworthy.
+protection of files the trainer's user can write.
 """
 
 from __future__ import annotations
@@ -41,10 +63,14 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 from hybridflow.rewards import sandbox_launcher
+from hybridflow.rewards.sandbox_memory import memory_guard
 
 logger = logging.getLogger(__name__)
 
 _LAUNCHER = os.path.abspath(sandbox_launcher.__file__)
+
+RESULT_FD = sandbox_launcher.RESULT_FD
+"""The file descriptor of the result channel inside the program (``result_channel=True``)."""
 
 
 @dataclass(frozen=True)
@@ -57,8 +83,12 @@ class SandboxLimits:
     """CPU seconds (RLIMIT_CPU) of the program's process."""
     memory_mb: int = 512
     """Address space per process (RLIMIT_AS)."""
+    total_memory_mb: int = 1024
+    """Memory of all the run's processes together (resident pages, plus page cache
+    under a cgroup); past it the kernel OOM-kills inside the tree (memory cgroup) or
+    the watchdog kills the tree. See :mod:`hybridflow.rewards.sandbox_memory`."""
     file_size_mb: int = 16
-    """Largest file the program may write, stdout included (RLIMIT_FSIZE)."""
+    """Largest file the program may write, stdout and the result channel included (RLIMIT_FSIZE)."""
     max_processes: int = 16
     """Processes and threads of the sandbox's uid (RLIMIT_NPROC)."""
     max_open_files: int = 64
@@ -75,6 +105,16 @@ class SandboxResult:
     timed_out: bool
     isolated: bool
     wall_s: float
+    results: bytes = b""
+    """What the program wrote to :data:`RESULT_FD` (untrusted), at most :data:`MAX_RESULT_BYTES` + 1 bytes."""
+    stdout_truncated: bool = False
+    """The program wrote more stdout than was read back."""
+    memory_peak_mb: float | None = None
+    """Peak memory of the whole tree as the guard measured it; None where it cannot tell."""
+    memory_exceeded: bool = False
+    """The aggregate bound was hit: an OOM kill in the cgroup, or the watchdog killed the tree."""
+    memory_guard: str = ""
+    """How the aggregate bound was enforced: ``cgroup v1``, ``cgroup v2`` or ``watchdog``."""
 
     @property
     def ok(self) -> bool:
@@ -87,15 +127,18 @@ class SandboxUnavailableError(RuntimeError):
 
 
 MAX_OUTPUT_BYTES = 1 << 20
-"""Most bytes of stdout (and of stderr) read back from a run."""
+"""Most bytes of stdout (by default) and of stderr read back from a run."""
+MAX_RESULT_BYTES = 1 << 20
+"""Most bytes of the result channel read back; a longer report is cut and shows as longer than this."""
 
 _SAFE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1"}
 
 
-def _read_capped(path: str) -> str:
+def _read_capped(path: str, limit: int) -> bytes:
+    """Up to ``limit + 1`` bytes of ``path``, so a caller can tell a longer file from one of exactly ``limit``."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     with os.fdopen(fd, "rb") as f:
-        return f.read(MAX_OUTPUT_BYTES).decode("utf-8", errors="replace")
+        return f.read(limit + 1)
 
 
 def run_python(
@@ -106,12 +149,20 @@ def run_python(
     limits: SandboxLimits = SandboxLimits(),
     allow_unisolated: bool = False,
     python: str = sys.executable,
+    capture_stdout: bool = True,
+    capture_stderr: bool = True,
+    stdout_limit: int = MAX_OUTPUT_BYTES,
+    result_channel: bool = False,
 ) -> SandboxResult:
     """Run ``code`` as ``main.py`` with ``stdin`` in a fresh sandbox; see the module docstring.
 
     :param files: more files (name -> text) written next to ``main.py``.
     :param allow_unisolated: run with limits only where namespaces are unavailable.
-    :raises SandboxUnavailableError: no namespaces and ``allow_unisolated`` is false.
+    :param capture_stdout: False sends the program's stdout to ``/dev/null`` (a flood costs nothing).
+    :param capture_stderr: False sends the program's stderr to ``/dev/null``.
+    :param stdout_limit: most bytes of stdout read back (``stdout_truncated`` says when there was more).
+    :param result_channel: open :data:`RESULT_FD` in the program, read back into ``results``.
+    :raises SandboxUnavailableError: no namespaces and ``allow_unisolated`` is false, or no memory guard.
     """
     work_dir = tempfile.mkdtemp(prefix="hybridflow-sandbox-")
     io_dir = tempfile.mkdtemp(prefix="hybridflow-sandbox-io-")  # 0700, never visible inside
@@ -128,45 +179,80 @@ def run_python(
             "limits": asdict(limits),
             "allow_unisolated": allow_unisolated,
             "argv": [python, "-I", "-B", "main.py"],
-            # isolated runs reach the interpreter through a bind mount of its prefix
+            # isolated runs see the interpreter's prefix (bound at its own path), not the venv
             "python_prefix": sys.base_prefix,
             "python_in_prefix": os.path.relpath(os.path.realpath(python), sys.base_prefix),
             "env": dict(_SAFE_ENV),  # the launcher adds HOME and TMPDIR: the work dir
+            "discard_stderr": not capture_stderr,
         }
-        return _launch(config, stdin, io_dir, limits.wall_s)
+        return _launch(config, stdin, io_dir, limits, capture_stdout, stdout_limit, result_channel)
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
         shutil.rmtree(io_dir, ignore_errors=True)
 
 
-def _launch(config: dict, stdin: str, io_dir: str, wall_s: float) -> SandboxResult:
-    out_path, err_path = os.path.join(io_dir, "stdout"), os.path.join(io_dir, "stderr")
+def _launch(
+    config: dict,
+    stdin: str,
+    io_dir: str,
+    limits: SandboxLimits,
+    capture_stdout: bool,
+    stdout_limit: int,
+    result_channel: bool,
+) -> SandboxResult:
+    out_path, err_path, results_path = (os.path.join(io_dir, name) for name in ("stdout", "stderr", "results"))
+    guard = memory_guard(limits.total_memory_mb)
+    config.update(guard.launcher_config())
+    pass_fds = ()
+    if result_channel:  # the launcher moves it to RESULT_FD in the program
+        results_fd = os.open(results_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        config["result_fd"], pass_fds = results_fd, (results_fd,)
     start = time.monotonic()
-    with open(out_path, "wb") as out, open(err_path, "wb") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-B", _LAUNCHER, json.dumps(config)],
-            stdin=subprocess.PIPE,
-            stdout=out,
-            stderr=err,
-            env=dict(_SAFE_ENV),
-            start_new_session=True,
-        )
-        timed_out = False
-        try:
-            proc.communicate(stdin.encode("utf-8"), timeout=wall_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-        finally:
-            try:  # the launcher's group; its pid namespace dies with it
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            proc.wait()
+    try:
+        with open(out_path, "wb") as out, open(err_path, "wb") as err:
+            proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-B", _LAUNCHER, json.dumps(config)],
+                stdin=subprocess.PIPE,
+                stdout=out if capture_stdout else subprocess.DEVNULL,
+                stderr=err,
+                env=dict(_SAFE_ENV),
+                start_new_session=True,
+                pass_fds=pass_fds,
+            )
+            guard.start(proc.pid)
+            timed_out = False
+            try:
+                proc.communicate(stdin.encode("utf-8"), timeout=limits.wall_s)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+            finally:
+                try:  # the launcher's group; its pid namespace dies with it
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+                proc.wait()
+    finally:
+        if pass_fds:
+            os.close(pass_fds[0])
+        guard.finish()
     elapsed = time.monotonic() - start
-    stderr = _read_capped(err_path)
+    stderr = _read_capped(err_path, MAX_OUTPUT_BYTES)[:MAX_OUTPUT_BYTES].decode("utf-8", errors="replace")
     if proc.returncode == sandbox_launcher.EXIT_UNAVAILABLE and sandbox_launcher.UNAVAILABLE_MARK in stderr:
         raise SandboxUnavailableError(stderr.strip().split(": ", 1)[-1])
     isolated = not stderr.startswith(sandbox_launcher.UNISOLATED_MARK)
     if not isolated:
         stderr = stderr[len(sandbox_launcher.UNISOLATED_MARK) + 1 :]
-    return SandboxResult(proc.returncode, _read_capped(out_path), stderr, timed_out, isolated, elapsed)
+    stdout = _read_capped(out_path, stdout_limit)
+    return SandboxResult(
+        proc.returncode,
+        stdout[:stdout_limit].decode("utf-8", errors="replace"),
+        stderr,
+        timed_out,
+        isolated,
+        elapsed,
+        results=_read_capped(results_path, MAX_RESULT_BYTES) if result_channel else b"",
+        stdout_truncated=len(stdout) > stdout_limit,
+        memory_peak_mb=guard.peak_mb,
+        memory_exceeded=guard.exceeded,
+        memory_guard=guard.mechanism,
+    )

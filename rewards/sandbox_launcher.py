@@ -4,13 +4,18 @@ Started by :func:`hybridflow.rewards.sandbox.run_python` (which documents
 the guarantees); standard library only, imports nothing from hybridflow.
 Steps, in this order because each needs the privileges the next one drops::
 
-    launcher (root)    chown the work dir to a fresh uid; unshare(mount, network, pid
-                       namespaces); die with the verifier process (PDEATHSIG); fork
-    └─ init (pid 1)    PDEATHSIG (dies with the launcher); private mounts: read-only
-                       empty tmpfs over /tmp /var/tmp /dev/shm /run/lock, the work dir
-                       bound at /tmp/sandbox, the interpreter's prefix bound at
-                       /tmp/.python, a fresh /proc; fork; wait
-       └─ program      setgroups([]) setgid setuid(fresh uid); no_new_privs;
+    launcher (root)    join the run's memory cgroup (before any fork, so the whole
+                       tree is charged to it); chown the work dir to a fresh uid;
+                       unshare(mount, network, pid namespaces); die with the verifier
+                       process (PDEATHSIG); fork
+    └─ init (pid 1)    PDEATHSIG (dies with the launcher); child subreaper (orphans
+                       stay in the tree, also unisolated); a minimal root (pivot_root
+                       to a read-only tmpfs): /usr /etc /bin /lib... read-only, /dev's
+                       null zero full random urandom, the work dir at /tmp/sandbox,
+                       the interpreter's prefix at its own path, a fresh /proc; the
+                       host's other files are not there; fork; wait
+       └─ program      the result channel at fd 3, stderr to /dev/null if asked;
+                       setgroups([]) setgid setuid(fresh uid); no_new_privs;
                        PDEATHSIG; rlimits; chdir; execve(python -I main.py)
 
 When init exits (the program ended, or the launcher was killed and init got
@@ -29,14 +34,19 @@ import signal
 import sys
 
 EXIT_UNAVAILABLE = 71
+RESULT_FD = 3
 UNAVAILABLE_MARK = "HYBRIDFLOW_SANDBOX_UNAVAILABLE"
 UNISOLATED_MARK = "HYBRIDFLOW_SANDBOX_UNISOLATED"
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
-MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
-PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
-MASKED_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
+MNT_DETACH = 2
+PIVOT_ROOT_SYSCALL = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}
+PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 36, 38
+SYSTEM_DIRS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+DEVICES = ("null", "zero", "full", "random", "urandom")
+NEW_ROOT = "/tmp"  # exists everywhere; a tmpfs mounted over it becomes the root
+PUT_OLD = "/.old_root"
 INSIDE_DIR = "/tmp/sandbox"
-INSIDE_PYTHON = "/tmp/.python"
 
 libc = ctypes.CDLL(None, use_errno=True)
 
@@ -77,27 +87,71 @@ def _unshare_namespaces():
     return True
 
 
-def _private_mounts(work_dir, python_prefix):
-    """Mask the world-writable dirs; bind the work dir and the interpreter's prefix
-    (which may sit under an unreadable home) where the program's uid can reach them."""
+def _bind(source, target, read_only):
+    _mount(source, target, None, MS_BIND | MS_REC)
+    if read_only:  # a bind mount takes MS_RDONLY only on a remount
+        _mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
+def _pivot_root(new_root, put_old):
+    number = PIVOT_ROOT_SYSCALL.get(os.uname().machine)
+    if number is None:
+        raise OSError(0, f"pivot_root: no syscall number known for {os.uname().machine}")
+    _check(libc.syscall(ctypes.c_long(number), new_root.encode(), put_old.encode()), "pivot_root")
+
+
+def _minimal_root(work_dir, python_prefix):
+    """Make the root a read-only tmpfs holding only the system's programs and libraries (read-only),
+    harmless devices, the work dir at INSIDE_DIR, the interpreter's prefix at its own path (read-only;
+    so its RUNPATH finds its own libpython) and a fresh /proc. The host's other files (datasets with
+    their answers, the trainer's code, home directories, the world-writable /tmp) are not in it."""
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
-    binds = {INSIDE_DIR: work_dir, INSIDE_PYTHON: python_prefix}
-    fds = {target: os.open(source, os.O_RDONLY | os.O_DIRECTORY) for target, source in binds.items()}  # before masking
-    for path in MASKED_DIRS:
-        if os.path.isdir(path) and not os.path.islink(path):
-            _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
+    binds = {INSIDE_DIR: (work_dir, False)}
+    if not any(python_prefix == path or python_prefix.startswith(path + "/") for path in SYSTEM_DIRS):
+        binds[python_prefix] = (python_prefix, True)
+    # opened before the new root covers /tmp, where the work dir usually is
+    fds = {target: os.open(source, os.O_RDONLY | os.O_DIRECTORY) for target, (source, _) in binds.items()}
+    _mount("tmpfs", NEW_ROOT, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
+    for path in SYSTEM_DIRS:
+        if os.path.islink(path):  # merged /usr: /lib -> usr/lib
+            os.symlink(os.readlink(path), NEW_ROOT + path)
+        elif os.path.isdir(path):
+            os.mkdir(NEW_ROOT + path)
+            _bind(path, NEW_ROOT + path, read_only=True)
+    for path in ("/dev", "/proc", "/tmp", PUT_OLD):
+        os.mkdir(NEW_ROOT + path, 0o755)
+    for name in DEVICES:
+        if os.path.exists(f"/dev/{name}"):
+            open(f"{NEW_ROOT}/dev/{name}", "w").close()
+            _bind(f"/dev/{name}", f"{NEW_ROOT}/dev/{name}", read_only=False)
     for target, fd in fds.items():
-        os.mkdir(target, 0o755)
-        _mount(f"/proc/self/fd/{fd}", target, None, MS_BIND | MS_REC)
+        os.makedirs(NEW_ROOT + target, 0o755, exist_ok=True)
+        _bind(f"/proc/self/fd/{fd}", NEW_ROOT + target, read_only=binds[target][1])
         os.close(fd)
+    _pivot_root(NEW_ROOT, NEW_ROOT + PUT_OLD)
+    os.chdir("/")
+    _check(libc.umount2(PUT_OLD.encode(), MNT_DETACH), "umount the old root")
+    os.rmdir(PUT_OLD)
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    _mount(None, "/", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
+def _redirect_outputs(config):
+    """The result channel (a file the verifier opened) at RESULT_FD; stderr to /dev/null if asked."""
+    if config.get("result_fd") is not None and config["result_fd"] != RESULT_FD:
+        os.dup2(config["result_fd"], RESULT_FD)  # inheritable: the program keeps it across execve
+        os.close(config["result_fd"])
+    if config.get("discard_stderr"):
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 2)
+        os.close(null)
 
 
 def _exec_program(config, isolated):
     limits = config["limits"]
     argv = list(config["argv"])
     if isolated:
-        argv[0] = os.path.join(INSIDE_PYTHON, config["python_in_prefix"])
+        argv[0] = os.path.join(config["python_prefix"], config["python_in_prefix"])  # the real file, not a venv link
     cwd = INSIDE_DIR if isolated else config["dir"]
     if isolated and os.geteuid() == 0 and config.get("uid") is not None:
         os.setgroups([])
@@ -116,6 +170,7 @@ def _exec_program(config, isolated):
     ):
         resource.setrlimit(rlimit, (value, value))
     os.chdir(cwd)
+    _redirect_outputs(config)
     os.execve(argv[0], argv, {**config["env"], "HOME": cwd, "TMPDIR": cwd})
 
 
@@ -128,8 +183,21 @@ def _wait_for(pid):
             return 128 - code if code < 0 else code
 
 
+def _join_cgroup(procs_file):
+    """Move this process into the run's memory cgroup; False (and a message) if that fails."""
+    try:
+        with open(procs_file, "w") as f:
+            f.write(str(os.getpid()))
+        return True
+    except OSError as exc:
+        sys.stderr.write(f"{UNAVAILABLE_MARK}: cannot join the sandbox memory cgroup {procs_file}: {exc}\n")
+        return False
+
+
 def main():
     config = json.loads(sys.argv[1])
+    if config.get("cgroup_procs") and not _join_cgroup(config["cgroup_procs"]):
+        sys.exit(EXIT_UNAVAILABLE)
     work_dir = config["dir"]
     if os.geteuid() == 0 and config.get("uid") is not None:  # only used when isolated
         os.chown(work_dir, config["uid"], config["uid"])
@@ -151,6 +219,7 @@ def main():
     # init: pid 1 of the new pid namespace when isolated. A fork does not inherit
     # PDEATHSIG, so set it again; if the launcher died before that, the pipe says so.
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # pid 1 already is one; unisolated, this keeps orphans ours
     os.close(alive_w)
     os.set_blocking(alive_r, False)
     try:
@@ -161,17 +230,17 @@ def main():
     os.close(alive_r)
     try:
         if isolated:
-            _private_mounts(work_dir, config["python_prefix"])
+            _minimal_root(work_dir, config["python_prefix"])
     except OSError as exc:
         sys.stderr.write(f"{UNAVAILABLE_MARK}: {exc}\n")
         os._exit(EXIT_UNAVAILABLE)
     program = os.fork()
     if program == 0:
+        report = os.dup(2)  # not inherited by the program; stderr itself may go to /dev/null
         try:
             _exec_program(config, isolated)
         except BaseException as exc:  # noqa: BLE001 - report, then leave without running the program
-            sys.stderr.write(f"sandbox: could not start the program: {type(exc).__name__}: {exc}\n")
-            sys.stderr.flush()
+            os.write(report, f"sandbox: could not start the program: {type(exc).__name__}: {exc}\n".encode())
         os._exit(127)
     os._exit(_wait_for(program))
 

@@ -5,13 +5,15 @@ import json
 import os
 import socket
 import tempfile
+import threading
 import time
 
 import pytest
 
 import hybridflow
+from hybridflow.rewards import sandbox_memory
 from hybridflow.rewards.code import code_score, extract_code
-from hybridflow.rewards.sandbox import SandboxLimits, run_python
+from hybridflow.rewards.sandbox import RESULT_FD, SandboxLimits, run_python
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -128,6 +130,106 @@ def test_hostile_programs_score_zero_within_the_timeout(name, sandbox_tmp):
         time.sleep(0.05)
     assert sandbox_processes() == []
     assert list(sandbox_tmp.iterdir()) == []
+
+
+def test_host_files_are_not_there(sandbox_tmp):
+    """The root is a minimal one: the trainer's code and data (world-readable here) are not in it."""
+    readable = hybridflow.__file__
+    assert os.stat(readable).st_mode & 0o004  # the sandbox uid could read it, if it were there
+    size = len(open(readable).read())
+    program = fenced(f"print(len(open({readable!r}).read()))")
+    assert code_score("code", program, json.dumps({"inputs": [""], "outputs": [str(size)]}), None, **LIMITS) == 0.0
+    listing = run_python("import os\nprint(tuple(sorted(os.listdir(d)) for d in ('/', '/tmp', '/dev')))")
+    top, tmp, dev = ast.literal_eval(listing.stdout)
+    assert not {"work", "home", "mnt", "opt", "srv", "var"} & set(top)
+    assert tmp == ["sandbox"] and dev == ["full", "null", "random", "urandom", "zero"]
+
+
+def test_other_processes_are_not_there(sandbox_tmp):
+    """Its /proc lists its own pid namespace only: the launcher's init (1) and the program (2)."""
+    result = run_python(
+        "import os\nprint(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()), os.getpid())\n"
+        "try:\n    os.kill(1, 9)\nexcept PermissionError:\n    print('init is out of reach')"
+    )
+    assert result.stdout.splitlines() == ["[1, 2] 2", "init is out of reach"]
+
+
+def test_result_channel_is_separate_from_stdout(sandbox_tmp):
+    program = f"import os\nprint('x' * (5 << 20))\nos.write({RESULT_FD}, b'the report')"
+    result = run_python(program, capture_stdout=False, result_channel=True)
+    assert result.ok and result.results == b"the report" and result.stdout == ""
+    without = run_python(f"import os\ntry:\n    os.write({RESULT_FD}, b'x')\nexcept OSError as e:\n    print(e.errno)")
+    assert without.stdout == "9\n" and without.results == b""  # EBADF: no channel unless asked
+
+
+_FORK_HOGS = """
+import os, time
+ready_r, ready_w = os.pipe()
+for _ in range(15):
+    if os.fork() == 0:
+        block = bytearray(300 << 20)
+        block[::4096] = b"x" * len(block[::4096])  # touch every page
+        os.write(ready_w, b"1")
+        time.sleep(60)
+        os._exit(0)
+os.close(ready_w)
+held = 0
+while held < 15 and os.read(ready_r, 1):
+    held += 1
+print(held, flush=True)
+time.sleep(60)
+"""
+
+
+def anonymous_memory_of_sandboxes():
+    """Proportional anonymous memory (Pss_Anon) of every process owned by a sandbox uid, in MiB."""
+    total_kb = 0
+    for pid in sandbox_processes():
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                total_kb += sum(int(line.split()[1]) for line in f if line.startswith("Pss_Anon:"))
+        except OSError:  # exited meanwhile
+            pass
+    return total_kb / 1024
+
+
+@pytest.mark.parametrize("guard", ["the machine's", "watchdog"])
+def test_aggregate_memory_bound(guard, monkeypatch, sandbox_tmp):
+    """15 forks touching 300 MiB each (4.5 GiB; before, all of it was held) stay under a 512 MiB bound."""
+    if guard == "watchdog":
+        monkeypatch.setattr(sandbox_memory, "_cgroup_parent", lambda: None)
+    limits = SandboxLimits(wall_s=4.0, cpu_s=10, memory_mb=512, total_memory_mb=512)
+    peak, done = [0.0], threading.Event()
+
+    def watch():
+        while not done.is_set():
+            peak[0] = max(peak[0], anonymous_memory_of_sandboxes())
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        result = run_python(_FORK_HOGS, limits=limits)
+    finally:
+        done.set()
+        watcher.join()
+    assert result.memory_exceeded and not result.ok, result
+    assert result.stdout.strip() in ("", "0", "1"), result  # at most one child got to hold its 300 MiB
+    # the kernel charges a cgroup exactly; the watchdog reads every 20 ms, and may overshoot by what
+    # the tree allocates meanwhile (about 30 MiB measured here; 128 allowed for a loaded machine).
+    # Our own reading sums processes one after the other, so it can count a process just before
+    # it is killed and its successor's growth: 32 MiB of slack for that.
+    overshoot = 0 if result.memory_guard.startswith("cgroup") else 128
+    assert result.memory_peak_mb is not None and result.memory_peak_mb <= 512 + overshoot, result
+    assert 0 < peak[0] <= 512 + overshoot + 32, peak
+    if guard == "watchdog":
+        assert result.memory_guard == "watchdog" and result.wall_s < limits.wall_s, result  # killed, not timed out
+    # a program within the bound is left alone
+    fits = run_python(  # it holds its block a moment, so the watchdog's 20 ms readings see it
+        "import time\nblock = bytearray(200 << 20)\nblock[::4096] = b'x' * len(block[::4096])\ntime.sleep(0.2)\nprint('ok')",
+        limits=limits,
+    )
+    assert fits.ok and fits.stdout == "ok\n" and not fits.memory_exceeded and fits.memory_peak_mb >= 200, fits
 
 
 def test_limits_are_reported(sandbox_tmp):
