@@ -24,7 +24,8 @@ from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf
 
 from hybridflow.configs.schema import PPOConfig, register_configs
-from hybridflow.trainer.config_checks import check_config
+from hybridflow.trainer.config_checks import ConfigError, check_config, check_datasets
+from hybridflow.trainer.overrides import override_problems
 from hybridflow.trainer.ppo_trainer import RunSummary
 from hybridflow.trainer.sweep import current_job, logger_names, run_sweep_job
 
@@ -63,6 +64,7 @@ def build_and_fit(config: PPOConfig, run_dir: Path, facts: dict[str, Any] | None
     run used and when it connected and let go (``job_status.json`` of a sweep job records them).
     """
     from hybridflow.core import ColocatedWorkerGroup, ResourcePool, RoleSpec, init_ray, shutdown
+    from hybridflow.core.parallel_dims import ParallelDims
     from hybridflow.data.loading import load_rows
     from hybridflow.trainer.ppo_trainer import PPOTrainer, needs_critic, needs_reference, resolve_loss_agg_mode
     from hybridflow.trainer.prompt_loader import PromptSet
@@ -78,6 +80,8 @@ def build_and_fit(config: PPOConfig, run_dir: Path, facts: dict[str, Any] | None
     # PromptSet tokenizes once and drops (and counts) over-long prompts
     train = PromptSet.from_rows(load_rows(train_files)[0], tokenizer, max_len)
     val = PromptSet.from_rows(load_rows(val_files)[0], tokenizer, max_len)
+    check_datasets(config, len(train), len(val), {"train": train_files, "val": val_files})
+    dims = ParallelDims.from_config(config, use_critic=needs_critic(config))
 
     import ray
 
@@ -88,11 +92,12 @@ def build_and_fit(config: PPOConfig, run_dir: Path, facts: dict[str, Any] | None
         if facts is not None:
             context = ray.get_runtime_context()
             facts.update(ray_node_id=context.get_node_id(), ray_gcs_address=context.gcs_address, ray_up_at=time.time())
-        roles = {"actor": RoleSpec(ActorRolloutWorker, kwargs={"config": config, "loss_agg_mode": resolve_loss_agg_mode(config)})}
+        actor_kwargs = {"config": config, "dims": dims, "loss_agg_mode": resolve_loss_agg_mode(config)}
+        roles = {"actor": RoleSpec(ActorRolloutWorker, kwargs=actor_kwargs)}
         if needs_reference(config):
-            roles["ref"] = RoleSpec(RefWorker, kwargs={"config": config})
-        if needs_critic(config):
-            roles["critic"] = RoleSpec(CriticWorker, kwargs={"config": config})
+            roles["ref"] = RoleSpec(RefWorker, kwargs={"config": config, "dims": dims})
+        if dims.use_critic:
+            roles["critic"] = RoleSpec(CriticWorker, kwargs={"config": config, "dims": dims})
         pool = ResourcePool(
             process_on_nodes=[config.trainer.n_gpus_per_node] * config.trainer.nnodes,
             use_gpu=config.trainer.device == "cuda",
@@ -101,7 +106,7 @@ def build_and_fit(config: PPOConfig, run_dir: Path, facts: dict[str, Any] | None
             handles = {name: group[name] for name in roles}
             for handle in handles.values():
                 handle.init_model()
-            trainer = PPOTrainer(config, handles, reward_manager, tokenizer, train, val, run_dir)
+            trainer = PPOTrainer(config, handles, reward_manager, tokenizer, train, val, run_dir, dims)
             return trainer.fit()
     finally:
         if pool is not None:
@@ -162,17 +167,34 @@ def train(cfg: DictConfig, facts: dict[str, Any] | None = None) -> float:
 
 
 @hydra.main(config_path="../configs", config_name="ppo_trainer", version_base=None)
-def main(cfg: DictConfig) -> float:
+def hydra_main(cfg: DictConfig) -> float:
     """Hydra's task function; returns the final validation accuracy (for sweepers; NaN for a failed sweep job).
 
-    A single run raises its errors. Under ``--multirun`` a failing job is
-    logged and recorded in its directory and the next job starts.
+    A single run raises its errors, except two that end it with a message
+    and no traceback: an invalid config (exit status 2) and Ctrl-C (130,
+    after ``fit`` logged the step it reached). Under ``--multirun`` a
+    failing job is logged and recorded in its directory and the next job starts.
     """
     job = current_job()
     if job is None:
-        return train(cfg)
+        try:
+            return train(cfg)
+        except ConfigError as err:
+            print(f"hybridflow-train: {err}", file=sys.stderr, flush=True)
+            sys.exit(2)
+        except KeyboardInterrupt:
+            sys.exit(130)
     facts: dict[str, Any] = {}
     return run_sweep_job(lambda: train(cfg, facts), job, facts)
+
+
+def main() -> None:
+    """The ``hybridflow-train`` command: the overrides checked against the schema, then :func:`hydra_main`."""
+    problems = override_problems(sys.argv[1:])
+    if problems:
+        print("hybridflow-train: invalid override:\n  - " + "\n  - ".join(problems), file=sys.stderr, flush=True)
+        sys.exit(2)
+    hydra_main()
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import torch
 
 from hybridflow.configs.schema import PPOConfig
 from hybridflow.core import DP_COMPUTE_PROTO, ONE_TO_ALL, DataProto, Worker, register
+from hybridflow.core.parallel_dims import ParallelDims
 from hybridflow.core.keys import REF_LOG_PROBS
 from hybridflow.workers.fsdp import shard_model
 from hybridflow.workers.log_probs import response_log_probs
@@ -20,10 +21,10 @@ from hybridflow.workers.models import load_model_and_tokenizer, torch_dtype
 class RefWorker(Worker):
     """``ref_log_probs`` of responses under the initial policy."""
 
-    def __init__(self, config: PPOConfig) -> None:
+    def __init__(self, config: PPOConfig, dims: ParallelDims) -> None:
         super().__init__()
-        self.config = config
-        self.init_device_mesh((self.world_size,), ("dp",))
+        self.config, self.dims = config, dims
+        self.init_device_mesh(*dims.ref.mesh)
 
     @register(dispatch=ONE_TO_ALL)
     def init_model(self) -> None:
@@ -37,6 +38,6 @@ class RefWorker(Worker):
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         """Teacher-forced log-probs of the responses, at the rollout temperature."""
         temperature = self.config.actor_rollout_ref.rollout.temperature
-        micro = self.config.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu
+        micro = self.dims.ref.micro_batch_rows
         parts = [response_log_probs(self.model, part, temperature=temperature)[0] for part in data.split(micro)]
         return DataProto.from_dict({REF_LOG_PROBS: torch.cat(parts)})

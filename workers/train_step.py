@@ -88,7 +88,7 @@ def optimizer_step(
     """Accumulate ``micro_loss`` over micro-batches of ``mini``, clip, step; returns metrics.
 
     Micro-batch diagnostics are averaged weighted by rows; ``grad_norm``,
-    ``skipped_steps`` and ``lr`` are added under ``prefix/``.
+    ``optimizer_steps`` (1), ``skipped_steps`` and ``lr`` are added under ``prefix/``.
     """
     optimizer.zero_grad(set_to_none=True)
     metrics: dict[str, float] = defaultdict(float)
@@ -106,16 +106,17 @@ def optimizer_step(
         logger.warning("%s: non-finite gradient norm %s, skipping this optimizer step", prefix, grad_norm)
         optimizer.zero_grad(set_to_none=True)
     metrics[f"{prefix}/grad_norm"] = grad_norm
+    metrics[f"{prefix}/optimizer_steps"] = 1.0
     metrics[f"{prefix}/skipped_steps"] = float(not math.isfinite(grad_norm))
     metrics[f"{prefix}/lr"] = optimizer.param_groups[0]["lr"]
     return dict(metrics)
 
 
 def mean_metrics(steps: list[dict[str, float]]) -> dict[str, float]:
-    """Average per-step metric dicts key by key (``skipped_steps`` is summed)."""
+    """Average per-step metric dicts key by key (the counts ``optimizer_steps`` and ``skipped_steps`` are summed)."""
     keys = {k for step in steps for k in step}
     out = {}
     for key in keys:
         values = [step[key] for step in steps if key in step]
-        out[key] = sum(values) if key.endswith("skipped_steps") else sum(values) / len(values)
+        out[key] = sum(values) if key.endswith(("optimizer_steps", "skipped_steps")) else sum(values) / len(values)
     return out

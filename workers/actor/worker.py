@@ -30,6 +30,7 @@ from transformers import AutoModelForCausalLM
 
 from hybridflow.configs.schema import PPOConfig
 from hybridflow.core import DP_COMPUTE_METRIC, DP_COMPUTE_PROTO, ONE_TO_ALL, DataProto, Worker, register
+from hybridflow.core.parallel_dims import ParallelDims
 from hybridflow.core.reshard import plan_reshard
 from hybridflow.workers.actor.ppo_actor import PPOActor
 from hybridflow.workers.checkpointing import load_role, save_role
@@ -47,22 +48,17 @@ ROLLOUT_MESH = "rollout"
 """The name of the rollout layout's device mesh (``@register(..., mesh=ROLLOUT_MESH)``)."""
 
 
-def _mesh(world: int, tp: int) -> tuple[tuple[int, ...], tuple[str, ...]]:
-    """A ``(dp, tp)`` mesh of consecutive tp groups, or a 1-D dp mesh when ``tp`` is 1."""
-    return ((world // tp, tp), ("dp", "tp")) if tp > 1 else ((world,), ("dp",))
-
-
 class ActorRolloutWorker(Worker):
     """Generation, log-probs and PPO updates of the policy on one rank."""
 
-    def __init__(self, config: PPOConfig, loss_agg_mode: str) -> None:
+    def __init__(self, config: PPOConfig, dims: ParallelDims, loss_agg_mode: str) -> None:
         super().__init__()
-        self.config = config
+        self.config, self.dims = config, dims
         self.loss_agg_mode = loss_agg_mode
         arr = config.actor_rollout_ref
-        self.init_device_mesh(*_mesh(self.world_size, arr.actor.tensor_model_parallel_size))
-        self.tp_size = arr.rollout.tensor_model_parallel_size
-        self.rollout_mesh = self.init_device_mesh(*_mesh(self.world_size, self.tp_size), name=ROLLOUT_MESH)
+        self.init_device_mesh(*dims.actor.mesh)
+        self.tp_size = dims.rollout.tp
+        self.rollout_mesh = self.init_device_mesh(*dims.rollout.mesh, name=ROLLOUT_MESH)
         self.use_vllm = arr.rollout.name == "vllm"
         self.weight_version = 0  # bumped by every optimizer update
         self.rollout_version = -1  # the weight version the rollout layout holds
@@ -79,12 +75,10 @@ class ActorRolloutWorker(Worker):
         rollout_model = None if self.use_vllm else self._build_rollout_model(model)
         self.model = shard_model(model, self.device_mesh)
         self.optimizer, self.scheduler = build_optimizer(self.model, arr.actor.optim)
-        dp_size = self.dp_layout().dp_size
-        rows_per_mini_batch = arr.actor.ppo_mini_batch_size * arr.rollout.n // dp_size
         dp_group = data_parallel_group(self.device_mesh)
         self.actor = PPOActor(
             self.model, self.optimizer, arr.actor, loss_agg_mode=self.loss_agg_mode,
-            rows_per_mini_batch=rows_per_mini_batch, dp_group=dp_group, scheduler=self.scheduler,
+            rows_per_mini_batch=self.dims.actor.rows_per_mini_batch, dp_group=dp_group, scheduler=self.scheduler,
         )
         if self.use_vllm:
             self._init_vllm()

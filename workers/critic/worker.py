@@ -12,6 +12,7 @@ from transformers import AutoModelForTokenClassification
 
 from hybridflow.configs.schema import PPOConfig
 from hybridflow.core import DP_COMPUTE_METRIC, DP_COMPUTE_PROTO, ONE_TO_ALL, DataProto, Worker, register
+from hybridflow.core.parallel_dims import ParallelDims
 from hybridflow.workers.checkpointing import load_role, save_role
 from hybridflow.workers.critic.ppo_critic import PPOCritic
 from hybridflow.workers.fsdp import shard_model
@@ -36,10 +37,10 @@ def build_value_model(path: str, dtype: torch.dtype, seed: int) -> torch.nn.Modu
 class CriticWorker(Worker):
     """Values and value-loss updates on one rank."""
 
-    def __init__(self, config: PPOConfig) -> None:
+    def __init__(self, config: PPOConfig, dims: ParallelDims) -> None:
         super().__init__()
-        self.config = config
-        self.init_device_mesh((self.world_size,), ("dp",))
+        self.config, self.dims = config, dims
+        self.init_device_mesh(*dims.critic.mesh)
 
     @register(dispatch=ONE_TO_ALL)
     def init_model(self) -> None:
@@ -48,9 +49,8 @@ class CriticWorker(Worker):
         dtype = torch_dtype(cfg.actor_rollout_ref.model.dtype)
         self.model = shard_model(build_value_model(cfg.actor_rollout_ref.model.path, dtype, cfg.trainer.seed), self.device_mesh)
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg.critic.optim)
-        rows = cfg.actor_rollout_ref.actor.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n // self.world_size
         self.critic = PPOCritic(
-            self.model, self.optimizer, cfg.critic, rows_per_mini_batch=rows,
+            self.model, self.optimizer, cfg.critic, rows_per_mini_batch=self.dims.critic.rows_per_mini_batch,
             ppo_epochs=cfg.actor_rollout_ref.actor.ppo_epochs, dp_group=self.device_mesh.get_group(), scheduler=self.scheduler,
         )
 
