@@ -15,6 +15,18 @@ from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 
+from hybridflow.configs.rules import at_least, greater_than, one_of, within
+
+MODEL_DTYPES = ("float32", "bfloat16")  # the names workers.models.DTYPES maps (kept free of torch here)
+ROLLOUT_ENGINES = ("builtin", "vllm")
+KL_CONTROLLERS = ("fixed", "adaptive")
+DEVICES = ("cpu", "cuda")
+RESUME_MODES = ("auto", "disable")
+
+# Each section checks its own fields in ``problems()`` (messages start with the
+# field name; the config check adds the section's path). Rules that involve
+# several sections, plugins or the machine live in trainer/config_checks.py.
+
 
 @dataclass
 class ModelConfig:
@@ -24,6 +36,10 @@ class ModelConfig:
     tokenizer built in code (nothing is downloaded)."""
     dtype: str = "float32"
     """Parameter dtype: ``float32`` or ``bfloat16``."""
+
+    def problems(self) -> list[str]:
+        """Broken rules of this section (see ``configs/rules.py``)."""
+        return one_of(self, "dtype", MODEL_DTYPES)
 
 
 @dataclass
@@ -39,6 +55,13 @@ class OptimConfig:
     grad_clip: float = 1.0
     """Clip the global gradient norm to this value; a non-finite norm skips the step."""
 
+    def problems(self) -> list[str]:
+        """Broken rules of this section (see ``configs/rules.py``)."""
+        out = greater_than(self, 0, "lr", "grad_clip") + at_least(self, 0, "weight_decay", "warmup_steps")
+        if len(self.betas) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in self.betas):
+            out.append(f"betas={list(self.betas)!r} must be two numbers in [0, 1)")
+        return out
+
 
 @dataclass
 class ActorConfig:
@@ -48,7 +71,8 @@ class ActorConfig:
     """Keyword options of the policy loss, e.g. ``{clip_ratio_low: 0.2, clip_ratio_high: 0.28}``;
     unset options keep the loss's own defaults."""
     loss_agg_mode: Optional[str] = None
-    """``token-mean``, ``seq-mean-token-sum``, ``seq-mean-token-mean`` or ``seq-mean-token-sum-norm``.
+    """``token-mean``, ``token-sum``, ``token-mean-local`` (TRL's ``bnpo``), ``seq-mean-token-sum``,
+    ``seq-mean-token-mean`` or ``seq-mean-token-sum-norm`` (formulas and TRL's names: ``losses/aggregation.py``).
     None: the estimator's recommended mode (Dr.GRPO: ``seq-mean-token-sum-norm``), else ``token-mean``."""
     ppo_mini_batch_size: int = 8
     """Prompts per optimizer step (each with its ``rollout.n`` responses)."""
@@ -65,13 +89,18 @@ class ActorConfig:
     kl_loss_coef: float = 0.001
     """Weight of that KL term."""
     kl_loss_type: str = "low_var_kl"
-    """KL estimator: ``k1``/``kl``, ``abs``, ``k2``/``mse``, ``k3``/``low_var_kl``."""
+    """KL estimator: ``k1``/``kl``, ``abs``, ``k2``/``mse``, ``k3``/``low_var_kl``, or ``k1+``, ``k2+``, ``k3+``
+    (the base estimator's value with the k2 gradient; ``losses/kl.py``)."""
     tensor_model_parallel_size: int = 1
     """Tensor-parallel degree p of the training layout: a (ranks / p) x p mesh, ``torch.distributed``
     tensor parallelism (colwise / rowwise) inside each group of p consecutive ranks, FSDP2 over the
     data-parallel dimension. 1: FSDP2 over all ranks. Attention and KV heads must divide by p."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Actor optimizer."""
+
+    def problems(self) -> list[str]:
+        """Broken rules of this section; batch sizes and tp are checked with the layout (``core/parallel_dims.py``)."""
+        return at_least(self, 1, "ppo_epochs") + at_least(self, 0, "kl_loss_coef")
 
 
 @dataclass
@@ -110,6 +139,17 @@ class RolloutConfig:
     """``vllm`` only: while the actor trains, free the KV cache and offload the weights to CPU
     (``LLM.sleep(level=1)``); they are woken before the next weight push and generate."""
 
+    def problems(self) -> list[str]:
+        """Broken rules of this section; n and tp are checked with the layout (``core/parallel_dims.py``)."""
+        return (
+            one_of(self, "name", ROLLOUT_ENGINES)
+            + greater_than(self, 0, "temperature", "reshard_bucket_mb")
+            + within(self, "top_p", 0.0, 1.0, low_open=True)
+            + at_least(self, 0, "top_k")
+            + at_least(self, 1, "response_length")
+            + within(self, "gpu_memory_utilization", 0.0, 1.0, low_open=True)
+        )
+
 
 @dataclass
 class ActorRolloutRefConfig:
@@ -132,6 +172,10 @@ class CriticConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Critic optimizer."""
 
+    def problems(self) -> list[str]:
+        """Broken rules of this section; the micro-batch is checked with the layout (``core/parallel_dims.py``)."""
+        return greater_than(self, 0, "cliprange_value")
+
 
 @dataclass
 class KLControlConfig:
@@ -144,12 +188,18 @@ class KLControlConfig:
     horizon: int = 10000
     """Adaptive controller's horizon."""
 
+    def problems(self) -> list[str]:
+        """Broken rules of this section (see ``configs/rules.py``)."""
+        return one_of(self, "type", KL_CONTROLLERS) + at_least(self, 0, "kl_coef") + greater_than(self, 0, "target_kl") \
+            + at_least(self, 1, "horizon")
+
 
 @dataclass
 class AlgorithmConfig:
     adv_estimator: str = "grpo"
-    """Advantage estimator plugin by name: ``grpo``, ``dr_grpo``, ``rloo``, ``reinforce_plus_plus``,
-    ``reinforce_plus_plus_baseline``, ``gae``, or any installed plugin's."""
+    """Advantage estimator plugin by name (``hybridflow plugins`` lists the installed ones with what each needs):
+    ``grpo``, ``dr_grpo``, ``rloo``, ``reinforce_plus_plus``, ``reinforce_plus_plus_baseline``, ``gae``, ``grpo_passk``,
+    ``gdpo``, ``remax``, ``opo``, ``gpg``, ``optimal_token_baseline``, ``tir_optimal_token_baseline``, or any plugin's."""
     estimator_options: dict[str, Any] = field(default_factory=dict)
     """Keyword options of the estimator, e.g. ``{gamma: 0.99, lam: 0.95}`` for ``gae``."""
     use_kl_in_reward: bool = False
@@ -179,6 +229,10 @@ class OverlongBufferConfig:
     penalty_factor: float = 1.0
     """Penalty at the very end of the budget (linear from 0 at the zone's start)."""
 
+    def problems(self) -> list[str]:
+        """Broken rules of this section; the zone's fit in the response length is checked by the config check."""
+        return at_least(self, 1, "len") + at_least(self, 0, "penalty_factor")
+
 
 @dataclass
 class RewardConfig:
@@ -199,6 +253,11 @@ class RewardConfig:
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
     """Overlong-response penalty."""
 
+    def problems(self) -> list[str]:
+        """Broken rules of this section; route targets are checked against the installed verifiers by the config check."""
+        return at_least(self, 1, "num_workers") + greater_than(self, 0, "timeout_s") \
+            + at_least(self, 64, "worker_memory_mb", optional=True)
+
 
 @dataclass
 class DataConfig:
@@ -218,6 +277,10 @@ class DataConfig:
     shuffle: bool = True
     """Shuffle the training prompts each epoch (seeded by ``trainer.seed``)."""
 
+    def problems(self) -> list[str]:
+        """Broken rules of this section; the train batch is checked with the layout (``core/parallel_dims.py``)."""
+        return at_least(self, 1, "val_batch_size", "max_prompt_length")
+
 
 @dataclass
 class TrainerConfig:
@@ -232,7 +295,9 @@ class TrainerConfig:
     device: str = "cpu"
     """``cpu`` (gloo) or ``cuda`` (nccl)."""
     ray_address: Optional[str] = None
-    """Join this Ray cluster (None: ``RAY_ADDRESS`` if set, else start a local instance)."""
+    """Join this Ray cluster: ``auto`` (the cluster ``ray start`` recorded on this machine), ``host:port`` or
+    ``ray://...``. None: ``RAY_ADDRESS`` if set, else a fresh local instance of this run's own, even when another
+    cluster runs on the machine."""
     seed: int = 0
     """Seed of model initialization, data order and sampling."""
     test_freq: int = 5
@@ -258,6 +323,15 @@ class TrainerConfig:
     run_name: Optional[str] = None
     """Logger run name. None: under ``--multirun`` the job's swept overrides with short keys
     (``adv_estimator=rloo,seed=1``), otherwise ``experiment_name``."""
+
+    def problems(self) -> list[str]:
+        """Broken rules of this section; the resume path, devices and loggers are checked by the config check."""
+        return (
+            at_least(self, 1, "total_epochs", "nnodes", "n_gpus_per_node")
+            + at_least(self, 1, "total_training_steps", optional=True)
+            + at_least(self, 0, "test_freq", "save_freq", "max_ckpt_to_keep")
+            + one_of(self, "device", DEVICES)
+        )
 
 
 @dataclass

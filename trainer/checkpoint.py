@@ -20,6 +20,8 @@ logger = logging.getLogger(__name__)
 
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
 LATEST_FILE = "latest_checkpointed_iteration.txt"
+DRIVER_STATE = "driver.json"
+"""The driver's part of a checkpoint (step, data position, KL coefficient), written last before publication."""
 
 
 def step_dir(root: str | Path, step: int) -> Path:
@@ -71,6 +73,12 @@ def prune(root: str | Path, max_to_keep: int) -> None:
         for _, path in found[:-max_to_keep]:
             logger.info("removing old checkpoint %s", path)
             shutil.rmtree(path, ignore_errors=True)
+
+
+def is_checkpoint(path: str | Path) -> bool:
+    """Whether ``path`` is a published checkpoint: a ``global_step_<N>`` directory holding the driver's state."""
+    path = Path(path)
+    return bool(_STEP_DIR.match(path.name)) and (path / DRIVER_STATE).is_file()
 
 
 def step_of(path: str | Path) -> int:

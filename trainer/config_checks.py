@@ -1,43 +1,127 @@
 """Check a composed config before anything starts (no Ray, no model load).
 
 Every problem names the key, the value and what is allowed; all problems are
-reported at once, so a user fixes a config in one pass.
+reported at once, so a user fixes a config in one pass. Where the rules live:
+
+* a section's own fields: its dataclass's ``problems()`` in ``configs/schema.py``;
+* sizes that must divide over the ranks: :class:`hybridflow.core.parallel_dims.ParallelDims`;
+* here: rules that span sections, ask the plugin manager (estimator, loss,
+  verifier names), or look at the machine (paths, checkpoints, GPUs).
+
+:func:`check_datasets` runs once the prompts are loaded (still before Ray):
+a train batch larger than the training set is an error there.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
-from hybridflow.losses import KL_PENALTIES, LOSS_AGG_MODES
-from hybridflow.plugins import UnknownNameError, get_estimator, get_policy_loss
-from hybridflow.trainer.tracking import SINKS
+from omegaconf import DictConfig, OmegaConf
 
-ROLLOUT_ENGINES = ("builtin", "vllm")
-DEVICES = ("cpu", "cuda")
-RESUME_MODES = ("auto", "disable")
-MODEL_DTYPES = ("float32", "bfloat16")  # workers.models.DTYPES; not imported here to keep checks free of transformers
+from hybridflow.core.parallel_dims import ParallelDims
+from hybridflow.losses import KL_PENALTIES, LOSS_AGG_MODES
+from hybridflow.plugins import UnknownNameError, get_estimator, get_policy_loss, get_reward_verifier
+from hybridflow.trainer.tracking import SINKS
 
 
 class ConfigError(ValueError):
     """One or more invalid settings; the message lists each with its key."""
 
 
-def _check_divides(problems: list[str], key: str, value: int, divisor: int, why: str) -> None:
-    if divisor <= 0 or value % divisor:
-        problems.append(f"{key}={value} must be a multiple of {divisor} ({why})")
+def section_problems(node: Any, prefix: str = "") -> Iterator[str]:
+    """Every section's own ``problems()``, each message prefixed with the section's dotted path."""
+    if hasattr(node, "problems"):
+        yield from (f"{prefix}.{message}" if prefix else message for message in node.problems())
+    for f in dataclasses.fields(node):
+        value = getattr(node, f.name)
+        if dataclasses.is_dataclass(value):
+            yield from section_problems(value, f"{prefix}.{f.name}" if prefix else f.name)
 
 
-def _vllm_problems(arr: Any, trainer: Any) -> list[str]:
-    """What stops ``rollout.name=vllm``: a builtin model, a bad memory fraction, and, when the workers run
-    on this machine (no Ray address), vLLM or CUDA missing here."""
+def _plugin_problems(cfg: Any) -> Iterator[str]:
+    """Names the plugin manager must know, and what the estimator asks of the rest of the config."""
+    algo, actor, rollout = cfg.algorithm, cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
+    try:
+        get_policy_loss(actor.policy_loss)
+    except UnknownNameError as err:
+        yield f"actor_rollout_ref.actor.policy_loss: {err}"
+    try:
+        estimator = get_estimator(algo.adv_estimator)
+    except UnknownNameError as err:
+        yield f"algorithm.adv_estimator: {err}"
+        return
+    unknown = set(algo.estimator_options) - set(estimator.options)
+    if unknown:
+        yield f"algorithm.estimator_options has {sorted(unknown)}; estimator {algo.adv_estimator!r} takes {estimator.options}"
+    if estimator.needs_groups and rollout.n < 2:
+        yield (f"actor_rollout_ref.rollout.n={rollout.n}: estimator {algo.adv_estimator!r} compares the responses "
+               "of one prompt and needs n >= 2")
+    if estimator.needs_critic and cfg.critic.enable is False:
+        yield f"critic.enable=False but estimator {algo.adv_estimator!r} needs a critic (set it to null or true)"
+
+
+def _reward_problems(reward: Any, response_length: int) -> Iterator[str]:
+    """Routes that parse and name installed verifiers; an overlong zone that fits in the response."""
+    from hybridflow.rewards.routing import Router
+
+    try:
+        Router(reward.route, dataclasses.asdict(reward.custom_reward_function), reward.verifier_kwargs)
+    except (TypeError, ValueError) as err:
+        yield f"reward.route: {err}"
+        return
+    named = {f"reward.route[{key!r}]": target for key, target in reward.route.items()}
+    named.update({f"reward.verifier_kwargs[{name!r}]": name for name in reward.verifier_kwargs})
+    for key, target in named.items():
+        for name in [target] if isinstance(target, str) else list(target):
+            try:
+                get_reward_verifier(name)
+            except UnknownNameError as err:
+                yield f"{key}: {err}"
+    buffer = reward.overlong_buffer
+    if buffer.enable and buffer.len >= response_length:
+        yield (f"reward.overlong_buffer.len={buffer.len} must be < actor_rollout_ref.rollout.response_length="
+               f"{response_length} (the penalty zone sits inside the response budget)")
+
+
+def _resume_problems(trainer: Any) -> Iterator[str]:
+    from hybridflow.trainer.checkpoint import is_checkpoint
+
+    mode = str(trainer.resume_mode)
+    if mode in ("auto", "disable"):
+        return
+    if not os.path.isdir(mode):
+        yield f"trainer.resume_mode={mode!r}; allowed: auto, disable, or an existing checkpoint directory"
+    elif not is_checkpoint(mode):
+        yield (f"trainer.resume_mode={mode!r} is a directory but not a checkpoint (expected .../global_step_<N> "
+               "holding driver.json); allowed: auto, disable, or such a directory")
+
+
+def _device_problems(trainer: Any, rollout: Any, model: Any) -> Iterator[str]:
+    """GPUs asked for where the workers run on this machine; engines and devices that go together."""
+    if trainer.device == "cuda" and not (trainer.ray_address or os.environ.get("RAY_ADDRESS")):
+        import torch
+
+        found = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if found < trainer.n_gpus_per_node:
+            yield (f"trainer.device='cuda' with trainer.n_gpus_per_node={trainer.n_gpus_per_node}, but this machine has "
+                   f"{found} GPU(s); use trainer=cpu (trainer.device=cpu), or a smaller trainer.n_gpus_per_node")
+    if rollout.name == "vllm":
+        if trainer.device != "cuda":
+            yield ("actor_rollout_ref.rollout.name='vllm' needs trainer.device='cuda' (trainer=gpu); "
+                   "on CPU use actor_rollout_ref.rollout.name=builtin")
+        yield from _vllm_problems(model, trainer)
+
+
+def _vllm_problems(model: Any, trainer: Any) -> list[str]:
+    """What stops ``rollout.name=vllm``: a builtin model, and, when the workers run on this machine
+    (no Ray address), vLLM or CUDA missing here."""
     problems = []
-    if str(arr.model.path).startswith("builtin:"):
-        problems.append(
-            f"actor_rollout_ref.model.path={arr.model.path!r}: vLLM loads a local HF model directory, not builtin:<name>"
-        )
-    if not 0.0 < arr.rollout.gpu_memory_utilization <= 1.0:
-        problems.append(f"actor_rollout_ref.rollout.gpu_memory_utilization={arr.rollout.gpu_memory_utilization} must be in (0, 1]")
+    if str(model.path).startswith("builtin:"):
+        problems.append(f"actor_rollout_ref.model.path={model.path!r}: vLLM loads a local HF model directory, not builtin:<name>")
     if not (trainer.ray_address or os.environ.get("RAY_ADDRESS")):
         # Imported here: it loads torch and transformers, which only a vllm run needs.
         from hybridflow.workers.rollout.vllm_engine import vllm_unavailable_reasons
@@ -46,114 +130,87 @@ def _vllm_problems(arr: Any, trainer: Any) -> list[str]:
     return problems
 
 
-def _check_tensor_parallel(problems: list[str], cfg: Any, world: int) -> None:
-    """Training (p) and rollout (q) tensor-parallel sizes tile the ranks, split the model, and leave whole batches per dp rank."""
-    arr, data = cfg.actor_rollout_ref, cfg.data
-    actor, rollout = arr.actor, arr.rollout
-    sizes = {"actor_rollout_ref.actor.tensor_model_parallel_size": actor.tensor_model_parallel_size,
-             "actor_rollout_ref.rollout.tensor_model_parallel_size": rollout.tensor_model_parallel_size}
-    for key, size in sizes.items():
-        if size < 1:
-            problems.append(f"{key}={size} must be >= 1")
-            return
-        _check_divides(problems, "trainer.nnodes x trainer.n_gpus_per_node", world, size,
-                       f"{key.split('.')[1]} tensor-parallel groups of {size} consecutive ranks tile the ranks")
-    train_dp = max(world // actor.tensor_model_parallel_size, 1)
-    rollout_dp = max(world // rollout.tensor_model_parallel_size, 1)
-    _check_divides(problems, "actor_rollout_ref.actor.ppo_mini_batch_size x rollout.n",
-                   actor.ppo_mini_batch_size * rollout.n, train_dp,
-                   f"each mini-batch's rows are split evenly over the {train_dp} training data-parallel ranks")
-    _check_divides(problems, "data.train_batch_size", data.train_batch_size, rollout_dp,
-                   f"each step's prompts are split evenly over the {rollout_dp} rollout data-parallel ranks")
-    if rollout.name == "builtin" and max(sizes.values()) > 1 and (str(arr.model.path).startswith("builtin:")
-                                                                   or os.path.isdir(str(arr.model.path))):
-        from hybridflow.workers.models import load_model_config  # transformers: only when tp asks for the model's shape
-        from hybridflow.workers.rollout.tp_plan import check_tp_size
+def _model_problems(cfg: Any) -> Iterator[str]:
+    """The model path exists; tensor-parallel sizes split the model's heads (reads only its config)."""
+    arr = cfg.actor_rollout_ref
+    path = str(arr.model.path)
+    if not path.startswith("builtin:") and not os.path.isdir(path):
+        yield f"actor_rollout_ref.model.path={path!r} is not a directory; give a local HF model directory or builtin:<name>"
+        return
+    sizes = {"actor_rollout_ref.actor.tensor_model_parallel_size": arr.actor.tensor_model_parallel_size,
+             "actor_rollout_ref.rollout.tensor_model_parallel_size": arr.rollout.tensor_model_parallel_size}
+    if arr.rollout.name != "builtin" or max(sizes.values()) <= 1:
+        return
+    from hybridflow.workers.models import load_model_config  # transformers: only when tp asks for the model's shape
+    from hybridflow.workers.rollout.tp_plan import check_tp_size
 
-        model_config = load_model_config(str(arr.model.path))
-        for key, size in sizes.items():
-            try:
-                check_tp_size(model_config, size)
-            except ValueError as err:
-                problems.append(f"{key}={size}: {err}")
+    model_config = load_model_config(path)
+    for key, size in sizes.items():
+        try:
+            check_tp_size(model_config, size)
+        except ValueError as err:
+            yield f"{key}={size}: {err}"
+
+
+def _name_problems(cfg: Any) -> Iterator[str]:
+    actor, trainer = cfg.actor_rollout_ref.actor, cfg.trainer
+    if actor.loss_agg_mode is not None and actor.loss_agg_mode not in LOSS_AGG_MODES:
+        yield f"actor_rollout_ref.actor.loss_agg_mode={actor.loss_agg_mode!r}; allowed: {', '.join(LOSS_AGG_MODES)}, or null"
+    for key, value in (("actor_rollout_ref.actor.kl_loss_type", actor.kl_loss_type), ("algorithm.kl_penalty", cfg.algorithm.kl_penalty)):
+        if value not in KL_PENALTIES:
+            yield f"{key}={value!r}; allowed: {', '.join(KL_PENALTIES)}"
+    unknown_loggers = [name for name in trainer.logger if name not in SINKS]
+    if unknown_loggers:
+        yield f"trainer.logger has {unknown_loggers}; allowed: {', '.join(SINKS)}"
+
+
+def config_problems(cfg: Any) -> list[str]:
+    """Every invalid setting of ``cfg`` (a PPOConfig or its DictConfig), one message each."""
+    if isinstance(cfg, DictConfig):
+        cfg = OmegaConf.to_object(cfg)
+    from hybridflow.trainer.ppo_trainer import needs_critic  # the trainer decides which roles exist
+
+    problems = list(section_problems(cfg))
+    problems += _plugin_problems(cfg)
+    problems += _name_problems(cfg)
+    use_critic = not any(p.startswith("algorithm.adv_estimator:") for p in problems) and needs_critic(cfg)
+    dims = ParallelDims.from_config(cfg, use_critic=use_critic)
+    problems += dims.problems()
+    problems += _reward_problems(cfg.reward, cfg.actor_rollout_ref.rollout.response_length)
+    problems += _resume_problems(cfg.trainer)
+    problems += _device_problems(cfg.trainer, cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.model)
+    if not any(p.startswith("trainer.nnodes") or "tensor_model_parallel_size" in p for p in problems):
+        problems += _model_problems(cfg)
+    return problems
 
 
 def check_config(cfg: Any) -> None:
-    """Raise :class:`ConfigError` listing every invalid setting of ``cfg`` (a PPOConfig-shaped tree)."""
-    problems: list[str] = []
-    algo, arr, trainer, data = cfg.algorithm, cfg.actor_rollout_ref, cfg.trainer, cfg.data
-    actor, rollout = arr.actor, arr.rollout
-    world = trainer.nnodes * trainer.n_gpus_per_node
-
-    estimator = None
-    try:
-        estimator = get_estimator(algo.adv_estimator)
-    except UnknownNameError as err:
-        problems.append(f"algorithm.adv_estimator: {err}")
-    try:
-        get_policy_loss(actor.policy_loss)
-    except UnknownNameError as err:
-        problems.append(f"actor_rollout_ref.actor.policy_loss: {err}")
-    if estimator is not None:
-        unknown = set(algo.estimator_options) - set(estimator.options)
-        if unknown:
-            problems.append(
-                f"algorithm.estimator_options has {sorted(unknown)}; estimator {algo.adv_estimator!r} takes {estimator.options}"
-            )
-        if estimator.needs_groups and rollout.n < 2:
-            problems.append(
-                f"actor_rollout_ref.rollout.n={rollout.n}: estimator {algo.adv_estimator!r} compares the responses "
-                "of one prompt and needs n >= 2"
-            )
-        if estimator.needs_critic and cfg.critic.enable is False:
-            problems.append(f"critic.enable=False but estimator {algo.adv_estimator!r} needs a critic (set it to null or true)")
-
-    if not str(arr.model.path).startswith("builtin:") and not os.path.isdir(str(arr.model.path)):
-        problems.append(
-            f"actor_rollout_ref.model.path={arr.model.path!r} is not a directory; give a local HF model directory "
-            "or builtin:<name>"
-        )
-    if arr.model.dtype not in MODEL_DTYPES:
-        problems.append(f"actor_rollout_ref.model.dtype={arr.model.dtype!r}; allowed: {', '.join(MODEL_DTYPES)}")
-    if actor.loss_agg_mode is not None and actor.loss_agg_mode not in LOSS_AGG_MODES:
-        problems.append(f"actor_rollout_ref.actor.loss_agg_mode={actor.loss_agg_mode!r}; allowed: {', '.join(LOSS_AGG_MODES)}, or null")
-    for key, value in (("actor_rollout_ref.actor.kl_loss_type", actor.kl_loss_type), ("algorithm.kl_penalty", algo.kl_penalty)):
-        if value not in KL_PENALTIES:
-            problems.append(f"{key}={value!r}; allowed: {', '.join(KL_PENALTIES)}")
-    if rollout.name not in ROLLOUT_ENGINES:
-        problems.append(f"actor_rollout_ref.rollout.name={rollout.name!r}; allowed: {', '.join(ROLLOUT_ENGINES)}")
-    unknown_loggers = [name for name in trainer.logger if name not in SINKS]
-    if unknown_loggers:
-        problems.append(f"trainer.logger has {unknown_loggers}; allowed: {', '.join(SINKS)}")
-    if algo.kl_ctrl.type not in ("fixed", "adaptive"):
-        problems.append(f"algorithm.kl_ctrl.type={algo.kl_ctrl.type!r}; allowed: fixed, adaptive")
-    if trainer.device not in DEVICES:
-        problems.append(f"trainer.device={trainer.device!r}; allowed: {', '.join(DEVICES)}")
-    if rollout.name == "vllm" and trainer.device != "cuda":
-        problems.append("actor_rollout_ref.rollout.name='vllm' needs trainer.device='cuda'; on CPU use the builtin engine")
-    if rollout.name == "vllm":
-        problems.extend(_vllm_problems(arr, trainer))
-    if str(trainer.resume_mode) not in RESUME_MODES and not os.path.isdir(str(trainer.resume_mode)):
-        problems.append(f"trainer.resume_mode={trainer.resume_mode!r}; allowed: auto, disable, or an existing checkpoint directory")
-
-    if world < 1:
-        problems.append(f"trainer.nnodes x trainer.n_gpus_per_node = {world}; need at least one rank")
-    else:
-        _check_divides(problems, "data.train_batch_size", data.train_batch_size, actor.ppo_mini_batch_size,
-                       "each step is split into whole mini-batches of actor.ppo_mini_batch_size prompts")
-        _check_tensor_parallel(problems, cfg, world)
-    for key, value in (
-        ("actor_rollout_ref.rollout.n", rollout.n),
-        ("actor_rollout_ref.rollout.response_length", rollout.response_length),
-        ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", actor.ppo_micro_batch_size_per_gpu),
-        ("actor_rollout_ref.actor.ppo_epochs", actor.ppo_epochs),
-        ("data.max_prompt_length", data.max_prompt_length),
-    ):
-        if value < 1:
-            problems.append(f"{key}={value} must be >= 1")
-    if not 0.0 < rollout.top_p <= 1.0:
-        problems.append(f"actor_rollout_ref.rollout.top_p={rollout.top_p} must be in (0, 1]")
-    if rollout.temperature <= 0:
-        problems.append(f"actor_rollout_ref.rollout.temperature={rollout.temperature} must be > 0 (validation decodes greedily)")
+    """Raise :class:`ConfigError` listing every invalid setting of ``cfg`` (see :func:`config_problems`)."""
+    problems = config_problems(cfg)
     if problems:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(problems))
+
+
+def check_datasets(cfg: Any, train_prompts: int, val_prompts: int, files: dict[str, list[str]]) -> None:
+    """Raise :class:`ConfigError` when the loaded prompt sets cannot fill a step (before Ray starts).
+
+    ``train_prompts`` / ``val_prompts`` count what is left after over-long prompts were dropped;
+    ``files`` names the files each came from (``{"train": [...], "val": [...]}``).
+    """
+    problems = []
+    batch = cfg.data.train_batch_size
+    if train_prompts < batch:
+        problems.append(
+            f"data.train_batch_size={batch} is larger than the {train_prompts} training prompts left after dropping "
+            f"those over data.max_prompt_length={cfg.data.max_prompt_length} tokens ({', '.join(map(_short, files['train']))}); "
+            f"allowed: at most {train_prompts}"
+        )
+    if val_prompts < 1 and cfg.trainer.test_freq > 0:
+        problems.append(f"data.val_files ({', '.join(map(_short, files['val']))}) have no prompts within "
+                        f"data.max_prompt_length={cfg.data.max_prompt_length}; set trainer.test_freq=0 to train without validation")
+    if problems:
+        raise ConfigError("invalid config:\n  - " + "\n  - ".join(problems))
+
+
+def _short(path: str) -> str:
+    return Path(path).name

@@ -31,8 +31,10 @@ class KLController:
 
     @classmethod
     def from_config(cls, config: KLControlConfig) -> KLController:
-        if config.type not in ("fixed", "adaptive"):
-            raise ValueError(f"algorithm.kl_ctrl.type is {config.type!r}; allowed: fixed, adaptive")
+        """The controller ``algorithm.kl_ctrl`` describes; its section's rules (``KLControlConfig.problems``) must hold."""
+        problems = config.problems()
+        if problems:
+            raise ValueError("algorithm.kl_ctrl: " + "; ".join(problems))
         return cls(config.kl_coef, config.type == "adaptive", config.target_kl, config.horizon)
 
     def update(self, current_kl: float, n_steps: int) -> None:

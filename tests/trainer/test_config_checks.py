@@ -35,7 +35,7 @@ def test_defaults_are_valid():
         ({"trainer.n_gpus_per_node": 8, "actor_rollout_ref.actor.tensor_model_parallel_size": 2,
           "data.train_batch_size": 16, "actor_rollout_ref.actor.ppo_mini_batch_size": 1, "actor_rollout_ref.rollout.n": 2},
          "ppo_mini_batch_size x rollout.n=2 must be a multiple of 4 (each mini-batch's rows are split evenly over the 4 "
-         "training data-parallel ranks)"),
+         "training data-parallel ranks: trainer.nnodes x trainer.n_gpus_per_node=8 / actor tp 2)"),
         ({"actor_rollout_ref.actor.loss_agg_mode": "mean"}, "loss_agg_mode='mean'; allowed: token-mean"),
         ({"actor_rollout_ref.actor.kl_loss_type": "k9"}, "kl_loss_type='k9'; allowed: k1"),
         ({"actor_rollout_ref.rollout.name": "sglang"}, "rollout.name='sglang'; allowed: builtin, vllm"),

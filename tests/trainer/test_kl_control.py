@@ -1,4 +1,6 @@
 
+import math
+
 import pytest
 import torch
 
@@ -26,14 +28,35 @@ def test_bad_controller_type():
         KLController.from_config(KLControlConfig(type="pid"))
 
 
-def test_penalty_subtracts_beta_times_kl_on_valid_tokens():
-    batch = DataProto.from_dict({
+def batch_for_penalty():
+    # row 0: two valid tokens, d = log pi - log pi_ref = 0.5, 0.25; row 1: one valid token (d = 0.5) and a
+    # masked one whose d = -2 must count for nothing
+    return DataProto.from_dict({
         "token_level_scores": torch.tensor([[0.0, 1.0], [0.0, 0.0]]),
         "old_log_probs": torch.tensor([[-1.0, -1.0], [-2.0, -3.0]]),
-        "ref_log_probs": torch.tensor([[-1.5, -0.5], [-2.0, -1.0]]),
+        "ref_log_probs": torch.tensor([[-1.5, -1.25], [-2.5, -1.0]]),
         "response_mask": torch.tensor([[1.0, 1.0], [1.0, 0.0]]),
     })
+
+
+def test_penalty_subtracts_beta_times_kl_on_valid_tokens():
+    batch = batch_for_penalty()
     metrics = apply_kl_penalty(batch, KLController(0.1), "k1")
-    assert torch.allclose(batch.batch["token_level_rewards"], torch.tensor([[-0.05, 1.05], [0.0, 0.0]]))
-    assert metrics["actor/reward_kl_penalty"] == pytest.approx(((0.5 - 0.5) / 2 + 0.0) / 2)
+    expected = torch.tensor([[0.0 - 0.1 * 0.5, 1.0 - 0.1 * 0.25], [0.0 - 0.1 * 0.5, 0.0]])
+    assert torch.allclose(batch.batch["token_level_rewards"], expected)
+    # the metric is the mean over sequences of each sequence's mean KL over its valid tokens
+    assert metrics["actor/reward_kl_penalty"] == pytest.approx(((0.5 + 0.25) / 2 + 0.5 / 1) / 2)
     assert metrics["actor/reward_kl_penalty_coeff"] == 0.1
+
+
+def test_penalty_with_k3_and_the_adaptive_controller():
+    batch = batch_for_penalty()
+    k3 = [math.exp(-d) - 1 + d for d in (0.5, 0.25, 0.5)]  # exp(log pi_ref - log pi) - 1 - (log pi_ref - log pi)
+    ctl = KLController(0.2, adaptive=True, target_kl=0.01, horizon=100)
+    metrics = apply_kl_penalty(batch, ctl, "k3")
+    expected = torch.tensor([[-0.2 * k3[0], 1.0 - 0.2 * k3[1]], [-0.2 * k3[2], 0.0]])
+    assert torch.allclose(batch.batch["token_level_rewards"], expected, atol=1e-6)
+    current = ((k3[0] + k3[1]) / 2 + k3[2]) / 2
+    assert metrics["actor/reward_kl_penalty"] == pytest.approx(current, rel=1e-5)
+    assert metrics["actor/reward_kl_penalty_coeff"] == 0.2  # the coefficient this batch was penalized with
+    assert ctl.value == pytest.approx(0.2 * (1 + 0.2 * 2 / 100))  # KL far above target: error clipped to +0.2

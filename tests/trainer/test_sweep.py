@@ -111,15 +111,18 @@ def test_summary_of_a_clean_sweep_does_not_exit(tmp_path):
     assert "1 jobs: 1 ok, 0 failed" in (tmp_path / SUMMARY_FILE).read_text()
 
 
-def test_a_single_run_still_raises():
+def test_a_single_run_exits_with_the_message_and_no_traceback(capsys):
     from hybridflow.configs.schema import register_configs
-    from hybridflow.trainer.main import main
+    from hybridflow.trainer.main import hydra_main
 
     register_configs()
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
         cfg = compose("ppo_trainer", overrides=["algorithm.adv_estimator=not_an_estimator"])
-    with pytest.raises(ConfigError, match="unknown estimator 'not_an_estimator'"):
-        main(cfg)
+    with pytest.raises(SystemExit) as exit_:
+        hydra_main(cfg)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "algorithm.adv_estimator: unknown estimator 'not_an_estimator'" in err and "Traceback" not in err
 
 
 @pytest.mark.slow

@@ -1,0 +1,176 @@
+"""Every bad setting we know of, through the real command line: how fast and how clearly it fails.
+
+    python bench/bad_settings.py [--json out.json] [--code DIR] [--timeout 90]
+    python bench/bad_settings.py --table before.json after.json   # the markdown table of docs/reliability.md
+
+Each case runs ``python -m hybridflow.trainer.main <overrides>`` in a fresh
+directory (the default job, cut to 3 steps without validation so that a case
+which is *not* caught ends soon) and records the exit status, the seconds to
+exit, whether Ray started, whether a traceback was printed, and the message
+(its lines from the first ``hybridflow-train:`` or Hydra error on). ``--code
+DIR`` runs another checkout of the package (e.g. a worktree of an older
+commit) instead of the installed one, which is how the table's "before"
+column was measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BASE = ["trainer.total_training_steps=3", "trainer.test_freq=0"]
+
+# (label, overrides); {tmp} is a fresh directory per case, {notckpt} a directory that is not a checkpoint
+CASES: list[tuple[str, list[str]]] = [
+    # the issue's list of settings that failed late, unclearly or not at all
+    ("negative learning rate", ["actor_rollout_ref.actor.optim.lr=-0.001"]),
+    ("zero train batch", ["data.train_batch_size=0"]),
+    ("zero critic micro-batch", ["algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=0"]),
+    ("negative total steps", ["trainer.total_training_steps=-5"]),
+    ("resume path is a directory, no checkpoint", ["trainer.resume_mode={notckpt}"]),
+    ("unknown verifier in a route", ["+reward.route={synthetic/arithmetic: nosuch}"]),
+    ("zero reward timeout", ["reward.timeout_s=0"]),
+    ("trainer=gpu without GPUs", ["trainer=gpu"]),
+    ("train batch larger than the dataset", ["data.train_batch_size=16384"]),
+    # settings the checks caught before (kept caught)
+    ("unknown estimator", ["algorithm.adv_estimator=grpoo"]),
+    ("one sample for a group estimator", ["actor_rollout_ref.rollout.n=1"]),
+    ("gae with the critic disabled", ["algorithm.adv_estimator=gae", "critic.enable=false"]),
+    ("missing model directory", ["actor_rollout_ref.model.path=/no/such/model"]),
+    ("train batch not whole mini-batches", ["data.train_batch_size=12"]),
+    ("3 ranks split 16 prompts", ["trainer.n_gpus_per_node=3"]),
+    ("rollout tp larger than the ranks", ["actor_rollout_ref.rollout.tensor_model_parallel_size=4"]),
+    ("actor tp that does not tile the ranks", ["actor_rollout_ref.actor.tensor_model_parallel_size=3"]),
+    ("unknown loss aggregation", ["actor_rollout_ref.actor.loss_agg_mode=mean"]),
+    ("unknown KL estimator", ["actor_rollout_ref.actor.kl_loss_type=k9"]),
+    ("unknown rollout engine", ["actor_rollout_ref.rollout.name=sglang"]),
+    ("vLLM on the CPU", ["actor_rollout_ref.rollout.name=vllm"]),
+    ("estimator option it does not take", ["+algorithm.estimator_options={gamma: 0.9}"]),
+    ("unknown resume mode", ["trainer.resume_mode=sometimes"]),
+    ("top_p 0", ["actor_rollout_ref.rollout.top_p=0"]),
+    ("unknown KL controller", ["algorithm.kl_ctrl.type=pid"]),
+    ("unknown logger", ["trainer.logger=[console,mlflow]"]),
+    ("temperature 0", ["actor_rollout_ref.rollout.temperature=0"]),
+    ("zero samples", ["actor_rollout_ref.rollout.n=0"]),
+    ("zero response length", ["actor_rollout_ref.rollout.response_length=0"]),
+    ("zero PPO epochs", ["actor_rollout_ref.actor.ppo_epochs=0"]),
+    # more of our own
+    ("critic rows do not split over 4 ranks (actor tp 2)",
+     ["trainer.n_gpus_per_node=4", "actor_rollout_ref.actor.tensor_model_parallel_size=2",
+      "actor_rollout_ref.rollout.tensor_model_parallel_size=2", "algorithm.adv_estimator=gae",
+      "data.train_batch_size=6", "actor_rollout_ref.actor.ppo_mini_batch_size=3", "actor_rollout_ref.rollout.n=2"]),
+    ("zero critic learning rate", ["algorithm.adv_estimator=gae", "critic.optim.lr=0"]),
+    ("zero gradient clip", ["actor_rollout_ref.actor.optim.grad_clip=0"]),
+    ("a beta of 1.5", ["actor_rollout_ref.actor.optim.betas=[0.9,1.5]"]),
+    ("negative warm-up", ["actor_rollout_ref.actor.optim.warmup_steps=-1"]),
+    ("negative top_k", ["actor_rollout_ref.rollout.top_k=-1"]),
+    ("zero reshard bucket", ["actor_rollout_ref.rollout.reshard_bucket_mb=0"]),
+    ("vLLM memory fraction 1.5", ["actor_rollout_ref.rollout.gpu_memory_utilization=1.5"]),
+    ("zero adaptive KL target", ["algorithm.kl_ctrl.target_kl=0"]),
+    ("zero reward workers", ["reward.num_workers=0"]),
+    ("16 MB reward workers", ["reward.worker_memory_mb=16"]),
+    ("zero validation batch", ["data.val_batch_size=0"]),
+    ("zero prompt length", ["data.max_prompt_length=0"]),
+    ("zero epochs", ["trainer.total_epochs=0"]),
+    ("zero nodes", ["trainer.nnodes=0"]),
+    ("negative test_freq", ["trainer.test_freq=-1"]),
+    ("negative save_freq", ["trainer.save_freq=-1"]),
+    ("unknown device", ["trainer.device=tpu"]),
+    ("overlong zone as long as the response", ["reward.overlong_buffer.enable=true", "reward.overlong_buffer.len=4"]),
+    ("options for an unknown verifier", ["+reward.verifier_kwargs={nosuch: {a: 1}}"]),
+    ("unknown policy loss", ["actor_rollout_ref.actor.policy_loss=ppo"]),
+    ("unknown in-reward KL estimator", ["algorithm.kl_penalty=k7"]),
+    ("misspelt key", ["trainer.total_trainig_steps=3"]),
+    ("text where a number goes", ["data.train_batch_size=sixteen"]),
+]
+
+
+def run_case(overrides: list[str], code: str | None, timeout_s: float) -> dict:
+    """Run one case in a fresh directory; what happened."""
+    with tempfile.TemporaryDirectory() as tmp:
+        notckpt = Path(tmp) / "not_a_checkpoint"
+        notckpt.mkdir()
+        args = [o.replace("{tmp}", tmp).replace("{notckpt}", str(notckpt)) for o in overrides]
+        env = {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": ""}
+        if code:  # an older checkout: import hybridflow from it
+            shim = Path(tmp) / "shim"
+            shim.mkdir()
+            (shim / "hybridflow").symlink_to(Path(code).resolve())
+            env["PYTHONPATH"] = str(shim)
+        cmd = [sys.executable, "-m", "hybridflow.trainer.main", *BASE, f"data.synthetic_dir={tmp}/data", *args]
+        start = time.perf_counter()
+        try:
+            out = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=timeout_s)
+            code_, text = out.returncode, out.stdout + out.stderr
+        except subprocess.TimeoutExpired as err:
+            code_, text = None, (err.stdout or b"").decode(errors="replace") + (err.stderr or b"").decode(errors="replace")
+        seconds = time.perf_counter() - start
+    return {
+        "exit": code_,
+        "seconds": round(seconds, 1),
+        "ray_started": "started a local ray instance" in text.lower() or "connected to ray cluster" in text.lower(),
+        "traceback": "Traceback (most recent call last)" in text,
+        "message": _message(text),
+    }
+
+
+def _message(text: str) -> list[str]:
+    """The error's own lines: from the first line that names the problem, at most 8."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    markers = ("hybridflow-train:", "Error", "error", "Could not", "Key '", "invalid config")
+    start = next((i for i, line in enumerate(lines) if any(m in line for m in markers)), max(len(lines) - 3, 0))
+    return lines[start : start + 8]
+
+
+def table(before: dict, after: dict) -> str:
+    """The markdown table of docs/reliability.md from two result files."""
+    rows = ["| # | setting | before | after (time to the error, lines) |", "|---:|---|---|---|"]
+    for i, (label, overrides) in enumerate(CASES, 1):
+        b, a = before.get(label), after[label]
+        rows.append(f"| {i} | {label}: `{' '.join(overrides)}` | {_describe(b) if b else 'n/a'} | {_describe(a, after=True)} |")
+    return "\n".join(rows)
+
+
+def _describe(r: dict, after: bool = False) -> str:
+    if r["exit"] is None:
+        return f"no error; still running after {r['seconds']:.0f} s"
+    if r["exit"] == 0:
+        return f"no error: exit 0 after {r['seconds']:.0f} s"
+    first = next((line for line in r["message"] if line.strip() and not line.startswith("hybridflow-train: invalid")), "")
+    first = first.strip().lstrip("- ").replace("|", "\\|")[:160]
+    where = "after Ray started, " if r["ray_started"] else ""
+    tb = ", traceback" if r["traceback"] else ""
+    lines = f", {len(r['message'])} lines" if after else ""
+    return f"exit {r['exit']} {where}in {r['seconds']:.1f} s{tb}{lines}: {first}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--code", help="a checkout of hybridflow to run instead of the installed one")
+    parser.add_argument("--timeout", type=float, default=90.0)
+    parser.add_argument("--only", help="run only cases whose label contains this")
+    parser.add_argument("--table", nargs=2, metavar=("BEFORE", "AFTER"), help="print the markdown table and exit")
+    args = parser.parse_args()
+    if args.table:
+        before, after = (json.loads(Path(p).read_text()) for p in args.table)
+        print(table(before, after))
+        return
+    results = {}
+    for label, overrides in CASES:
+        if args.only and args.only not in label:
+            continue
+        results[label] = run_case(overrides, args.code, args.timeout)
+        print(f"{label}: {_describe(results[label], after=True)}", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
