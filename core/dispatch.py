@@ -210,6 +210,30 @@ class FutureShard:
         return padded[self.dp_rank * size : (self.dp_rank + 1) * size], real
 
 
+@dataclass(frozen=True)
+class Padding:
+    """What a data-parallel split added: ``pad_size`` rows at the end, ``shard_rows`` rows per dp shard."""
+
+    pad_size: int = 0
+    shard_rows: int = 0
+
+
+def expansion(output_rows: int, input_rows: int) -> int:
+    """How many output rows a method made per input row; an error unless it is a whole number.
+
+    A padded data-parallel call strips the padding rows' outputs by this
+    factor, which needs each input row's outputs adjacent and in input order
+    (``generate_sequences``' n samples per prompt are).
+    """
+    if input_rows <= 0 or output_rows % input_rows:
+        raise ValueError(
+            f"a padded data-parallel call got {output_rows} output rows for an input shard of {input_rows}; it must "
+            "return the same whole number of rows (adjacent, in input order) for every input row, or be called with "
+            "a batch that divides the data-parallel size so no padding is added"
+        )
+    return output_rows // input_rows
+
+
 def _split_dp(layout: GroupLayout, args: tuple, kwargs: dict[str, Any]) -> DispatchPlan:
     """Split every DataProto argument into dp shards; replicate shards inside a dp group."""
     dp = layout.dp_size
@@ -217,6 +241,7 @@ def _split_dp(layout: GroupLayout, args: tuple, kwargs: dict[str, Any]) -> Dispa
     if len(lengths) > 1:
         raise ValueError(f"data-parallel arguments must have equal lengths, got {sorted(lengths)}")
     pad_size = 0
+    shard_rows = next(iter(lengths)) if lengths else 0
 
     def shards(value: Any, what: str) -> list[Any]:
         nonlocal pad_size
@@ -236,15 +261,20 @@ def _split_dp(layout: GroupLayout, args: tuple, kwargs: dict[str, Any]) -> Dispa
     return DispatchPlan(
         [tuple(c[r.dp_rank] for c in cols) for r in ranks],
         [{k: c[r.dp_rank] for k, c in kcols.items()} for r in ranks],
-        context=pad_size,
+        context=Padding(pad_size, (shard_rows + (-shard_rows % dp)) // dp),
     )
 
 
-def _collect_dp_proto(layout: GroupLayout, outputs: list[Any], pad_size: int) -> DataProto:
+def _collect_dp_proto(layout: GroupLayout, outputs: list[Any], padding: Padding) -> DataProto:
     bad = [type(o).__name__ for o in outputs if not isinstance(o, DataProto)]
     if bad:
         raise TypeError(f"DP_COMPUTE_PROTO methods must return a DataProto, got {bad}; use DP_COMPUTE_METRIC for other values")
-    return DataProto.concat(outputs).unpad(pad_size)
+    if not padding.pad_size:
+        return DataProto.concat(outputs)
+    factors = {expansion(len(o), padding.shard_rows) for o in outputs}
+    if len(factors) > 1:
+        raise ValueError(f"the dp ranks made different numbers of output rows per input row: {sorted(factors)}")
+    return DataProto.concat(outputs).unpad(padding.pad_size * factors.pop())
 
 
 def _collect_ranks_dp(layout: GroupLayout) -> list[int]:
@@ -255,12 +285,7 @@ def strip_padding(output: Any, chunk_rows: int, real_rows: int) -> Any:
     """Drop the padding rows from a worker's output for a :class:`FutureShard` input."""
     if real_rows == chunk_rows or not isinstance(output, DataProto):
         return output
-    if len(output) != chunk_rows:
-        raise ValueError(
-            f"the input shard had {chunk_rows} rows ({chunk_rows - real_rows} of them padding) but the output has "
-            f"{len(output)}; a padded data-parallel call needs one output row per input row"
-        )
-    return output[:real_rows]
+    return output[: real_rows * expansion(len(output), chunk_rows)]
 
 
 ONE_TO_ALL = DispatchMode("ONE_TO_ALL", _dispatch_one_to_all, _collect_list)
@@ -282,7 +307,9 @@ DP_COMPUTE_PROTO = DispatchMode(
 )
 """Split DataProto arguments across dp groups (padded to a multiple of the dp
 size), replicate each shard to every tensor/pipeline rank of its group, keep the
-representative output of each dp group, concatenate in order, strip the padding."""
+representative output of each dp group, concatenate in order, strip the padding
+rows' outputs (a method that returns k rows per input row, adjacent and in order,
+loses pad x k rows; any other row count with padding is an error, see :func:`expansion`)."""
 
 DP_COMPUTE_METRIC = DispatchMode("DP_COMPUTE_METRIC", _split_dp, _collect_list, needs_layout=True)
 """Split like DP_COMPUTE_PROTO; the result is the list of every rank's output

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -20,7 +21,7 @@ from hybridflow.core import (
     Worker,
     register,
 )
-from hybridflow.core.dispatch import FutureShard, Pending, RegisteredMethod, strip_padding
+from hybridflow.core.dispatch import FutureShard, Padding, Pending, RegisteredMethod, strip_padding
 
 # dp=2 x tp=2, row-major mesh: ranks 0,1 form dp group 0; ranks 2,3 dp group 1;
 # the tp coordinate 0 (ranks 0 and 2) is each group's representative.
@@ -35,7 +36,7 @@ def _rows(n: int) -> DataProto:
 
 def test_dp_proto_splits_across_dp_and_replicates_across_tp() -> None:
     plan = DP_COMPUTE_PROTO.dispatch(MESH_2X2, (_rows(8),), {})
-    assert plan.context == 0
+    assert plan.context.pad_size == 0
     seen = [list(args[0].non_tensor_batch["id"]) for args in plan.rank_args]
     first, second = [f"r{i}" for i in range(4)], [f"r{i}" for i in range(4, 8)]
     assert seen == [first, first, second, second]
@@ -48,12 +49,36 @@ def test_dp_proto_splits_across_dp_and_replicates_across_tp() -> None:
 def test_dp_proto_pads_five_rows_over_two_and_strips_after_collect() -> None:
     layout = GroupLayout.flat(2)
     plan = DP_COMPUTE_PROTO.dispatch(layout, (), {"data": _rows(5)})
-    assert plan.context == 1  # 5 rows -> 6: one padding row
+    assert plan.context == Padding(pad_size=1, shard_rows=3)  # 5 rows -> 6: one padding row
     assert [len(kw["data"]) for kw in plan.rank_kwargs] == [3, 3]
     # The padding row is a copy of row 0, appended at the end.
     assert list(plan.rank_kwargs[1]["data"].non_tensor_batch["id"]) == ["r3", "r4", "r0"]
     out = DP_COMPUTE_PROTO.collect(layout, [kw["data"] for kw in plan.rank_kwargs], plan.context)
     assert list(out.non_tensor_batch["id"]) == ["r0", "r1", "r2", "r3", "r4"]
+
+
+def _samples(shard: DataProto, n: int) -> DataProto:
+    """What a row-expanding method returns: n adjacent copies of each input row, numbered by sample."""
+    out = shard.repeat(n, interleave=True)
+    out.non_tensor_batch["id"] = np.array([f"{row}.{i % n}" for i, row in enumerate(out.non_tensor_batch["id"])], dtype=object)
+    return out
+
+
+def test_padded_row_expanding_call_returns_rows_times_n_with_each_prompt_n_times() -> None:
+    """5 prompts x 4 samples on 2 ranks: 6 padded prompts, 12 rows per rank, 20 rows back (not 23)."""
+    layout = GroupLayout.flat(2)
+    plan = DP_COMPUTE_PROTO.dispatch(layout, (_rows(5),), {})
+    out = DP_COMPUTE_PROTO.collect(layout, [_samples(args[0], 4) for args in plan.rank_args], plan.context)
+    assert list(out.non_tensor_batch["id"]) == [f"r{p}.{s}" for p in range(5) for s in range(4)]
+
+
+def test_padded_call_with_a_fractional_expansion_is_refused() -> None:
+    layout = GroupLayout.flat(2)
+    plan = DP_COMPUTE_PROTO.dispatch(layout, (_rows(5),), {})  # shards of 3 rows
+    with pytest.raises(ValueError, match="got 4 output rows for an input shard of 3"):
+        DP_COMPUTE_PROTO.collect(layout, [args[0][:2].repeat(2) for args in plan.rank_args], plan.context)
+    assert strip_padding(_samples(plan.rank_args[1][0], 2), chunk_rows=3, real_rows=2).non_tensor_batch["id"].tolist() == [
+        "r3.0", "r3.1", "r4.0", "r4.1"]
 
 
 def test_dp_proto_rejects_non_dataproto_and_unequal_lengths() -> None:
@@ -62,7 +87,7 @@ def test_dp_proto_rejects_non_dataproto_and_unequal_lengths() -> None:
     with pytest.raises(ValueError, match=r"equal lengths, got \[3, 4\]"):
         DP_COMPUTE_PROTO.dispatch(GroupLayout.flat(2), (_rows(4), _rows(3)), {})
     with pytest.raises(TypeError, match="must return a DataProto"):
-        DP_COMPUTE_PROTO.collect(GroupLayout.flat(2), [_rows(1), {"loss": 1.0}], 0)
+        DP_COMPUTE_PROTO.collect(GroupLayout.flat(2), [_rows(1), {"loss": 1.0}], Padding())
 
 
 def test_dp_metric_returns_every_rank_output() -> None:
@@ -137,5 +162,5 @@ def test_future_shard_cuts_inside_the_worker_and_strips_its_padding() -> None:
     shard1, real1 = plan.rank_args[1][0].resolve()
     assert (len(shard0), real0, len(shard1), real1) == (3, 3, 3, 2)
     assert list(strip_padding(shard1, 3, real1).non_tensor_batch["id"]) == ["r3", "r4"]
-    with pytest.raises(ValueError, match="one output row per input row"):
+    with pytest.raises(ValueError, match="got 1 output rows for an input shard of 3"):
         strip_padding(_rows(1), 3, 2)
