@@ -1,11 +1,14 @@
 """Ray start-up: join a cluster, or start a local instance fit for a laptop.
 
-``init_ray()`` with no address (and no ``RAY_ADDRESS``) starts a local Ray
-instance with the dashboard off and token authentication off (a new local
-cluster would otherwise write a token file under ``~/.ray``); pass
-``include_dashboard=True`` / ``token_auth=True`` to keep them. With an address
-(``"auto"``, ``"ray://..."``, ``host:port``), or ``RAY_ADDRESS`` set, it joins
-that cluster as a driver and changes nothing about it.
+``init_ray()`` with no address (and no ``RAY_ADDRESS``) starts a fresh local
+Ray instance (``address="local"``), even when another cluster runs on the
+machine: plain ``ray.init()`` would join whatever cluster ``ray start``
+recorded under ``/tmp/ray``, someone else's included. The local instance has
+the dashboard off and token authentication off (a new local cluster would
+otherwise write a token file under ``~/.ray``); pass ``include_dashboard=True``
+/ ``token_auth=True`` to keep them. With an address (``"auto"`` joins the
+recorded cluster; ``"ray://..."``, ``host:port``), or ``RAY_ADDRESS`` set, it
+joins that cluster as a driver and changes nothing about it.
 
 Local instances work with more ranks than cores: CPU bundles ask for a
 fraction of a CPU (see :mod:`hybridflow.core.resource_pool`) and each rank
@@ -41,7 +44,8 @@ def init_ray(
     """Connect this process to Ray (idempotent) and return the cluster's resources.
 
     Args:
-        address: cluster to join; falls back to ``RAY_ADDRESS``; None starts a
+        address: cluster to join (``"auto"``: the one ``ray start`` recorded on
+            this machine); falls back to ``RAY_ADDRESS``; None starts a fresh
             local instance.
         num_cpus, num_gpus, object_store_memory: local instance only
             (defaults: what the machine has).
@@ -61,6 +65,7 @@ def init_ray(
             # Ray reads the mode from the environment only (not from ray.init).
             os.environ.setdefault(_AUTH_MODE_ENV, "disabled")
         ray.init(
+            address="local",
             num_cpus=num_cpus,
             num_gpus=num_gpus,
             include_dashboard=include_dashboard,

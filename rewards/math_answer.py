@@ -99,8 +99,13 @@ def math_answer_score(data_source: str, solution_str: str, ground_truth: str, ex
     """1.0 when the response's final answer equals the ground truth under math-verify, else 0.0.
 
     Returns ``{"score", "too_complex"}``; ``too_complex`` is 1.0 when the
-    candidate was refused unparsed for its nesting depth or length.
+    candidate was refused unparsed for its nesting depth or length. A
+    ground truth that is not text or a number (``None`` above all, whose
+    ``str`` would make ``\\boxed{None}`` correct) raises, so the sample is
+    counted as a reward error and scores ``reward.timeout_score``.
     """
+    if isinstance(ground_truth, bool) or not isinstance(ground_truth, (str, int, float)):
+        raise TypeError(f"math ground truth must be text or a number, got {type(ground_truth).__name__}: {ground_truth!r}")
     gold_text = _strip_dollars(str(ground_truth))
     boxed = last_boxed(solution_str)
     candidate = boxed if boxed is not None else solution_str[-PLAIN_TEXT_TAIL:]

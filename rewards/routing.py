@@ -92,11 +92,12 @@ class Router:
         if custom.get("path"):
             name = custom.get("name") or "compute_score"
             self._custom_kwargs = {"path": custom["path"], "name": name, **dict(custom.get("kwargs") or {})}
-            if route is None:
-                route = {"*": "custom"}
+        only_custom = self._custom_kwargs is not None and not route  # None or the config's empty mapping
+        if only_custom:  # every data_source goes to it, the defaults' exact routes included
+            route = {"*": "custom"}
         self._verifier_kwargs = {k: dict(v) for k, v in (verifier_kwargs or {}).items()}
         user = {str(k): _parse_target(str(k), v) for k, v in (route or {}).items()}
-        defaults = {k: _parse_target(k, v) for k, v in DEFAULT_ROUTES.items() if k not in user}
+        defaults = {} if only_custom else {k: _parse_target(k, v) for k, v in DEFAULT_ROUTES.items() if k not in user}
         self.routes: dict[str, tuple[tuple[str, float], ...]] = {**user, **defaults}
         self._globs = [k for k in user if _is_glob(k)] + [k for k in defaults if _is_glob(k)]
         if "custom" in self.verifier_names() and self._custom_kwargs is None:

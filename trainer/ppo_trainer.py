@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -24,6 +25,7 @@ from tqdm import tqdm
 
 from hybridflow.configs.schema import PPOConfig
 from hybridflow.core import DataProto
+from hybridflow.core.parallel_dims import ParallelDims
 from hybridflow.core.keys import DATA_SOURCE, ENTROPY, RESPONSE_MASK, TOKEN_LEVEL_REWARDS, TOKEN_LEVEL_SCORES, UID
 from hybridflow.estimators import compute_advantage
 from hybridflow.plugins import get_estimator
@@ -57,6 +59,7 @@ class PPOTrainer:
     :param tokenizer: decodes responses for the reward.
     :param train_prompts, val_prompts: tokenized prompt sets.
     :param run_dir: where metrics and checkpoints go.
+    :param dims: the run's parallel layout (the same object the workers got).
     """
 
     def __init__(
@@ -68,12 +71,14 @@ class PPOTrainer:
         train_prompts: PromptSet,
         val_prompts: PromptSet,
         run_dir: str | Path,
+        dims: ParallelDims,
     ) -> None:
         self.config = config
+        self.dims = dims
         self.actor, self.ref, self.critic = groups["actor"], groups.get("ref"), groups.get("critic")
         self.reward_fn, self.tokenizer = reward_fn, tokenizer
         self.run_dir = Path(run_dir)
-        self.world_size = config.trainer.nnodes * config.trainer.n_gpus_per_node
+        self.world_size = dims.world_size
         pad_id = int(self.actor.tokenizer_info()[0]["pad_token_id"])
         self.pad_id = pad_id
         self.loader = PromptLoader(
@@ -89,15 +94,36 @@ class PPOTrainer:
 
     # ------------------------------------------------------------- the loop
     def fit(self) -> RunSummary:
-        """Train for ``total_steps`` steps; validate and checkpoint on schedule."""
+        """Train for ``total_steps`` steps; validate and checkpoint on schedule.
+
+        The loggers are closed however the loop ends. Ctrl-C stops it between
+        two calls: ``fit`` logs the step it reached and the last checkpoint,
+        then re-raises ``KeyboardInterrupt`` for the entry point to exit on.
+        """
         summary = RunSummary()
         start = time.perf_counter()
-        self.resume()
-        if self.config.trainer.test_freq > 0:
+        try:
+            self._fit(summary)
+        except KeyboardInterrupt:
+            latest = ckpt.latest_checkpoint(self.checkpoint_root)
+            logger.error("interrupted at step %d of %d; %s", self.global_step, self.total_steps,
+                         f"last checkpoint: {latest} (rerun in this run directory to resume)" if latest else "no checkpoint saved")
+            raise
+        finally:
+            self.tracking.close()
+        summary.steps = self.global_step
+        summary.val_after = {k: v for k, v in summary.last_metrics.items() if k.startswith("val/")}
+        summary.wall_time_s = time.perf_counter() - start
+        return summary
+
+    def _fit(self, summary: RunSummary) -> None:
+        resumed = self.resume()
+        # a resumed run logged this step's validation before it stopped: log each step once
+        if self.config.trainer.test_freq > 0 and not resumed:
             summary.val_before = self.validate()
             self.tracking.log(summary.val_before, self.global_step)
         last_val = summary.val_before.get("val/accuracy", float("nan"))
-        progress = tqdm(total=self.total_steps, initial=self.global_step, desc="training", unit="step", dynamic_ncols=True)
+        progress = Progress(self.total_steps, self.global_step)
         while self.global_step < self.total_steps:
             metrics = self.train_step()
             self.global_step += 1
@@ -108,15 +134,9 @@ class PPOTrainer:
                 self.save_checkpoint()
             self.tracking.log(metrics, self.global_step)
             last_val = metrics.get("val/accuracy", last_val)
-            progress.set_postfix(score=f"{metrics['score/mean']:.3f}", val_acc=f"{last_val:.3f}")
-            progress.update(1)
+            progress.update(score=metrics["score/mean"], val_acc=last_val)
             summary.last_metrics = metrics
         progress.close()
-        self.tracking.close()
-        summary.steps = self.global_step
-        summary.val_after = {k: v for k, v in summary.last_metrics.items() if k.startswith("val/")}
-        summary.wall_time_s = time.perf_counter() - start
-        return summary
 
     def train_step(self) -> dict[str, float]:
         """One RL step: the seven stages of DESIGN.md, in order."""
@@ -143,11 +163,11 @@ class PPOTrainer:
         with timer("adv"):  # 6. advantages, the estimator resolved by name
             options = dict(self.config.algorithm.estimator_options)
             batch = compute_advantage(batch, self.config.algorithm.adv_estimator, **options)
-        with timer("update"):  # 7. update critic, then actor
+        with timer("update"):  # 7. update critic, then actor, each on the same global mini-batches
             batch.meta_info["global_step"] = self.global_step
             if self.critic is not None:
-                metrics.update(_mean_over_ranks(self.critic.update_critic(batch)))
-            metrics.update(_mean_over_ranks(self.actor.update_actor(batch)))
+                metrics.update(_mean_over_ranks(self.critic.update_critic(self.dims.critic.arrange_for_update(batch))))
+            metrics.update(_mean_over_ranks(self.actor.update_actor(self.dims.actor.arrange_for_update(batch))))
 
         metrics.update(compute_data_metrics(batch))
         metrics.update(timer.metrics())
@@ -183,14 +203,15 @@ class PPOTrainer:
 
     # ----------------------------------------------------------- validation
     def validate(self) -> dict[str, float]:
-        """Greedy decoding on the validation prompts; mean score per data_source and accuracy."""
+        """One response per validation prompt (greedy unless ``rollout.val_greedy`` is off: then sampled
+        at the rollout temperature, seeded); mean score per data_source and accuracy."""
         indices = list(range(len(self.val_prompts)))
         scores, sources = [], []
+        greedy = self.config.actor_rollout_ref.rollout.val_greedy
         for start in range(0, len(indices), self.config.data.val_batch_size):
             prompts = self.val_prompts.batch(indices[start : start + self.config.data.val_batch_size], self.pad_id)
-            prompts.meta_info.update(n=1, greedy=True, seed=0)
-            padded, pad = prompts.pad_to_divisor(self.world_size)
-            out = self.actor.generate_sequences(padded).unpad(pad)
+            prompts.meta_info.update(n=1, greedy=greedy, seed=self._seed() + start)
+            out = self.actor.generate_sequences(prompts)
             token_scores, _ = self.reward_fn(out, self.tokenizer)
             scores.append(token_scores.sum(-1))
             sources.extend(out.non_tensor_batch[DATA_SOURCE].tolist())
@@ -210,19 +231,19 @@ class PPOTrainer:
         if self.critic is not None:
             self.critic.save_checkpoint(str(staged))
         driver_state = {"global_step": self.global_step, "loader": self.loader.state_dict(), "kl_coef": self.kl_ctrl.value}
-        (staged / "driver.json").write_text(json.dumps(driver_state))
+        (staged / ckpt.DRIVER_STATE).write_text(json.dumps(driver_state))
         return ckpt.publish(self.checkpoint_root, self.global_step, self.config.trainer.max_ckpt_to_keep)
 
-    def resume(self) -> None:
-        """Load the checkpoint ``trainer.resume_mode`` names (auto: the latest, if any)."""
+    def resume(self) -> bool:
+        """Load the checkpoint ``trainer.resume_mode`` names (auto: the latest, if any); whether one was loaded."""
         mode = str(self.config.trainer.resume_mode)
         if mode == "disable":
-            return
+            return False
         path = ckpt.latest_checkpoint(self.checkpoint_root) if mode == "auto" else Path(mode)
         if path is None:
-            return
+            return False
         ckpt.step_of(path)  # a clear error for a path that is not a checkpoint
-        state = json.loads((path / "driver.json").read_text())
+        state = json.loads((path / ckpt.DRIVER_STATE).read_text())
         self.actor.load_checkpoint(str(path))
         if self.critic is not None:
             self.critic.load_checkpoint(str(path))
@@ -230,6 +251,7 @@ class PPOTrainer:
         self.loader.load_state_dict(state["loader"])
         self.kl_ctrl.value = state["kl_coef"]
         logger.info("resumed from %s at step %d", path, self.global_step)
+        return True
 
     # -------------------------------------------------------------- helpers
     def _due(self, freq: int) -> bool:
@@ -238,6 +260,30 @@ class PPOTrainer:
     def _seed(self) -> int:
         # sampling is a function of (seed, step): a resumed run samples as the original did
         return self.config.trainer.seed * 100_003 + self.global_step
+
+
+class Progress:
+    """The step counter: a tqdm bar on a terminal; in a redirected log one plain line per tenth of the run."""
+
+    def __init__(self, total: int, initial: int) -> None:
+        self.total, self.step = total, initial
+        self.bar = tqdm(total=total, initial=initial, desc="training", unit="step", dynamic_ncols=True) if sys.stderr.isatty() else None
+        self.every = max(1, total // 10)
+
+    def update(self, **values: float) -> None:
+        """One more step done; ``values`` are shown beside the count."""
+        self.step += 1
+        shown = {k: f"{v:.3f}" for k, v in values.items()}
+        if self.bar is not None:
+            self.bar.set_postfix(**shown)
+            self.bar.update(1)
+        elif self.step % self.every == 0 or self.step == self.total:
+            logger.info("training: step %d/%d %s", self.step, self.total, " ".join(f"{k}={v}" for k, v in shown.items()))
+
+    def close(self) -> None:
+        """Finish the bar (nothing to do for plain lines)."""
+        if self.bar is not None:
+            self.bar.close()
 
 
 def run_info(config: PPOConfig, run_dir: Path) -> RunInfo:

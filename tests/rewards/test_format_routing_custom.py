@@ -82,6 +82,8 @@ def test_custom_function_from_file(tmp_path):
     path.write_text(USER_FILE)
     router = Router(custom_reward_function={"path": str(path), "name": "my_score", "kwargs": {"bonus": 0.5}})
     (call,) = router.resolve("anything/at/all")  # no route: everything goes to the custom function
+    assert [c.name for c in router.resolve("synthetic/arithmetic")] == ["custom"]  # even a default's exact route
+    assert [c.name for c in Router({}, {"path": str(path)}).resolve("openai/gsm8k")] == ["custom"]  # the config's {}
     assert call.name == "custom" and call.kwargs == {"path": str(path), "name": "my_score", "bonus": 0.5}
     assert custom_score("d", "abc", "abc", None, **call.kwargs) == {"score": 1.5, "length": 3}
     assert custom_score("d", "abd", "abc", None, **call.kwargs) == {"score": 0.5, "length": 3}

@@ -158,6 +158,14 @@ def test_builtin_verifiers_through_the_pool():
     assert extras[1] == {"too_complex": 0.0} and extras[4]["format/score"] == 0.0
 
 
+def test_a_missing_ground_truth_scores_the_failure_score_and_is_counted():
+    """``None`` must not become the text "None": ``\\boxed{None}`` would then be right."""
+    with RewardManager(num_workers=1, timeout_s=20) as manager:
+        scores, _, outcomes = manager.score_texts(["lighteval/MATH", "lighteval/MATH"], [r"\boxed{None}", r"\boxed{2}"], [None, "2"])
+    assert scores == [0.0, 1.0]
+    assert outcomes[0].status == "error" and "ground truth must be text or a number" in outcomes[0].error
+
+
 def _expected_and_inputs():
     sources = ["lighteval/MATH", "openai/gsm8k", "lighteval/MATH", "openai/gsm8k"]
     responses = [r"\boxed{\sqrt{8}}", "#### 1,000", r"\boxed{0.3}", "#### 5"]
