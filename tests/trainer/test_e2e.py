@@ -45,17 +45,34 @@ def read_metrics(run_dir):
     "estimator", ["grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gae"]
 )
 def test_estimator_trains_end_to_end(ray_session, tmp_path, estimator, monkeypatch):
+    """Three steps of the whole loop per estimator, and every update moves the policy the right way.
+
+    The reward is the share of digits in the response (a custom reward file), so scores vary from the start.
+    One mini-batch a step, two PPO epochs: the second epoch sees the rows of the first after its update, so
+    ``actor/surrogate_gain`` (mean of A * (log pi - log pi_old) over valid tokens, computed by the actor
+    whatever the loss plugin does) is positive only if that update made positive-advantage tokens likelier
+    and negative ones rarer: an update with the wrong sign makes it negative.
+    """
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    config = small_config(tmp_path, **{"algorithm.adv_estimator": estimator, "trainer.logger": ["jsonl", "wandb"]})
+    # a dense reward, so that an untrained policy's samples differ in score from the first step (the task's
+    # own 0/1 reward is mostly 0 for all of them, and zero advantages leave nothing to check)
+    reward = tmp_path / "digit_share.py"
+    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
+                      "    return sum(c.isdigit() for c in solution_str) / max(len(solution_str), 1)\n")
+    config = small_config(tmp_path, **{
+        "reward.custom_reward_function.path": str(reward),
+        "algorithm.adv_estimator": estimator, "trainer.logger": ["jsonl", "wandb"],
+        "data.train_batch_size": 2, "actor_rollout_ref.actor.ppo_epochs": 2,
+    })
     summary = build_and_fit(config, tmp_path / "run")
     assert summary.steps == 3
     steps = read_metrics(tmp_path / "run")
     assert [m["step"] for m in steps] == [1, 2, 3]
     for m in steps:
-        for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "score/mean", "timing_s/gen", "timing_s/update", "perf/tokens_per_s"):
+        for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "score/mean", "timing_s/gen", "timing_s/update",
+                    "perf/tokens_per_s"):
             assert math.isfinite(m[key]), (key, m[key])
-    norms = [m["actor/param_norm"] for m in steps]
-    assert len(set(norms)) == 3  # the weights change every step
+        assert m["actor/surrogate_gain"] > 1e-6, m["actor/surrogate_gain"]
     if estimator == "gae":
         assert all(math.isfinite(m["critic/vf_loss"]) for m in steps)
         assert len({m["critic/param_norm"] for m in steps}) == 3
@@ -166,3 +183,21 @@ def test_four_ranks_train_on_dp_x_tp_and_generate_on_another_tp(ray_session, tmp
     steps = read_metrics(tmp_path / "run")
     assert len({m["actor/param_norm"] for m in steps}) == 3
     assert all(m["rollout/log_prob_gap_max"] < 1e-4 for m in steps)
+
+
+def test_the_critic_steps_with_the_actor_when_the_actor_is_tensor_parallel(ray_session, tmp_path):
+    """4 ranks, actor (2 dp x 2 tp), critic FSDP over 4: each takes train_batch / mini_batch optimizer steps a
+    step, on the same global mini-batches (``ParallelDims.arrange_for_update``; its rows are checked in
+    tests/core/test_parallel_dims.py)."""
+    config = small_config(tmp_path, **{
+        "trainer.n_gpus_per_node": 4, "actor_rollout_ref.actor.tensor_model_parallel_size": 2,
+        "actor_rollout_ref.rollout.tensor_model_parallel_size": 2, "algorithm.adv_estimator": "gae",
+        "data.train_batch_size": 8, "actor_rollout_ref.actor.ppo_mini_batch_size": 4, "actor_rollout_ref.rollout.n": 2,
+        "trainer.total_training_steps": 2,
+    })
+    build_and_fit(config, tmp_path / "run")
+    steps = read_metrics(tmp_path / "run")
+    for m in steps:
+        assert m["actor/optimizer_steps"] == m["critic/optimizer_steps"] == 2  # 8 prompts / 4 per mini-batch
+        assert math.isfinite(m["critic/vf_loss"]) and m["critic/skipped_steps"] == 0
+    assert len({m["critic/param_norm"] for m in steps}) == 2

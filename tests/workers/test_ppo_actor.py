@@ -93,14 +93,23 @@ def test_non_finite_gradient_skips_the_step():
         assert torch.equal(p, q)
 
 
-def test_kl_loss_needs_ref_log_probs_and_pulls_towards_reference():
+def test_kl_loss_is_the_estimator_value_and_pulls_the_policy_towards_the_reference():
+    """Zero advantages leave the KL term alone: its value is hand-computable and its step must close the gap."""
     data = rollout_batch()
     model = tiny_model()
-    actor = make_actor(model, micro=8, use_kl_loss=True, kl_loss_coef=1.0, kl_loss_type="k1")
+    actor = make_actor(model, micro=8, use_kl_loss=True, kl_loss_coef=1.0, kl_loss_type="k2")
     data.union(actor.compute_log_prob(data, temperature=1.0))
-    data.batch["ref_log_probs"] = data.batch["old_log_probs"].clone()
+    data.batch["advantages"].zero_()
+    old, mask = data.batch["old_log_probs"].clone(), data.batch["response_mask"].float()
+    shift = 0.1 + 0.4 * torch.rand(old.shape, generator=torch.Generator().manual_seed(0))
+    ref = old - shift  # the reference finds every sampled token less likely than the policy does
+    data.batch["ref_log_probs"] = ref
     metrics = actor.update_policy(data, temperature=1.0)
-    assert metrics["actor/kl_loss"] == pytest.approx(0.0, abs=1e-6)  # policy == reference before the step
+    # k2 = (log pi - log pi_ref)^2 / 2, token mean; before the step log pi = old, so d = shift
+    assert metrics["actor/kl_loss"] == pytest.approx(float((0.5 * shift**2 * mask).sum() / mask.sum()), rel=1e-4)
+    after = actor.compute_log_prob(data, temperature=1.0).batch["old_log_probs"]
+    gap = lambda lp: float(((lp - ref) ** 2 * mask).sum())  # noqa: E731
+    assert gap(after) < 0.9 * gap(old)  # the step moved the policy towards the reference, not away
 
 
 def test_unknown_policy_loss_option_is_an_error():

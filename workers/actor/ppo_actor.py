@@ -134,5 +134,8 @@ class PPOActor:
         loss = sum(coef * agg_loss(values, mask, self.loss_agg_mode, **counts) for coef, values in terms.values())
         with torch.no_grad():  # diagnostics: this micro-batch's own mean, not its share
             metrics = {f"actor/{name}": agg_loss(values, mask, self.loss_agg_mode).item() for name, (_, values) in terms.items()}
+            # whatever the loss plugin computes: > 0 when the updates so far made advantaged tokens likelier
+            gain = micro.batch[ADVANTAGES] * (log_probs - micro.batch[OLD_LOG_PROBS])
+            metrics["actor/surrogate_gain"] = agg_loss(gain, mask, "token-mean").item()
         metrics.update({f"actor/{k}": v for k, v in loss_metrics.items()})
         return loss, metrics
