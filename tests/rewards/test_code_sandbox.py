@@ -68,8 +68,9 @@ def test_assert_tests(sandbox_tmp):
     # leaving before the asserts run passes nothing
     assert code_score("code", fenced("import sys\nsys.exit(0)"), tests, None, **LIMITS) == 0.0
     assert code_score("code", fenced("import os\nos._exit(0)"), tests, None, **LIMITS) == 0.0
-    # printing a fake success line does not help: the token is secret
-    assert code_score("code", fenced("print('0' * 32 + ' 2')\nimport os\nos._exit(0)"), tests, None, **LIMITS) == 0.0
+    # printing a report of its own does not help: stdout is not read, the verdict is made outside
+    fake = 'print(\'[["ok", null], ["value", ["int", "0x3"]], ["value", ["int", "0x0"]]]\')\nimport os\nos._exit(0)'
+    assert code_score("code", fenced(fake), tests, None, **LIMITS) == 0.0
 
 
 def test_environment_is_scrubbed(monkeypatch, sandbox_tmp):
@@ -160,6 +161,13 @@ def test_result_channel_is_separate_from_stdout(sandbox_tmp):
     assert result.ok and result.results == b"the report" and result.stdout == ""
     without = run_python(f"import os\ntry:\n    os.write({RESULT_FD}, b'x')\nexcept OSError as e:\n    print(e.errno)")
     assert without.stdout == "9\n" and without.results == b""  # EBADF: no channel unless asked
+
+
+def test_io_output_larger_than_the_default_cap(sandbox_tmp):
+    """An expected output over 1 MiB is read back in full (before, stdout was cut at 1 MiB: a correct answer failed)."""
+    tests = json.dumps({"inputs": [""], "outputs": ["ab" * (3 << 20)]})
+    assert code_score("code", fenced("print('ab' * (3 << 20))"), tests, None, **LIMITS) == 1.0
+    assert code_score("code", fenced("print('ab' * (3 << 20) + 'c')"), tests, None, **LIMITS) == 0.0
 
 
 _FORK_HOGS = """

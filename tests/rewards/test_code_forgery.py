@@ -1,0 +1,336 @@
+"""Forged passes against the ``code`` verifier: every attempt scores 0, honest solutions to the same tests score 1.
+
+Each attack was first written to beat the harness the verifier had before the
+verdict moved out of the sandbox (the solution ran in the interpreter of a
+harness that held a pass token and the test list, and printed its verdict on
+stdout); docs/reliability.md records which ones scored 1.0 against it. Some
+also try the present design (the result channel at fd 3, the harness's
+``steps``). ``Attack.kind`` groups them as the table there does.
+"""
+
+import json
+from dataclasses import dataclass
+
+import pytest
+
+from hybridflow.rewards.code import code_score
+from hybridflow.rewards.code_asserts import decode, judge, plan_asserts
+
+pytestmark = pytest.mark.timeout(120)
+
+LIMITS = {"timeout_s": 4.0, "cpu_s": 2, "memory_mb": 256}
+
+TASKS = {
+    "add": ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(10, 5) == 15"],
+    "rev": ["assert rev('abc') == 'cba'", "assert rev('') == ''"],
+    "desc": ["assert desc([3, 1, 2]) == [3, 2, 1]", "assert desc([]) == []"],
+    "area": ["assert abs(area(2.0) - 12.566) < 1e-3", "assert abs(area(1.0) - 3.1416) < 1e-4"],
+    "isclose": ["import math", "assert math.isclose(area(1.0), 3.1416, rel_tol=1e-4)",
+                "assert math.isclose(area(2.0), 12.566, rel_tol=1e-4)"],
+    "prime": ["assert is_prime(7)", "assert not is_prime(8)", "assert is_prime(2) is True"],
+}
+HONEST = {
+    "add": "def add(a, b):\n    return a + b\n",
+    "rev": "def rev(s):\n    return s[::-1]\n",
+    "desc": "def desc(xs):\n    return sorted(xs, reverse=True)\n",
+    "area": "import math\ndef area(r):\n    return math.pi * r * r\n",
+    "isclose": "import math\ndef area(r):\n    return math.pi * r * r\n",
+    "prime": "def is_prime(n):\n    return n > 1 and all(n % d for d in range(2, int(n ** 0.5) + 1))\n",
+}
+
+# Looks the expected values up in any text holding the tests ("assert add(1, 2) == 3")
+# and answers from them, never solving the task.
+_ANSWER_FROM_TESTS = '''
+import ast, re
+_answers = {}
+def _learn(text):
+    for m in re.finditer(r"assert (\\w+)\\(([-0-9, ]*)\\) == (-?[0-9]+)", text):
+        _answers[(m[1], ast.literal_eval("(" + m[2] + ",)"))] = int(m[3])
+def add(*args):
+    return _answers[("add", args)]
+'''
+
+_READ_CWD = _ANSWER_FROM_TESTS + '''
+import os
+for _name in os.listdir("."):
+    with open(_name, encoding="utf-8", errors="replace") as _f:
+        _learn(_f.read())
+'''
+
+_READ_OWN_MEMORY = _ANSWER_FROM_TESTS + '''
+with open("/proc/self/maps") as _maps:
+    _regions = [line.split()[0].split("-") for line in _maps if line.split()[1].startswith("r")]
+with open("/proc/self/mem", "rb", buffering=0) as _mem:
+    for _lo, _hi in _regions:
+        for _at in range(int(_lo, 16), int(_hi, 16), 1 << 20):
+            try:
+                _mem.seek(_at)
+                _learn(_mem.read(min(1 << 20, int(_hi, 16) - _at) + 256).decode("latin-1"))
+            except (OSError, OverflowError, ValueError):
+                break
+'''
+
+# init (pid 1 of the sandbox) is a fork of the launcher: its argv names the launcher's
+# file, so the trainer's checkout; its tests and data hold the expected values.
+_READ_TRAINER_FILES = _ANSWER_FROM_TESTS + '''
+import os
+with open("/proc/1/cmdline", "rb") as _f:
+    _launcher = next(arg.decode() for arg in _f.read().split(b"\\0") if arg.endswith(b"sandbox_launcher.py"))
+for _dir, _subdirs, _names in os.walk(os.path.dirname(os.path.dirname(_launcher))):
+    _subdirs[:] = [d for d in _subdirs if not d.startswith(".")]
+    for _name in _names:
+        if _name.endswith((".py", ".json", ".jsonl")):
+            with open(os.path.join(_dir, _name), encoding="utf-8", errors="replace") as _f:
+                _learn(_f.read())
+'''
+
+# The old harness kept its pass token and its tests as globals of __main__:
+# print its "all passed" line, then leave before it prints its own.
+_FORGE_VERDICT = '''
+def _forge(harness):
+    os.write(1, ("\\n%s %d\\n" % (harness["_token"], len(harness["_tests"]))).encode())
+    os._exit(0)
+'''
+
+_FRAME_WALK = "import os, sys\n" + _FORGE_VERDICT + '''
+if "_token" in sys._getframe(1).f_globals:
+    _forge(sys._getframe(1).f_globals)
+frame = sys._getframe(1)  # a harness without a token: empty its list of steps, so nothing is checked
+while frame is not None:
+    if isinstance(frame.f_locals.get("steps"), list):
+        frame.f_locals["steps"].clear()
+    frame = frame.f_back
+'''
+
+_ALWAYS_EQUAL = '''
+class _Equal:
+    def __eq__(self, other):
+        return True
+    def __ne__(self, other):
+        return False
+    __hash__ = object.__hash__
+def add(a, b):
+    return _Equal()
+'''
+
+_SUBCLASS_EQUAL = '''
+class _Sub({base}):
+    def __eq__(self, other):
+        return True
+    __hash__ = {base}.__hash__
+    def __repr__(self):
+        return repr({forged!r})
+def {name}(*args):
+    return _Sub({value!r})
+'''
+
+_REWRITE_STDOUT = '''
+import re, sys
+class _Rewriter:
+    def __init__(self, stream):
+        self.stream = stream
+    def write(self, text):
+        caller = sys._getframe(1).f_globals
+        if "_tests" in caller:
+            text = re.sub(r"(\\w{32}) \\d+", lambda m: m[1] + " " + str(len(caller["_tests"])), text)
+        return self.stream.write(text)
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+sys.stdout = _Rewriter(sys.stdout)
+def add(a, b):
+    return a - b
+'''
+
+_REWRITE_SERIALIZERS = '''
+import builtins, json, marshal, os
+_true = ["value", ["bool", True]]
+def _forged_report(outcomes):  # whatever the harness reports: every call returned True
+    return json.JSONEncoder().encode([outcomes[0]] + [_true for _ in outcomes[1:]])
+json._default_encoder.encode = _forged_report
+marshal.dumps = lambda value, *a: b"T"
+builtins.repr = lambda value: "True"
+builtins.print = lambda *a, **k: None
+_write = os.write
+os.write = lambda fd, data: _write(fd, data.replace(b"false", b"true"))
+def is_prime(n):
+    return False
+'''
+
+_SETTRACE = '''
+import sys
+def _tracer(frame, event, arg):
+    if "_tests" in frame.f_globals:
+        frame.f_globals["_passed"] = len(frame.f_globals["_tests"])
+    if event == "return" and isinstance(arg, list) and arg and arg[0] in ("raised", "value"):
+        arg[:] = ["value", ["bool", True]]  # a harness that reports values: every call said True
+    return _tracer
+sys._getframe(1).f_trace = _tracer
+sys.settrace(_tracer)
+def add(a, b):
+    return a - b
+'''
+
+_ATEXIT = "import atexit, os, sys\n" + _FORGE_VERDICT + '''
+atexit.register(lambda: _forge(vars(sys.modules["__main__"])))
+def add(a, b):
+    return a - b
+'''
+
+
+def _on_every_fd(payload: str) -> str:
+    """Write ``payload`` (an expression) to every descriptor that takes it, then leave."""
+    return (f"import json, os, sys\n_payload = {payload}\n"
+            "for _fd in range(1, 64):\n    try:\n        os.write(_fd, _payload)\n    except OSError:\n        pass\n"
+            "os._exit(0)\n")
+
+
+@dataclass(frozen=True)
+class Attack:
+    kind: str
+    task: str
+    code: str
+
+
+ATTACKS = {
+    "frame walk to the harness": Attack("reads the harness", "add", _FRAME_WALK),
+    "gc.get_objects finds the harness globals": Attack("reads the harness", "add", "import gc, os\n" + _FORGE_VERDICT
+        + "_forge(next(o for o in gc.get_objects() if isinstance(o, dict) and '_token' in o))\n"),
+    "globals of __main__": Attack("reads the harness", "add",
+        "import os, sys\n" + _FORGE_VERDICT + "_forge(vars(sys.modules['__main__']))\n"),
+    "answers from files in cwd": Attack("reads the harness", "add", _READ_CWD),
+    "answers from /proc/self/mem": Attack("reads the harness", "add", _READ_OWN_MEMORY),
+    "answers from the trainer's checkout": Attack("reads files outside", "add", _READ_TRAINER_FILES),
+    "builtins.exec does nothing": Attack("rebinds builtins", "add",
+        "import builtins\nbuiltins.exec = lambda *args, **kwargs: None\n"),
+    "compile turns tests into pass": Attack("rebinds builtins", "add",
+        "import builtins\n_compile = builtins.compile\n"
+        "builtins.compile = lambda src, name, mode, *a, **k: _compile('None' if mode == 'eval' else 'pass', name, mode)\n"),
+    "str reports every test passed": Attack("rebinds builtins", "add",
+        "import builtins, sys\n_str = builtins.str\n"
+        "def _forged_str(x=''):\n"
+        "    caller = sys._getframe(1).f_globals\n"
+        "    return _str(len(caller['_tests'])) if '_tests' in caller else _str(x)\n"
+        "builtins.str = _forged_str\n"
+        "def add(a, b):\n    return a - b\n"),
+    "sys.stdout.write rewrites the verdict": Attack("rebinds builtins", "add", _REWRITE_STDOUT),
+    "__import__ hands the tests a fake math": Attack("rebinds builtins", "isclose",
+        "import builtins, types\n_import = builtins.__import__\n"
+        "def _fake_import(name, *args, **kwargs):\n"
+        "    if name == 'math':\n        return types.SimpleNamespace(isclose=lambda *a, **k: True, pi=3.0)\n"
+        "    return _import(name, *args, **kwargs)\n"
+        "builtins.__import__ = _fake_import\n"
+        "def area(r):\n    return 0.0\n"),
+    "json, marshal, repr, print, os.write rewritten": Attack("rebinds builtins", "prime", _REWRITE_SERIALIZERS),
+    "__eq__ always True": Attack("always-equal result", "add", _ALWAYS_EQUAL),
+    "int subclass equal to everything": Attack("always-equal result", "add",
+        _SUBCLASS_EQUAL.format(base="int", forged=3, name="add", value=0)),
+    "str subclass equal to everything": Attack("always-equal result", "rev",
+        _SUBCLASS_EQUAL.format(base="str", forged="cba", name="rev", value="wrong")),
+    "list subclass equal to everything": Attack("always-equal result", "desc",
+        _SUBCLASS_EQUAL.format(base="list", forged=[3, 2, 1], name="desc", value=[])),
+    "always-close number": Attack("always-equal result", "area",
+        "class _Close(float):\n    def __sub__(self, other):\n        return 0.0\n"
+        "def area(r):\n    return _Close(1.0)\n"),
+    "atexit prints the verdict": Attack("early exit", "add", _ATEXIT),
+    "sys.exit(0)": Attack("early exit", "add", "import sys\nsys.exit(0)\n"),
+    "raise SystemExit in the call": Attack("early exit", "add", "def add(a, b):\n    raise SystemExit(0)\n"),
+    "os._exit(0)": Attack("early exit", "add", "import os\nos._exit(0)\n"),
+    "kill the parent": Attack("early exit", "add", "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n"),
+    "settrace rewrites the harness's results": Attack("tampers with the harness", "add", _SETTRACE),
+    "forged report on every fd": Attack("writes the result channel", "add", _on_every_fd(
+        "(json.dumps([['ok', None]] + [['value', ['bool', True]]] * 3) + '\\n%s %d\\n' % ("
+        "vars(sys.modules['__main__']).get('_token', ''), len(vars(sys.modules['__main__']).get('_tests', [])))).encode()")),
+    "report of the solution alone": Attack("writes the result channel", "add", _on_every_fd("b'[[\"ok\", null]]'")),
+    "parser bomb in the channel": Attack("writes the result channel", "add", _on_every_fd("b'[' * 200000")),
+    "wrong answer flooding stdout and stderr": Attack("output flood", "add",
+        "import sys\nsys.stdout.write('x' * (3 << 20))\nsys.stderr.write('y' * (3 << 20))\n"
+        "def add(a, b):\n    return a - b\n"),
+}
+
+_IO_SUM = json.dumps({"inputs": ["2 3\n"], "outputs": ["5\n"]})
+_FLOOD = "import sys\nsys.stdout.write('x' * (3 << 20))\nsys.stderr.write('y' * (3 << 20))\n"
+OUTPUT_FLOODS = {  # name -> (program, ground truth, its right score)
+    "correct, 3 MiB on stdout and on stderr (asserts)": (_FLOOD + HONEST["add"], json.dumps({"asserts": TASKS["add"]}), 1.0),
+    "correct, 7 MiB printed per call (asserts)":
+        ("def add(a, b):\n    print('.' * (7 << 20))\n    return a + b\n", json.dumps({"asserts": TASKS["add"]}), 1.0),
+    "correct, 20 MiB on stderr (io)":
+        ("import sys\na, b = map(int, input().split())\nsys.stderr.write('y' * (20 << 20))\nprint(a + b)\n", _IO_SUM, 1.0),
+    "wrong, 3 MiB more on stdout (io)": ("print(5)\nprint('x' * (3 << 20))\n", _IO_SUM, 0.0),
+}
+
+
+def asserts(task):
+    return json.dumps({"asserts": TASKS[task]})
+
+
+def score(code, ground_truth):
+    return code_score("code", f"```python\n{code}\n```", ground_truth, None, **LIMITS)
+
+
+@pytest.mark.parametrize("task", sorted(TASKS))
+def test_honest_solutions_score_one(task):
+    assert score(HONEST[task], asserts(task)) == 1.0
+
+
+@pytest.mark.parametrize("name", sorted(ATTACKS))
+def test_forgery_scores_zero(name):
+    attack = ATTACKS[name]
+    assert score(attack.code, asserts(attack.task)) == 0.0
+
+
+@pytest.mark.parametrize("name", sorted(OUTPUT_FLOODS))
+def test_output_floods(name):
+    """Before, the verdict line was lost past 1 MiB of stdout, and stderr past 16 MiB killed the program."""
+    code, ground_truth, right = OUTPUT_FLOODS[name]
+    assert score(code, ground_truth) == right
+
+
+def test_values_compare_as_python_compares_them():
+    """Subclasses of built-in types are read as their base type: a namedtuple, a Counter, an IntEnum pass."""
+    code = ("import collections, enum\n"
+            "Point = collections.namedtuple('Point', 'x y')\n"
+            "class Color(enum.IntEnum):\n    RED = 1\n"
+            "def f():\n    return Point(1, 2), collections.Counter('aab'), Color.RED, bytearray(b'hi'), 2 ** 100, -0.5j\n")
+    tests = json.dumps({"asserts": ["assert f() == ((1, 2), {'a': 2, 'b': 1}, 1, b'hi', 1267650600228229401496703205376, -0.5j)",
+                                    "assert f()[0] in [(1, 2), (2, 1)]", "assert 0 < f()[2] <= 1", "assert f()[1]"]})
+    assert score(code, tests) == 1.0
+    assert score(code.replace("'aab'", "'abb'"), tests) == 0.0
+
+
+def test_the_expected_values_never_enter_the_sandbox():
+    plan = plan_asserts(TASKS["add"] + TASKS["area"] + TASKS["isclose"] + ["assert 12345 == add(1, 2) and 0 < add(0, 0) < 678"])
+    sent = json.dumps(plan.steps)
+    assert plan.steps == [["eval", "add(1, 2)"], ["eval", "add(-1, 1)"], ["eval", "add(10, 5)"],
+                          ["eval", "area(2.0)"], ["eval", "area(1.0)"], ["exec", "import math"],
+                          ["eval", "area(1.0)"], ["eval", "area(2.0)"], ["eval", "add(1, 2)"], ["eval", "add(0, 0)"]]
+    for expected in ("15", "12.566", "3.1416", "1e-3", "1e-4", "12345", "678"):
+        assert expected not in sent
+
+
+@pytest.mark.parametrize("test, why", [
+    ("assert add(1, 2) == add(2, 1)", "exactly one computed side"),
+    ("assert (add(1, 2) == 3) == True", "decided inside the sandbox"),
+    ("assert all(x == 1 for x in f())", "decided inside the sandbox"),
+    ("assert f(1) or f(2)", "decided inside the sandbox"),
+    ("assert [x for x in f() if x]", "decided inside the sandbox"),
+    ("assert not (f(1) == 2 and f(2) == 3)", "'not' over 'and'"),
+    ("assert math.isclose(f(1), g(1))", "isclose needs one computed argument"),
+    ("for i in range(3):\n    assert f(i) == i", "a For statement"),
+    ("def check():\n    return f(1) == 2", "a FunctionDef statement"),
+    ("ok = f(1) == 2", "decided inside the sandbox"),
+    ("assert True", "asserts a literal"),
+])
+def test_asserts_the_sandbox_would_decide_are_refused(test, why):
+    with pytest.raises(ValueError, match=why):
+        plan_asserts([test])
+
+
+def test_judge_reads_only_well_formed_reports():
+    plan = plan_asserts(["assert f(1) == [1, (2, 3)]"])
+    good = [["ok", None], ["value", ["list", [["int", "0x1"], ["tuple", [["int", "0x2"], ["int", "0x3"]]]]]]]
+    assert judge(plan, json.dumps(good).encode()).passed
+    for broken in ([["ok", None]], [["ok", None], ["ok", None]], [["ok", None], ["value", ["list", "0x1"]]],
+                   [["ok", None], ["value", ["int", "0x1"]], ["value", ["int", "0x1"]]], [["raised", "X"]], {"ok": 1}):
+        assert not judge(plan, json.dumps(broken).encode()).passed, broken
+    assert not judge(plan, b"[" * 100_000).passed
+    assert decode(["dict", [[["frozenset", [["str", "a"]]], ["float", "inf"]]]]) == {frozenset("a"): float("inf")}
