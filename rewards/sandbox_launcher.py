@@ -21,9 +21,11 @@ Steps, in this order because each needs the privileges the next one drops::
 When init exits (the program ended, or the launcher was killed and init got
 its PDEATHSIG), the kernel kills every process left in the pid namespace:
 nothing the program forked survives it. Without root, a user namespace
-provides the same namespaces (if the kernel allows it), without the uid
-change. When no namespace can be made, the launcher exits with
-:data:`EXIT_UNAVAILABLE` unless the config allows running unisolated.
+provides the same namespaces (if the kernel allows it), but the program does
+not start there: the uid change's ``setgroups`` is refused in a user
+namespace, so every run of that mode fails to start (as it did before; see
+docs/reliability.md). When no namespace can be made, the launcher exits
+with :data:`EXIT_UNAVAILABLE` unless the config allows running unisolated.
 """
 
 import ctypes
@@ -128,11 +130,13 @@ def _minimal_root(work_dir, python_prefix):
         os.makedirs(NEW_ROOT + target, 0o755, exist_ok=True)
         _bind(f"/proc/self/fd/{fd}", NEW_ROOT + target, read_only=binds[target][1])
         os.close(fd)
+    # this pid namespace's /proc, mounted while the host's is still visible: without root,
+    # the kernel allows a new proc only beside a fully visible one
+    _mount("proc", NEW_ROOT + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     _pivot_root(NEW_ROOT, NEW_ROOT + PUT_OLD)
     os.chdir("/")
     _check(libc.umount2(PUT_OLD.encode(), MNT_DETACH), "umount the old root")
     os.rmdir(PUT_OLD)
-    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     _mount(None, "/", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
 
 
