@@ -1,6 +1,7 @@
 """Every bad setting we know of, through the real command line: how fast and how clearly it fails.
 
     python bench/bad_settings.py [--json out.json] [--code DIR] [--timeout 90]
+    PYTHONPATH=<shim> python bench/bad_settings.py --check-only --json before.json
     python bench/bad_settings.py --table before.json after.json   # the markdown table of docs/reliability.md
 
 Each case runs ``python -m hybridflow.trainer.main <overrides>`` in a fresh
@@ -10,7 +11,13 @@ exit, whether Ray started, whether a traceback was printed, and the message
 (its lines from the first ``hybridflow-train:`` or Hydra error on). ``--code
 DIR`` runs another checkout of the package (e.g. a worktree of an older
 commit) instead of the installed one, which is how the table's "before"
-column was measured.
+column was first tried. That runs an old checkout's workers against the
+installed package's entry points, so its Ray runs did not finish in time; the
+"before" column of the table therefore comes from ``--check-only``: each case
+composed and passed to the checkout's own ``check_config`` in process, with a
+``<shim>/hybridflow`` symlink to the old checkout first on ``PYTHONPATH``.
+A case that check did not refuse went on to start Ray (the issue describes
+what happened then for the first nine).
 """
 
 from __future__ import annotations
@@ -128,6 +135,33 @@ def _message(text: str) -> list[str]:
     return lines[start : start + 8]
 
 
+def check_only() -> dict:
+    """Each case composed and given to ``check_config`` of whichever hybridflow is imported, in process, no Ray."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from hybridflow.configs import CONFIG_DIR
+    from hybridflow.configs.schema import register_configs
+    from hybridflow.trainer.config_checks import check_config
+
+    register_configs()
+    results = {}
+    for label, overrides in CASES:
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / "not_a_checkpoint").mkdir()
+            args = [o.replace("{tmp}", tmp).replace("{notckpt}", f"{tmp}/not_a_checkpoint") for o in BASE + overrides]
+            try:
+                with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+                    config = OmegaConf.to_object(compose("ppo_trainer", overrides=args))
+                check_config(config)
+                results[label] = {"stage": "passed the check", "message": ""}
+            except Exception as err:  # noqa: BLE001 - recording what each stage said is the point
+                text = str(err).strip().splitlines()
+                stage = "Hydra" if "override" in text[0].lower() else "check"
+                results[label] = {"stage": stage, "message": (text[-1] if stage == "check" else text[0]).strip()}
+    return results
+
+
 def table(before: dict, after: dict) -> str:
     """The markdown table of docs/reliability.md from two result files."""
     rows = ["| # | setting | before | after (time to the error, lines) |", "|---:|---|---|---|"]
@@ -138,16 +172,23 @@ def table(before: dict, after: dict) -> str:
 
 
 def _describe(r: dict, after: bool = False) -> str:
+    if "stage" in r:  # a --check-only result
+        if r["stage"] == "passed the check":
+            return "not refused: passed the check, went on to start Ray"
+        return f"refused by {r['stage']} (then exit 1 with a traceback): {_cell(r['message'])}"
     if r["exit"] is None:
         return f"no error; still running after {r['seconds']:.0f} s"
     if r["exit"] == 0:
         return f"no error: exit 0 after {r['seconds']:.0f} s"
-    first = next((line for line in r["message"] if line.strip() and not line.startswith("hybridflow-train: invalid")), "")
-    first = first.strip().lstrip("- ").replace("|", "\\|")[:160]
+    first = _cell(next((line for line in r["message"] if line.strip() and not line.startswith("hybridflow-train: invalid")), ""))
     where = "after Ray started, " if r["ray_started"] else ""
     tb = ", traceback" if r["traceback"] else ""
     lines = f", {len(r['message'])} lines" if after else ""
     return f"exit {r['exit']} {where}in {r['seconds']:.1f} s{tb}{lines}: {first}"
+
+
+def _cell(text: str) -> str:
+    return text.strip().lstrip("- ").replace("|", "\\|")[:160]
 
 
 def main() -> None:
@@ -157,7 +198,15 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=90.0)
     parser.add_argument("--only", help="run only cases whose label contains this")
     parser.add_argument("--table", nargs=2, metavar=("BEFORE", "AFTER"), help="print the markdown table and exit")
+    parser.add_argument("--check-only", action="store_true", help="run each case's config check in process (no Ray)")
     args = parser.parse_args()
+    if args.check_only:
+        results = check_only()
+        for label, r in results.items():
+            print(f"{label}: {_describe(r)}")
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=1))
+        return
     if args.table:
         before, after = (json.loads(Path(p).read_text()) for p in args.table)
         print(table(before, after))
