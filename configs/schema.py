@@ -22,6 +22,8 @@ ROLLOUT_ENGINES = ("builtin", "vllm")
 KL_CONTROLLERS = ("fixed", "adaptive")
 DEVICES = ("cpu", "cuda")
 RESUME_MODES = ("auto", "disable")
+ROLLOUT_IS_LEVELS = ("token", "sequence")  # losses.rollout_correction's, kept free of torch here
+ROLLOUT_IS_MODES = ("truncate", "mask")
 
 # Each section checks its own fields in ``problems()`` (messages start with the
 # field name; the config check adds the section's path). Rules that involve
@@ -195,6 +197,32 @@ class KLControlConfig:
 
 
 @dataclass
+class RolloutCorrectionConfig:
+    rollout_is: Optional[str] = None
+    """Importance weights pi_old / pi_rollout between the training policy and the policy the rollout sampled
+    with (``losses/rollout_correction.py``): ``token``, ``sequence``, or None (off). Needs the rollout's own
+    log-probs (both engines return them); every policy loss multiplies its token losses by the weights."""
+    rollout_is_mode: str = "truncate"
+    """``truncate`` (TIS: weights capped at the threshold) or ``mask`` (tokens, or whole sequences at
+    sequence level, whose weight is outside [lower, threshold] are dropped from the loss)."""
+    rollout_is_threshold: float = 2.0
+    """The upper bound C of the weights."""
+    rollout_is_threshold_lower: Optional[float] = None
+    """``mask`` mode's lower bound (None: 1 / C)."""
+    rollout_is_batch_normalize: bool = False
+    """Divide the weights by their mean over the batch after truncating or masking."""
+
+    def problems(self) -> list[str]:
+        """Broken rules of this section (see ``configs/rules.py``)."""
+        out = greater_than(self, 1.0, "rollout_is_threshold") + one_of(self, "rollout_is_mode", ROLLOUT_IS_MODES)
+        if self.rollout_is is not None:
+            out += one_of(self, "rollout_is", ROLLOUT_IS_LEVELS)
+        if self.rollout_is_threshold_lower is not None:
+            out += within(self, "rollout_is_threshold_lower", 0.0, 1.0, low_open=True, high_open=True)
+        return out
+
+
+@dataclass
 class AlgorithmConfig:
     adv_estimator: str = "grpo"
     """Advantage estimator plugin by name (``hybridflow plugins`` lists the installed ones with what each needs):
@@ -208,6 +236,21 @@ class AlgorithmConfig:
     """KL estimator for the in-reward penalty (see ``actor.kl_loss_type`` for the names)."""
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     """Controller of the in-reward KL coefficient."""
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+    """Importance weights between the rollout policy and the training policy (off by default)."""
+    batch_hooks: list[str] = field(default_factory=list)
+    """Recipe hook plugins by name, run in this order at their stage of every step (``hybridflow plugins`` lists
+    them): e.g. ``dynamic_sampling`` (DAPO: drop groups whose rewards are all equal; the step then rolls out
+    more prompts until its batch is full)."""
+    batch_hook_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Hook name -> its keyword options, e.g. ``{dynamic_sampling: {metric: score}}``."""
+    max_rollout_batches: int = 4
+    """Most batches of ``data.train_batch_size`` prompts one step rolls out while after-reward hooks drop
+    groups; at the cap the step tops the batch up with dropped groups (counted in ``batch_hooks/topped_up``)."""
+
+    def problems(self) -> list[str]:
+        """Broken rules of this section; hook and estimator names are checked against the plugins by the config check."""
+        return at_least(self, 1, "max_rollout_batches")
 
 
 @dataclass
@@ -252,6 +295,10 @@ class RewardConfig:
     """Address-space limit of each scoring process (None: no limit); importing a CUDA torch maps ~4 GB."""
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
     """Overlong-response penalty."""
+    component_keys: list[str] = field(default_factory=list)
+    """Fields of the verifiers' results (``score`` or an extra field; with a weighted route, ``<verifier>/score``),
+    in order, that make the (B, K) ``reward_components`` column for estimators that declare it (``gdpo``); a
+    sample that lacks one (its verifier failed) gets ``timeout_score`` there."""
 
     def problems(self) -> list[str]:
         """Broken rules of this section; route targets are checked against the installed verifiers by the config check."""

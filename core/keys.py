@@ -29,6 +29,15 @@ REWARD_COMPONENTS = "reward_components"  # (B, K) one score per reward component
 SUM_PI_SQUARED = "sum_pi_squared"  # (B, T) sum over the vocabulary of pi(v)^2 at each response position
 ROLLOUT_IS_WEIGHTS = "rollout_is_weights"  # (B, T) rollout -> training importance weights, no gradient
 
+# Which tensor columns run along which axis, for padding rollouts of different widths to one
+# (core/rollout_batch.py): P prompt positions (left-padded), T response positions (right-padded).
+PROMPT_COLUMNS = (PROMPTS,)  # (B, P)
+SEQUENCE_COLUMNS = (INPUT_IDS, ATTENTION_MASK, POSITION_IDS)  # (B, P + T)
+RESPONSE_COLUMNS = (
+    RESPONSES, RESPONSE_MASK, ROLLOUT_LOG_PROBS, OLD_LOG_PROBS, REF_LOG_PROBS, ENTROPY, VALUES, TOKEN_LEVEL_SCORES,
+    TOKEN_LEVEL_REWARDS, ADVANTAGES, RETURNS, SUM_PI_SQUARED, ROLLOUT_IS_WEIGHTS,
+)  # (B, T)
+
 # Non-tensor columns (DataProto.non_tensor_batch)
 UID = "uid"  # (B,) one id per prompt, shared by its n samples
 DATA_SOURCE = "data_source"  # (B,) which dataset / verifier a row comes from

@@ -227,3 +227,40 @@ class PolicyLoss(PluginEntry):
     def options(self) -> dict[str, Any]:
         """Keyword-only parameters with defaults, except the runtime inputs the actor passes."""
         return {k: v for k, v in keyword_options(self.fn).items() if k not in self.runtime_inputs}
+
+
+HOOK_STAGES = ("after_reward", "before_update")
+"""Where ``fit()`` runs a :class:`BatchHook`: after step 4 (scored), before step 7 (advantages computed)."""
+
+
+@dataclass(frozen=True)
+class BatchHook(PluginEntry):
+    """A recipe step the driver runs at a fixed point of every training step (``algorithm.batch_hooks``).
+
+    ``fn(batch, **options) -> (batch, metrics)`` receives the step's
+    DataProto and returns it (changed or not) and a dict of float metrics
+    (logged under ``batch_hooks/<name>/``). At ``stage``:
+
+    * ``after_reward``: the batch is generated and scored (``responses``,
+      ``token_level_scores``, ``token_level_rewards``, ``uid``, log-probs).
+      The hook may reshape the rewards and may drop rows, whole groups only
+      (all rows of a uid). While fewer than ``data.train_batch_size``
+      prompts are left, the driver rolls out more prompts and runs the hooks
+      on them, up to ``algorithm.max_rollout_batches`` batches (DAPO's
+      dynamic sampling is such a hook);
+    * ``before_update``: advantages and returns are computed; the hook may
+      change values but not the rows (their count and the order of their uids are checked).
+
+    Its keyword-only parameters with defaults are its options
+    (``algorithm.batch_hook_options[name]``). It runs on the driver, on
+    small tensors: no model, no Ray.
+    """
+
+    kind: ClassVar[str] = "batch hook"
+
+    stage: str = "after_reward"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.stage not in HOOK_STAGES:
+            raise ValueError(f"batch hook {self.name!r}: stage {self.stage!r}; allowed: {', '.join(HOOK_STAGES)}")

@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import pluggy
 
-from hybridflow.plugins.entries import AdvantageEstimator, PolicyLoss, RewardVerifier
+from hybridflow.plugins.entries import AdvantageEstimator, BatchHook, PolicyLoss, RewardVerifier
 
 PROJECT_NAME = "hybridflow"
 
@@ -86,4 +86,20 @@ def hybridflow_register_policy_losses(register: Callable[[PolicyLoss], None]) ->
     carrying no gradient. When it is given, the loss multiplies its per-token
     losses by it; the actor passes it only when rollout correction is on. It
     is not an option and is not listed among the loss's options.
+    """
+
+
+@hookspec
+def hybridflow_register_batch_hooks(register: Callable[[BatchHook], None]) -> None:
+    """Register batch hooks: recipe steps the driver runs at fixed points of ``fit()``.
+
+    :param register: call ``register(BatchHook(...))`` once for each hook
+        the plugin provides.
+
+    Called once per process (the driver's), the first time a hook is looked
+    up; the returned value is ignored. The same rules as
+    :func:`hybridflow_register_estimators` apply. A hook runs only when the
+    config names it in ``algorithm.batch_hooks``; see :class:`BatchHook` for
+    what it receives at each stage and what it may change. A hook must not
+    start processes or touch the worker groups: it sees the batch only.
     """

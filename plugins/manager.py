@@ -6,7 +6,7 @@ with pluggy. ``HYBRIDFLOW_DISABLE_PLUGIN_AUTOLOAD=1`` keeps only the entry
 points of the ``hybridflow`` distribution itself, for hermetic tests, in the
 way ``PYTEST_DISABLE_PLUGIN_AUTOLOAD`` does for pytest.
 
-Each kind of registry (estimators, reward verifiers, policy losses) is filled lazily, the
+Each kind of registry (estimators, reward verifiers, policy losses, batch hooks) is filled lazily, the
 first time a name of that kind is looked up, by calling every plugin's
 register hook with a callback that records who registered what.
 """
@@ -25,7 +25,7 @@ from typing import Any
 import pluggy
 
 from hybridflow.plugins import hookspecs
-from hybridflow.plugins.entries import AdvantageEstimator, PolicyLoss, RewardVerifier
+from hybridflow.plugins.entries import AdvantageEstimator, BatchHook, PolicyLoss, RewardVerifier
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +47,8 @@ class RegistryKind:
 ESTIMATORS = RegistryKind("estimator", "estimators", "hybridflow_register_estimators", AdvantageEstimator)
 REWARD_VERIFIERS = RegistryKind("reward verifier", "reward verifiers", "hybridflow_register_reward_verifiers", RewardVerifier)
 POLICY_LOSSES = RegistryKind("policy loss", "policy losses", "hybridflow_register_policy_losses", PolicyLoss)
-KINDS = (ESTIMATORS, REWARD_VERIFIERS, POLICY_LOSSES)
+BATCH_HOOKS = RegistryKind("batch hook", "batch hooks", "hybridflow_register_batch_hooks", BatchHook)
+KINDS = (ESTIMATORS, REWARD_VERIFIERS, POLICY_LOSSES, BATCH_HOOKS)
 
 
 @dataclass(frozen=True)
@@ -246,3 +247,8 @@ def get_reward_verifier(name: str) -> RewardVerifier:
 def get_policy_loss(name: str) -> PolicyLoss:
     """The policy loss registered as ``name``; errors as :func:`get_estimator`."""
     return get_plugin_manager().registry(POLICY_LOSSES).get(name)
+
+
+def get_batch_hook(name: str) -> BatchHook:
+    """The batch hook registered as ``name``; errors as :func:`get_estimator`."""
+    return get_plugin_manager().registry(BATCH_HOOKS).get(name)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -53,6 +54,18 @@ def overlong_penalty(length: int, max_length: int, buffer_len: int, penalty_fact
     """
     exceed = length - (max_length - buffer_len)
     return min(0.0, -exceed / buffer_len * penalty_factor)
+
+
+@dataclass(frozen=True)
+class RewardOutput:
+    """What :meth:`RewardManager.score_batch` returns."""
+
+    token_level_scores: torch.Tensor
+    """(B, T) float32: each row's score at its last valid response token, 0 elsewhere."""
+    metrics: dict[str, float]
+    """``reward/*`` metrics of the batch."""
+    fields: list[dict[str, Any]]
+    """Per sample: ``score`` (after any overlong penalty) and the verifiers' extra fields (none for a failed sample)."""
 
 
 class RewardManager:
@@ -163,7 +176,12 @@ class RewardManager:
         return scores, extras, outcomes
 
     def __call__(self, batch: DataProto, tokenizer: Any) -> tuple[torch.Tensor, dict[str, float]]:
-        """``(token_level_scores, metrics)`` for a batch with ``responses`` and ``response_mask``.
+        """``(token_level_scores, metrics)`` of :meth:`score_batch`."""
+        out = self.score_batch(batch, tokenizer)
+        return out.token_level_scores, out.metrics
+
+    def score_batch(self, batch: DataProto, tokenizer: Any) -> RewardOutput:
+        """Scores, metrics and each sample's extra fields for a batch with ``responses`` and ``response_mask``.
 
         ``token_level_scores`` is (B, T) float32 like ``responses``; metrics
         are ``reward/score/{mean,max,min}``, ``reward/timeouts``,
@@ -197,7 +215,7 @@ class RewardManager:
         token_level_scores[torch.arange(len(scores)), last] = torch.tensor(scores, dtype=torch.float32)
         metrics.update(_metrics(scores, extras, outcomes))
         metrics["reward/batch_seconds"] = time.monotonic() - start
-        return token_level_scores, metrics
+        return RewardOutput(token_level_scores, metrics, [{"score": s, **e} for s, e in zip(scores, extras)])
 
 
 def _metrics(scores: list[float], extras: list[dict[str, Any]], outcomes: list[Outcome]) -> dict[str, float]:

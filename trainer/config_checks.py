@@ -25,6 +25,8 @@ from omegaconf import DictConfig, OmegaConf
 from hybridflow.core.parallel_dims import ParallelDims
 from hybridflow.losses import KL_PENALTIES, LOSS_AGG_MODES
 from hybridflow.plugins import UnknownNameError, get_estimator, get_policy_loss, get_reward_verifier
+from hybridflow.trainer.batch_hooks import hook_problems
+from hybridflow.trainer.estimator_inputs import input_problems
 from hybridflow.trainer.tracking import SINKS
 
 
@@ -45,6 +47,7 @@ def section_problems(node: Any, prefix: str = "") -> Iterator[str]:
 def _plugin_problems(cfg: Any) -> Iterator[str]:
     """Names the plugin manager must know, and what the estimator asks of the rest of the config."""
     algo, actor, rollout = cfg.algorithm, cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
+    yield from hook_problems(list(algo.batch_hooks), dict(algo.batch_hook_options))
     try:
         get_policy_loss(actor.policy_loss)
     except UnknownNameError as err:
@@ -62,6 +65,7 @@ def _plugin_problems(cfg: Any) -> Iterator[str]:
                "of one prompt and needs n >= 2")
     if estimator.needs_critic and cfg.critic.enable is False:
         yield f"critic.enable=False but estimator {algo.adv_estimator!r} needs a critic (set it to null or true)"
+    yield from input_problems(estimator, cfg)
 
 
 def _reward_problems(reward: Any, response_length: int) -> Iterator[str]:

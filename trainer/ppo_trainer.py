@@ -26,10 +26,26 @@ from tqdm import tqdm
 from hybridflow.configs.schema import PPOConfig
 from hybridflow.core import DataProto
 from hybridflow.core.parallel_dims import ParallelDims
-from hybridflow.core.keys import DATA_SOURCE, ENTROPY, RESPONSE_MASK, TOKEN_LEVEL_REWARDS, TOKEN_LEVEL_SCORES, UID
+from hybridflow.core.keys import (
+    DATA_SOURCE,
+    ENTROPY,
+    OLD_LOG_PROBS,
+    RESPONSE_MASK,
+    REWARD_BASELINES,
+    REWARD_COMPONENTS,
+    ROLLOUT_IS_WEIGHTS,
+    ROLLOUT_LOG_PROBS,
+    TOKEN_LEVEL_REWARDS,
+    TOKEN_LEVEL_SCORES,
+    UID,
+)
+from hybridflow.core.rollout_batch import concat_rollouts
 from hybridflow.estimators import compute_advantage
 from hybridflow.plugins import get_estimator
+from hybridflow.losses.rollout_correction import rollout_correction
 from hybridflow.trainer import checkpoint as ckpt
+from hybridflow.trainer.batch_hooks import BatchHooks
+from hybridflow.trainer.estimator_inputs import InputPlan, reward_components
 from hybridflow.trainer.kl_control import KLController, apply_kl_penalty
 from hybridflow.trainer.metrics import StageTimer, compute_data_metrics, masked_mean, throughput_metrics
 from hybridflow.trainer.prompt_loader import PromptLoader, PromptSet
@@ -55,7 +71,8 @@ class PPOTrainer:
     :param config: the composed config.
     :param groups: role name -> worker-group handle (``actor``; ``ref`` and
         ``critic`` when :attr:`use_reference` / :attr:`use_critic`).
-    :param reward_fn: ``reward_fn(batch, tokenizer) -> (token_level_scores, metrics)``.
+    :param reward_fn: the reward manager: ``reward_fn(batch, tokenizer) -> (token_level_scores, metrics)``, and
+        ``reward_fn.score_batch(batch, tokenizer)`` with each sample's fields too (``rewards/manager.py``).
     :param tokenizer: decodes responses for the reward.
     :param train_prompts, val_prompts: tokenized prompt sets.
     :param run_dir: where metrics and checkpoints go.
@@ -86,6 +103,8 @@ class PPOTrainer:
         )
         self.val_prompts = val_prompts
         self.kl_ctrl = KLController.from_config(config.algorithm.kl_ctrl)
+        self.inputs = InputPlan.for_estimator(get_estimator(config.algorithm.adv_estimator), config)
+        self.hooks = BatchHooks(list(config.algorithm.batch_hooks), dict(config.algorithm.batch_hook_options))
         self.tracking = Tracking(list(config.trainer.logger), run_info(config, self.run_dir))
         self.global_step = 0
         epochs_steps = config.trainer.total_epochs * self.loader.batches_per_epoch
@@ -139,30 +158,18 @@ class PPOTrainer:
         progress.close()
 
     def train_step(self) -> dict[str, float]:
-        """One RL step: the seven stages of DESIGN.md, in order."""
+        """One RL step: the seven stages of DESIGN.md, in order (1-4 in :meth:`rollout`)."""
         timer, step_start = StageTimer(), time.perf_counter()
-        prompts = self.loader.next_batch()
-        prompts.non_tensor_batch[UID] = np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)
-        prompts.meta_info.update(n=self.config.actor_rollout_ref.rollout.n, greedy=False, seed=self._seed())
         metrics: dict[str, float] = {}
-
-        with timer("gen"):  # 1. rollout: n responses per prompt, with the current weights
-            batch = self.actor.generate_sequences(prompts)
-            self.check_weight_version(batch)
-        with timer("old_log_prob"):  # 2. log-probs under the training layout
-            batch.union(self.actor.compute_log_prob(batch))
-            metrics["actor/entropy"] = masked_mean(batch.pop(batch_keys=[ENTROPY]).batch[ENTROPY], batch.batch[RESPONSE_MASK])
-        if self.ref is not None:
-            with timer("ref"):  # 3. reference log-probs for the KL terms
-                batch.union(self.ref.compute_ref_log_prob(batch))
-        with timer("reward"):  # 4. verifiers
-            metrics.update(self.score(batch))
+        batch = self.rollout(timer, metrics)  # 1-4, again on more prompts while after-reward hooks drop groups
         if self.critic is not None:
             with timer("values"):  # 5. values, for estimators that need a critic
                 batch.union(self.critic.compute_values(batch))
         with timer("adv"):  # 6. advantages, the estimator resolved by name
             options = dict(self.config.algorithm.estimator_options)
             batch = compute_advantage(batch, self.config.algorithm.adv_estimator, **options)
+            batch, hook_metrics = self.hooks.run("before_update", batch)
+            metrics.update(hook_metrics)
         with timer("update"):  # 7. update critic, then actor, each on the same global mini-batches
             batch.meta_info["global_step"] = self.global_step
             if self.critic is not None:
@@ -173,6 +180,74 @@ class PPOTrainer:
         metrics.update(timer.metrics())
         metrics.update(throughput_metrics(batch, time.perf_counter() - step_start, self.world_size))
         return metrics
+
+    def generate_and_score(self, timer: StageTimer, metrics: dict[str, float]) -> DataProto:
+        """Steps 1-4 on the next batch of prompts."""
+        prompts = self.loader.next_batch()
+        prompts.non_tensor_batch[UID] = np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)
+        prompts.meta_info.update(n=self.config.actor_rollout_ref.rollout.n, greedy=False, seed=self._seed())
+        with timer("gen"):  # 1. rollout: n responses per prompt, with the current weights
+            batch = self.actor.generate_sequences(prompts)
+            self.check_weight_version(batch)
+        with timer("old_log_prob"):  # 2. log-probs under the training layout (and what the estimator declared)
+            batch.meta_info["with_sum_pi_squared"] = self.inputs.sum_pi_squared
+            batch.union(self.actor.compute_log_prob(batch))
+            metrics["actor/entropy"] = masked_mean(batch.pop(batch_keys=[ENTROPY]).batch[ENTROPY], batch.batch[RESPONSE_MASK])
+            metrics.update(self.correct_for_rollout(batch))
+        if self.ref is not None:
+            with timer("ref"):  # 3. reference log-probs for the KL terms
+                batch.union(self.ref.compute_ref_log_prob(batch))
+        with timer("reward"):  # 4. verifiers (and a greedy baseline, when the estimator declared one)
+            metrics.update(self.score(batch))
+            if self.inputs.greedy_baseline:
+                metrics.update(self.greedy_baseline(prompts, batch))
+        return batch
+
+    def rollout(self, timer: StageTimer, metrics: dict[str, float]) -> DataProto:
+        """Steps 1-4, then the after-reward hooks; while they leave fewer than ``data.train_batch_size``
+        prompts, the same on the next prompts (a recipe's dynamic sampling, say), up to ``algorithm.max_rollout_batches``
+        batches. The step then trains on exactly ``data.train_batch_size`` prompts, topped up with dropped
+        groups if the cap was reached; the hooks' metrics are summed over its rollout batches."""
+        if not self.hooks.stage("after_reward"):
+            return self.generate_and_score(timer, metrics)
+        want, n = self.config.data.train_batch_size, self.config.actor_rollout_ref.rollout.n
+        kept, dropped, rollouts = [], [], 0
+        while rollouts < self.config.algorithm.max_rollout_batches and sum(len(b) for b in kept) < want * n:
+            scored = self.generate_and_score(timer, metrics)
+            rollouts += 1
+            batch, hook_metrics = self.hooks.run("after_reward", scored)
+            for key, value in hook_metrics.items():  # summed over the step's rollout batches
+                metrics[key] = metrics.get(key, 0.0) + value
+            kept.append(batch)
+            dropped.append(scored[~np.isin(scored.non_tensor_batch[UID], batch.non_tensor_batch[UID])])
+        have = sum(len(b) for b in kept)
+        topped_up = max(0, want * n - have)
+        batch = concat_rollouts([b for b in kept + dropped if len(b)], self.pad_id)[: want * n]
+        metrics.update({"batch_hooks/rollout_batches": float(rollouts), "batch_hooks/topped_up": float(topped_up // n)})
+        return batch
+
+    def greedy_baseline(self, prompts: DataProto, batch: DataProto) -> dict[str, float]:
+        """``reward_baselines``: each prompt's greedy response, scored, repeated over its n samples (ReMax)."""
+        greedy = DataProto(dict(prompts.batch), dict(prompts.non_tensor_batch), {**prompts.meta_info, "n": 1, "greedy": True})
+        scores, _ = self.reward_fn(self.actor.generate_sequences(greedy), self.tokenizer)
+        baseline = scores.sum(-1).repeat_interleave(self.config.actor_rollout_ref.rollout.n)
+        batch.batch[REWARD_BASELINES] = baseline
+        return {"reward/greedy_baseline/mean": baseline.mean().item()}
+
+    def correct_for_rollout(self, batch: DataProto) -> dict[str, float]:
+        """``rollout_is_weights`` between the training and the rollout policy (``algorithm.rollout_correction``);
+        in ``mask`` mode the rejected tokens leave ``response_mask``. Nothing when it is off."""
+        cfg = self.config.algorithm.rollout_correction
+        if cfg.rollout_is is None:
+            return {}
+        out = rollout_correction(
+            batch.batch[OLD_LOG_PROBS], batch.batch[ROLLOUT_LOG_PROBS], batch.batch[RESPONSE_MASK],
+            rollout_is=cfg.rollout_is, rollout_is_mode=cfg.rollout_is_mode, rollout_is_threshold=cfg.rollout_is_threshold,
+            rollout_is_threshold_lower=cfg.rollout_is_threshold_lower, rollout_is_batch_normalize=cfg.rollout_is_batch_normalize,
+        )
+        batch.batch[ROLLOUT_IS_WEIGHTS] = out.weights
+        batch.batch[RESPONSE_MASK] = out.response_mask.to(batch.batch[RESPONSE_MASK].dtype)
+        return dict(out.metrics)
 
     def check_weight_version(self, batch: DataProto) -> None:
         """Fail (or warn, with ``rollout.allow_stale_weights``) when a rollout used stale weights.
@@ -192,13 +267,18 @@ class PPOTrainer:
         logger.warning(message)
 
     def score(self, batch: DataProto) -> dict[str, float]:
-        """Verifier scores into ``token_level_scores``; rewards with the KL penalty when configured."""
-        scores, metrics = self.reward_fn(batch, self.tokenizer)
-        batch.batch[TOKEN_LEVEL_SCORES] = scores
+        """Verifier scores into ``token_level_scores`` (and ``reward_components``, when the estimator declared
+        them); rewards with the KL penalty when configured."""
+        out = self.reward_fn.score_batch(batch, self.tokenizer)
+        metrics = dict(out.metrics)
+        batch.batch[TOKEN_LEVEL_SCORES] = out.token_level_scores
+        if self.inputs.reward_components:
+            batch.batch[REWARD_COMPONENTS] = reward_components(
+                out.fields, self.inputs.reward_components, self.config.reward.timeout_score)
         if self.config.algorithm.use_kl_in_reward:
             metrics.update(apply_kl_penalty(batch, self.kl_ctrl, self.config.algorithm.kl_penalty))
         else:
-            batch.batch[TOKEN_LEVEL_REWARDS] = scores
+            batch.batch[TOKEN_LEVEL_REWARDS] = out.token_level_scores
         return metrics
 
     # ----------------------------------------------------------- validation

@@ -6,6 +6,8 @@ the tests that check the rollout engine against a teacher-forced pass.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import nn
 
@@ -26,14 +28,35 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     return -(log_p.exp() * log_p).sum(-1)
 
 
+def sum_pi_squared_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """sum_v softmax(logits)_v^2 at each position, (B, T, V) -> (B, T) float32, in log space:
+    exp(logsumexp(2 z) - 2 logsumexp(z)), so a peaked distribution does not underflow."""
+    logits = logits.float()
+    return torch.exp(torch.logsumexp(2 * logits, dim=-1) - 2 * torch.logsumexp(logits, dim=-1))
+
+
+class TokenStats(NamedTuple):
+    """Per response token, (B, T) each: the log-prob of the sampled token, and when asked the entropy and
+    sum_v pi(v)^2 of the distribution it was drawn from (None otherwise)."""
+
+    log_probs: torch.Tensor
+    entropy: torch.Tensor | None = None
+    sum_pi_squared: torch.Tensor | None = None
+
+
 def response_log_probs(
-    model: nn.Module, batch: DataProto, *, temperature: float = 1.0, with_entropy: bool = False
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Teacher-forced log-probs of ``batch["responses"]`` given the prompt, (B, T) each.
+    model: nn.Module,
+    batch: DataProto,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    with_sum_pi_squared: bool = False,
+) -> TokenStats:
+    """Teacher-forced log-probs of ``batch["responses"]`` given the prompt, (B, T), and what else is asked.
 
     The logits are divided by ``temperature`` first, so the result is the
-    log-probability under the distribution the rollout sampled from.
-    Returns ``(log_probs, entropy or None)``.
+    log-probability under the distribution the rollout sampled from (and the
+    entropy and sum of squared probabilities are of that distribution).
     """
     responses = batch.batch[RESPONSES]
     length = responses.shape[1]
@@ -45,5 +68,8 @@ def response_log_probs(
     )
     # logits at position p predict token p + 1: the response's logits start one before it
     logits = out.logits[:, -length - 1 : -1, :] / temperature
-    log_probs = log_probs_from_logits(logits, responses)
-    return log_probs, (entropy_from_logits(logits) if with_entropy else None)
+    return TokenStats(
+        log_probs_from_logits(logits, responses),
+        entropy_from_logits(logits) if with_entropy else None,
+        sum_pi_squared_from_logits(logits) if with_sum_pi_squared else None,
+    )

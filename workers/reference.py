@@ -39,5 +39,5 @@ class RefWorker(Worker):
         """Teacher-forced log-probs of the responses, at the rollout temperature."""
         temperature = self.config.actor_rollout_ref.rollout.temperature
         micro = self.dims.ref.micro_batch_rows
-        parts = [response_log_probs(self.model, part, temperature=temperature)[0] for part in data.split(micro)]
+        parts = [response_log_probs(self.model, part, temperature=temperature).log_probs for part in data.split(micro)]
         return DataProto.from_dict({REF_LOG_PROBS: torch.cat(parts)})

@@ -31,7 +31,7 @@ def test_log_probs_match_manual_softmax():
 
 def test_response_log_probs_equal_a_per_row_unpadded_forward():
     model, data = tiny_model(), rollout_batch()
-    batched, _ = response_log_probs(model, data, temperature=0.7)
+    batched = response_log_probs(model, data, temperature=0.7).log_probs
     for i in range(len(data)):
         keep = data.batch["attention_mask"][i].bool()
         ids = data.batch["input_ids"][i][keep][None]
@@ -122,3 +122,32 @@ def test_rows_not_a_multiple_of_the_mini_batch():
     actor = make_actor(tiny_model(), micro=8, rows_per_mini=4)
     with pytest.raises(ValueError, match="6 rows, not a multiple of its 4"):
         actor.update_policy(data, temperature=1.0)
+
+
+def test_rollout_is_weights_reach_the_loss():
+    """Weights of 2 on every token move the weights as doubled advantages do (the first step's ratio is 1)."""
+    data = rollout_batch()
+    base = tiny_model()
+    data.union(make_actor(base, micro=8).compute_log_prob(data, temperature=1.0))
+    weighted, doubled = copy.deepcopy(base), copy.deepcopy(base)
+    with_weights = data.select()
+    with_weights.batch["rollout_is_weights"] = torch.full_like(data.batch["advantages"], 2.0)
+    make_actor(weighted, micro=8).update_policy(with_weights, temperature=1.0)
+    twice = data.select()
+    twice.batch["advantages"] = data.batch["advantages"] * 2
+    make_actor(doubled, micro=8).update_policy(twice, temperature=1.0)
+    moved = False
+    for p, q, p0 in zip(weighted.parameters(), doubled.parameters(), base.parameters()):
+        assert torch.allclose(p, q, atol=1e-6)
+        moved |= not torch.equal(p, p0)
+    assert moved
+
+
+def test_compute_log_prob_returns_sum_pi_squared_when_asked():
+    model, data = tiny_model(), rollout_batch()
+    out = make_actor(model, micro=3).compute_log_prob(data, temperature=0.7, with_sum_pi_squared=True)
+    logits = model(input_ids=data.batch["input_ids"], attention_mask=data.batch["attention_mask"],
+                   position_ids=data.batch["position_ids"]).logits[:, -6:-1] / 0.7
+    expected = (torch.softmax(logits.float(), -1) ** 2).sum(-1)
+    assert torch.allclose(out.batch["sum_pi_squared"], expected, atol=1e-5)
+    assert "sum_pi_squared" not in make_actor(model, micro=3).compute_log_prob(data, temperature=0.7).batch

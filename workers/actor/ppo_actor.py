@@ -22,7 +22,15 @@ from torch import nn
 
 from hybridflow.configs.schema import ActorConfig
 from hybridflow.core import DataProto
-from hybridflow.core.keys import ADVANTAGES, ENTROPY, OLD_LOG_PROBS, REF_LOG_PROBS, RESPONSE_MASK
+from hybridflow.core.keys import (
+    ADVANTAGES,
+    ENTROPY,
+    OLD_LOG_PROBS,
+    REF_LOG_PROBS,
+    RESPONSE_MASK,
+    ROLLOUT_IS_WEIGHTS,
+    SUM_PI_SQUARED,
+)
 from hybridflow.losses import agg_loss, kl_penalty
 from hybridflow.plugins import get_policy_loss
 from hybridflow.workers.log_probs import response_log_probs
@@ -68,17 +76,22 @@ class PPOActor:
             )
 
     @torch.no_grad()
-    def compute_log_prob(self, data: DataProto, *, temperature: float, with_entropy: bool = False) -> DataProto:
-        """Teacher-forced ``old_log_probs`` (and ``entropy``) for every row, in micro-batches."""
+    def compute_log_prob(
+        self, data: DataProto, *, temperature: float, with_entropy: bool = False, with_sum_pi_squared: bool = False
+    ) -> DataProto:
+        """Teacher-forced ``old_log_probs`` for every row, in micro-batches; ``entropy`` and ``sum_pi_squared``
+        (sum_v pi_old(v)^2 per token, for estimators that declare it) when asked."""
         self.model.eval()
-        log_probs, entropies = [], []
-        for micro in data.split(self.config.ppo_micro_batch_size_per_gpu):
-            lp, ent = response_log_probs(self.model, micro, temperature=temperature, with_entropy=with_entropy)
-            log_probs.append(lp)
-            entropies.append(ent)
-        tensors = {OLD_LOG_PROBS: torch.cat(log_probs)}
+        parts = [
+            response_log_probs(self.model, micro, temperature=temperature, with_entropy=with_entropy,
+                               with_sum_pi_squared=with_sum_pi_squared)
+            for micro in data.split(self.config.ppo_micro_batch_size_per_gpu)
+        ]
+        tensors = {OLD_LOG_PROBS: torch.cat([p.log_probs for p in parts])}
         if with_entropy:
-            tensors[ENTROPY] = torch.cat(entropies)
+            tensors[ENTROPY] = torch.cat([p.entropy for p in parts])
+        if with_sum_pi_squared:
+            tensors[SUM_PI_SQUARED] = torch.cat([p.sum_pi_squared for p in parts])
         return DataProto.from_dict(tensors)
 
     def update_policy(self, data: DataProto, *, temperature: float, shuffle_seed: int = 0) -> dict[str, float]:
@@ -121,9 +134,12 @@ class PPOActor:
         """The micro-batch's share of the global loss, and its local diagnostics."""
         mask = micro.batch[RESPONSE_MASK].float()
         need_entropy = self.config.entropy_coeff != 0
-        log_probs, entropy = response_log_probs(self.model, micro, temperature=temperature, with_entropy=need_entropy)
+        log_probs, entropy, _ = response_log_probs(self.model, micro, temperature=temperature, with_entropy=need_entropy)
+        # rollout correction: importance weights pi_old / pi_rollout, when the driver computed them
+        correction = {"rollout_is_weights": micro.batch[ROLLOUT_IS_WEIGHTS]} if ROLLOUT_IS_WEIGHTS in micro.batch else {}
         token_losses, loss_metrics = self.policy_loss.fn(
-            micro.batch[OLD_LOG_PROBS], log_probs, micro.batch[ADVANTAGES], mask, **self.config.policy_loss_options
+            micro.batch[OLD_LOG_PROBS], log_probs, micro.batch[ADVANTAGES], mask, **correction,
+            **self.config.policy_loss_options,
         )
         terms = {"pg_loss": (1.0, token_losses)}
         if need_entropy:

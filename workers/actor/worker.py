@@ -171,9 +171,13 @@ class ActorRolloutWorker(Worker):
 
     @register(dispatch=DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
-        """``old_log_probs`` (the importance ratio's denominator) and ``entropy``, under the training layout."""
+        """``old_log_probs`` (the importance ratio's denominator) and ``entropy``, under the training layout;
+        also ``sum_pi_squared`` when ``meta_info["with_sum_pi_squared"]`` (an estimator declared it)."""
         temperature = self.config.actor_rollout_ref.rollout.temperature
-        return self.actor.compute_log_prob(data, temperature=temperature, with_entropy=True)
+        return self.actor.compute_log_prob(
+            data, temperature=temperature, with_entropy=True,
+            with_sum_pi_squared=bool(data.meta_info.get("with_sum_pi_squared", False)),
+        )
 
     @register(dispatch=DP_COMPUTE_METRIC)
     def update_actor(self, data: DataProto) -> dict[str, float]:
