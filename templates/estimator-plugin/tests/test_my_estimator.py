@@ -1,6 +1,8 @@
-"""The estimator against numbers worked out by hand, and its registration by name.
+"""The estimator against numbers worked out by hand, its registration by name, and hybridflow's contract.
 
-Run after ``pip install -e .`` (the second test needs the installed entry point).
+Run after ``pip install -e .`` (the last two tests need the installed entry
+point). ``check_estimator`` is a fixture of hybridflow's pytest plugin
+(``hybridflow.testing``), loaded by pytest wherever hybridflow is installed.
 """
 
 from importlib import metadata
@@ -51,3 +53,10 @@ def test_registered_by_name():
     assert entry.options == {"clip": 1.0}
     [registration] = get_plugin_manager().registry(ESTIMATORS).by_name["my_estimator"]
     assert (registration.source.distribution, registration.source.version) == (DISTRIBUTION, version)
+
+
+def test_keeps_the_estimator_contract(check_estimator):
+    # shapes, finite values, zero on padding, row and group order, equal scores -> 0, edge cases;
+    # a failure names the property, the input and the numbers
+    check_estimator("my_estimator")
+    check_estimator("my_estimator", options={"clip": 0.1})

@@ -1,6 +1,8 @@
-"""The verifier against scores worked out by hand, and its registration by name.
+"""The verifier against scores worked out by hand, its registration by name, and hybridflow's contract.
 
-Run after ``pip install -e .`` (the second test needs the installed entry point).
+Run after ``pip install -e .`` (the last two tests need the installed entry
+point). ``check_reward_verifier`` is a fixture of hybridflow's pytest plugin
+(``hybridflow.testing``), loaded by pytest wherever hybridflow is installed.
 """
 
 from importlib import metadata
@@ -42,3 +44,13 @@ def test_registered_by_name():
     assert entry.options == {"tolerance": 4.0}
     [registration] = get_plugin_manager().registry(REWARD_VERIFIERS).by_name["my_reward"]
     assert (registration.source.distribution, registration.source.version) == (DISTRIBUTION, version)
+
+
+def test_keeps_the_verifier_contract(check_reward_verifier):
+    # run as the reward manager runs it (worker processes, a timeout): finite scores, deterministic,
+    # these cases exactly, and no exception on empty, 1 MB or non-ASCII text, as the docstring promises
+    check_reward_verifier(
+        "my_reward",
+        cases=[("8", "8", 1.0), (" 7 because", "8", 0.75), ("x8", "8", 0.0), ("8", "eight", 0.0)],
+        odd_responses_may_raise=False,
+    )
