@@ -99,7 +99,10 @@ def prompt_length(prompt: Any, tokenizer: Any) -> int:
     """Tokens of a prompt: through the tokenizer's chat template when it has one, else of the text."""
     if isinstance(prompt, list):
         if getattr(tokenizer, "chat_template", None):
-            return len(tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True))
+            # rendered, then encoded: with tokenize=True recent transformers return a BatchEncoding,
+            # whose len() is its number of keys, not of tokens
+            text = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+            return len(tokenizer.encode(text, add_special_tokens=False))
         prompt = "\n".join(m["content"] for m in prompt)
     return len(tokenizer.encode(prompt, add_special_tokens=False))
 

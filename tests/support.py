@@ -74,3 +74,60 @@ def fsdp_update_rank(rank, world, port, mode, micro, out_dir):
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+SENTENCES = [
+    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May.",
+    "Weng earns 12 dollars an hour for babysitting. Yesterday she did 50 minutes of babysitting.",
+    "Let's think step by step. The answer is #### 72",
+    "How many clips did Natalia sell altogether in April and May? 0123456789 + - * / = ( ) ? !",
+]
+
+
+def local_qwen2_checkpoint(directory, *, hidden=32, layers=2, seed=0):
+    """A real local HF checkpoint, as a practitioner has one: a small Qwen2 with random weights and a byte-level
+    BPE tokenizer trained on a few sentences, with a chat template, both written with ``save_pretrained``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(SENTENCES, trainers.BpeTrainer(vocab_size=300, special_tokens=specials,
+                                                           initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                        padding_side="left")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    torch.manual_seed(seed)
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=1024, tie_word_embeddings=True,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    Qwen2ForCausalLM(config).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def gsm8k_parquet(path, rows):
+    """A GSM8K-format parquet (veRL's schema, as ``data.preprocess gsm8k`` writes it) of simple sums."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    records = []
+    for i in range(rows):
+        a, b = 3 + i % 17, 5 + (7 * i) % 23
+        question = f"Natalia sold {a} clips in April and {b} clips in May. How many clips did she sell?"
+        records.append({
+            "data_source": "openai/gsm8k",
+            "prompt": [{"role": "user", "content": question + " Let's think step by step and output the final answer after \"####\"."}],
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": str(a + b)},
+            "extra_info": {"split": "train", "index": i},
+        })
+    pq.write_table(pa.Table.from_pylist(records), path)
+    return str(path)

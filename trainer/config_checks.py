@@ -116,7 +116,7 @@ def _device_problems(trainer: Any, rollout: Any, model: Any) -> Iterator[str]:
     if rollout.name == "vllm":
         if trainer.device != "cuda":
             yield ("actor_rollout_ref.rollout.name='vllm' needs trainer.device='cuda' (trainer=gpu); "
-                   "on CPU use actor_rollout_ref.rollout.name=builtin")
+                   "on CPU use rollout@actor_rollout_ref.rollout=builtin")
         yield from _vllm_problems(model, trainer)
 
 
@@ -137,6 +137,8 @@ def _vllm_problems(model: Any, trainer: Any) -> list[str]:
 def _model_problems(cfg: Any) -> Iterator[str]:
     """The model path exists; tensor-parallel sizes split the model's heads (reads only its config)."""
     arr = cfg.actor_rollout_ref
+    if not arr.model.path:
+        return  # ModelConfig.problems says so
     path = str(arr.model.path)
     if not path.startswith("builtin:") and not os.path.isdir(path):
         yield f"actor_rollout_ref.model.path={path!r} is not a directory; give a local HF model directory or builtin:<name>"
@@ -186,6 +188,18 @@ def config_problems(cfg: Any) -> list[str]:
     if not any(p.startswith("trainer.nnodes") or "tensor_model_parallel_size" in p for p in problems):
         problems += _model_problems(cfg)
     return problems
+
+
+def config_warnings(cfg: Any) -> list[str]:
+    """Valid but probably unintended settings, one message each (the run goes on)."""
+    arr = cfg.actor_rollout_ref
+    path = str(arr.model.path or "")
+    out = []
+    if path and not path.startswith("builtin:") and arr.rollout.response_length <= 16:
+        out.append(f"actor_rollout_ref.model.path={path!r} is a real checkpoint, but the job keeps the builtin toy's "
+                   f"settings (rollout.response_length={arr.rollout.response_length}, actor lr "
+                   f"{arr.actor.optim.lr:g}): use experiment=gsm8k_grpo or set them for your model")
+    return out
 
 
 def check_config(cfg: Any) -> None:

@@ -24,7 +24,7 @@ from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf
 
 from hybridflow.configs.schema import PPOConfig, register_configs
-from hybridflow.trainer.config_checks import ConfigError, check_config, check_datasets
+from hybridflow.trainer.config_checks import ConfigError, check_config, check_datasets, config_warnings
 from hybridflow.trainer.overrides import override_problems
 from hybridflow.trainer.ppo_trainer import RunSummary
 from hybridflow.trainer.sweep import current_job, logger_names, run_sweep_job
@@ -157,6 +157,8 @@ def train(cfg: DictConfig, facts: dict[str, Any] | None = None) -> float:
     """Check ``cfg``, name the run for the loggers, train; returns the final validation accuracy (NaN if not run)."""
     config: PPOConfig = OmegaConf.to_object(cfg)
     check_config(config)
+    for warning in config_warnings(config):
+        logger.warning(warning)
     trainer = config.trainer
     trainer.run_group, trainer.run_name = logger_names(trainer.run_group, trainer.run_name, trainer.experiment_name)
     run_dir = Path(HydraConfig.get().runtime.output_dir)

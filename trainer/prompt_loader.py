@@ -66,7 +66,7 @@ class PromptSet:
     token_ids: list[list[int]]
     texts: list[str]
     data_sources: list[str]
-    ground_truths: list[str]
+    ground_truths: list[str | None]
     extra_infos: list[dict]
     filtered_too_long: int = 0
 
@@ -74,19 +74,28 @@ class PromptSet:
     def from_rows(cls, rows: Sequence[Mapping[str, Any]], tokenizer: Any, max_prompt_length: int) -> PromptSet:
         """Tokenize ``rows``; prompts over ``max_prompt_length`` tokens are dropped and counted."""
         kept = cls([], [], [], [], [])
+        unk, tokens = getattr(tokenizer, "unk_token_id", None), [0, 0]
         for row in rows:
             text = render_prompt(row["prompt"], tokenizer)
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            tokens[0] += sum(i == unk for i in ids) if unk is not None else 0
+            tokens[1] += len(ids)
             if len(ids) > max_prompt_length:
                 kept.filtered_too_long += 1
                 continue
             kept.token_ids.append(ids)
             kept.texts.append(text)
             kept.data_sources.append(row["data_source"])
-            kept.ground_truths.append(str(row["reward_model"]["ground_truth"]))
+            truth = row["reward_model"]["ground_truth"]
+            kept.ground_truths.append(truth if truth is None else str(truth))  # None stays None: a reward error, not "None"
             kept.extra_infos.append(dict(row.get("extra_info") or {}))
         if kept.filtered_too_long:
             logger.warning("dropped %d prompts longer than %d tokens", kept.filtered_too_long, max_prompt_length)
+        if tokens[1] and tokens[0] / tokens[1] > 0.01:
+            logger.warning("%.0f%% of the prompt tokens are the tokenizer's unknown token %r: this tokenizer does not "
+                           "cover the data (builtin:* models have a character tokenizer for the synthetic task only; "
+                           "set actor_rollout_ref.model.path to a real checkpoint)", 100 * tokens[0] / tokens[1],
+                           getattr(tokenizer, "unk_token", None))
         if not kept.token_ids:
             raise ValueError(f"no prompts left: all {len(rows)} are longer than data.max_prompt_length={max_prompt_length}")
         return kept

@@ -92,7 +92,7 @@ def vllm_unavailable_reasons(*, has_vllm: bool | None = None, has_cuda: bool | N
     if not has_vllm:
         reasons.append(f"vllm is not installed ({INSTALL_HINT}; vLLM ships CUDA-only wheels)")
     if not has_cuda:
-        reasons.append("no CUDA device is visible; vLLM rollout needs a GPU (use rollout.name=builtin on CPU)")
+        reasons.append("no CUDA device is visible; vLLM rollout needs a GPU (on CPU: rollout@actor_rollout_ref.rollout=builtin)")
     return reasons
 
 
@@ -175,7 +175,7 @@ def vllm_engine_kwargs(
     if str(model_path).startswith("builtin:"):
         raise ValueError(
             f"vLLM loads a model from a local HF directory, got {model_path!r}; save the builtin model "
-            "with save_pretrained and pass that directory, or use rollout.name=builtin"
+            "with save_pretrained and pass that directory, or use rollout@actor_rollout_ref.rollout=builtin"
         )
     if tp_size < 1:
         raise ValueError(f"tensor_parallel_size must be >= 1, got {tp_size}")
