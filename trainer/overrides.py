@@ -3,10 +3,12 @@
 Hydra rejects a misspelt key too, but with seven lines that end in advice
 that would not work here (``+key=...`` on a strict schema). This check reads
 the overrides the way Hydra does (its own parser) and answers in one line
-per problem: an unknown key with the closest keys that exist, an unknown
-config group option with the options there are, a value of the wrong type
-with the type. Anything it does not understand (Hydra's own flags, ``hydra.*``
-keys, interpolations) it leaves to Hydra.
+per problem: an unknown key with the closest keys that exist (or, for a
+veRL key or a TRL ``GRPOConfig`` argument, the key that does the same here:
+``trainer/foreign_keys.py``), an unknown config group option with the options
+there are, a value of the wrong type with the type. Anything it does not
+understand (Hydra's own flags, ``hydra.*`` keys, interpolations) it leaves to
+Hydra, but still explains the veRL and TRL names among them (``--learning_rate 1e-6``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from hybridflow.configs import CONFIG_DIR
 from hybridflow.configs.schema import PPOConfig
+from hybridflow.trainer.foreign_keys import argv_problems, explain
 
 _FLAGS_WITHOUT_VALUE = ("--multirun", "-m")
 
@@ -49,23 +52,24 @@ def group_options(config_dir: str = CONFIG_DIR) -> dict[str, list[str]]:
 
 def override_problems(args: list[str]) -> list[str]:
     """One message per override in ``args`` (``sys.argv[1:]``) that cannot work; empty when all can, or when
-    ``args`` use Hydra flags this check does not model (then Hydra speaks)."""
+    ``args`` use Hydra flags this check does not model (then Hydra speaks, unless an argument is a veRL or TRL name)."""
     if any(a.startswith("-") and a not in _FLAGS_WITHOUT_VALUE for a in args):
-        return []
+        return argv_problems(args)
+    texts = [a for a in args if not a.startswith("-")]
     try:
-        overrides = OverridesParser.create().parse_overrides([a for a in args if not a.startswith("-")])
+        overrides = OverridesParser.create().parse_overrides(texts)
     except Exception:  # noqa: BLE001 - a syntax error: Hydra's own message says where
         return []
     keys, groups = schema_keys(), group_options()
     problems = []
-    for o in overrides:
+    for o, text in zip(overrides, texts):
         name = o.key_or_group
         if name.split(".")[0] == "hydra" or o.is_delete():
             continue
         if name in groups and "." not in name:
             problems += _group_problem(o, groups[name])
         elif name not in keys:
-            problems += _unknown_key(o, keys)
+            problems += _unknown_key(o, keys, text.partition("=")[2])
         elif not o.is_sweep_override():
             problems += _type_problem(o.get_key_element().lstrip("+~"), keys[name], o.value())
     return problems
@@ -78,7 +82,10 @@ def _group_problem(o: Any, options: list[str]) -> list[str]:
             for v in bad]
 
 
-def _unknown_key(o: Any, keys: dict[str, Any]) -> list[str]:
+def _unknown_key(o: Any, keys: dict[str, Any], value: str) -> list[str]:
+    foreign = explain(o.key_or_group, value)
+    if foreign is not None:
+        return [foreign]
     parent = o.key_or_group.rsplit(".", 1)[0]
     while parent and parent not in keys:
         parent = parent.rsplit(".", 1)[0] if "." in parent else ""

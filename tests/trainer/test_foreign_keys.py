@@ -1,0 +1,175 @@
+"""veRL keys and TRL ``GRPOConfig`` names get the hybridflow key that does the same, and that key works.
+
+Every suggestion of ``trainer/foreign_keys.py`` is checked the way a reader
+would use it: each key it names exists in the schema, and its overrides
+(with the entry's example value) parse, compose and pass the config check,
+with the policy loss's options checked against the loss as the actor will
+(only what this machine lacks is forgiven, as for the documented commands).
+An alias must not shadow one of our keys, nor a ``.*`` section one of our
+sections (a misspelt key of ours would lose difflib's suggestion).
+"""
+
+import re
+import shlex
+import subprocess
+import sys
+import typing
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from hybridflow.configs import CONFIG_DIR
+from hybridflow.configs.schema import register_configs
+from hybridflow.plugins import get_policy_loss
+from hybridflow.trainer.config_checks import config_problems
+from hybridflow.trainer.foreign_keys import TABLE, TRL_NAMES, VERL_KEYS, ForeignKey, explain, lookup, suggestion
+from hybridflow.trainer.overrides import group_options, override_problems, schema_keys
+
+ROOT = Path(__file__).resolve().parents[2]
+KEYS, GROUPS = schema_keys(), group_options()
+MACHINE_PROBLEMS = ("is not a directory; give a local HF model", "GPU(s)", "rollout.name='vllm': ")
+
+
+def suggestions(entry: ForeignKey) -> list[tuple[str, ...]]:
+    """Every override list ``entry`` can suggest, with its example value (and ``x`` under a ``.*`` section)."""
+    rest = "x" if entry.name.endswith(".*") else ""
+    found = [suggestion(entry, entry.example, rest)] if entry.here else []
+    found += [suggestion(entry, value, rest) for value in entry.by_value]
+    return [tuple(a for item in s for a in shlex.split(item)) for s in found if s]
+
+
+def named_key(item: str) -> str:
+    """The key or group an override (or a bare key) sets: ``+a.b=1`` -> ``a.b``, ``rollout@x.y=vllm`` -> ``rollout``."""
+    return item.partition("=")[0].lstrip("+~").partition("@")[0]
+
+
+def exists(key: str) -> bool:
+    """A key of the schema, a config group, Hydra's run directory, or an entry of a dict-valued key."""
+    if key in KEYS or key in GROUPS or key == "hydra.run.dir":
+        return True
+    parent = key.rpartition(".")[0]
+    while parent and parent not in KEYS:
+        parent = parent.rpartition(".")[0]
+    return bool(parent) and typing.get_origin(KEYS[parent]) is dict
+
+
+ENTRIES = list(TABLE.values())
+CASES = [(e.name, s, e.checked_with) for e in ENTRIES for s in suggestions(e)]
+
+
+def test_the_table_covers_both_frameworks():
+    assert len(VERL_KEYS) > 100 and len(TRL_NAMES) > 60
+    assert len(TABLE) == len(VERL_KEYS) + len(TRL_NAMES), "a name is listed twice"
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=[e.name for e in ENTRIES])
+def test_an_entry_says_what_to_do_or_why_not(entry):
+    assert entry.here or entry.by_value or entry.missing, entry
+    assert not (entry.here and entry.missing and not entry.by_value), "a suggestion and 'no equivalent' at once"
+    assert set(entry.value_notes) <= set(entry.by_value) | {entry.example.lower()}, entry.value_notes
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=[e.name for e in ENTRIES])
+def test_an_alias_shadows_none_of_our_keys(entry):
+    name = entry.name.removesuffix(".*")
+    assert name not in KEYS and name not in GROUPS, f"{name} is a key here now: drop it from the table"
+    if entry.name.endswith(".*"):
+        assert not any(k.startswith(name + ".") for k in KEYS), f"{entry.name} would hide typos of our keys"
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=[e.name for e in ENTRIES])
+def test_every_key_an_entry_names_exists(entry):
+    items = [*entry.here, *(i for s in entry.by_value.values() for i in s), *entry.checked_with]
+    for item in items:
+        for arg in shlex.split(item.replace("{value}", "v").replace("{rest}", "x")):
+            assert exists(named_key(arg)), f"{entry.name}: {named_key(arg)} is not a key here"
+
+
+@pytest.mark.parametrize("name,overrides,context", CASES, ids=[f"{n}:{' '.join(s)[:50]}" for n, s, _ in CASES])
+def test_a_suggestion_composes_and_passes_the_config_check(name, overrides, context):
+    settings = [o for o in overrides if "=" in o]
+    if not settings:
+        pytest.skip("names a key only (its value is not the foreign one)")
+    args = [*context, *settings]
+    assert override_problems(args) == [], (name, args)
+    register_configs()
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        config = OmegaConf.to_object(compose("ppo_trainer", overrides=args))
+    problems = [p for p in config_problems(config) if not any(m in p for m in MACHINE_PROBLEMS)]
+    actor = config.actor_rollout_ref.actor
+    unknown = set(actor.policy_loss_options) - set(get_policy_loss(actor.policy_loss).options)
+    assert problems == [] and not unknown, (name, args, problems, unknown)
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["data.max_response_length=512"],
+     "data.max_response_length is veRL's name; here: actor_rollout_ref.rollout.response_length=512"),
+    (["learning_rate=1e-6"], "learning_rate is TRL's GRPOConfig name; here: actor_rollout_ref.actor.optim.lr=1e-6"),
+    (["--learning_rate", "1e-6"], "learning_rate is TRL's GRPOConfig name; here: actor_rollout_ref.actor.optim.lr=1e-6"),
+    (["algorithm.gamma=0.99"], "algorithm.gamma is veRL's name; here: +algorithm.estimator_options.gamma=0.99; "
+                               "an option of the estimators that discount (gae, reinforce_plus_plus)"),
+    (["loss_type=bnpo"], "loss_type is TRL's GRPOConfig name; here: actor_rollout_ref.actor.loss_agg_mode=token-mean-local; "
+                         "a TRL loss type is a policy loss and an aggregation mode here (losses/aggregation.py)"),
+    (["actor_rollout_ref.model.enable_gradient_checkpointing=True"],
+     "actor_rollout_ref.model.enable_gradient_checkpointing is veRL's name; no equivalent yet: "
+     "no activation checkpointing: activations are kept for the backward pass"),
+    (["actor_rollout_ref.model.enable_gradient_checkpointing=false"],
+     "actor_rollout_ref.model.enable_gradient_checkpointing is veRL's name; here: nothing to set"),
+    (["+custom_reward_function.reward_kwargs.alpha=2"],
+     "custom_reward_function.reward_kwargs.alpha is veRL's name; here: +reward.custom_reward_function.kwargs.alpha=2"),
+    (["reward_model.model.path=/models/rm"], "reward_model.model.path is veRL's name; no equivalent yet: no reward-model "
+     "worker: rewards come from verifier plugins routed by data_source (reward.route; docs/writing-a-reward.md)"),
+    (["trainer.total_trainig_steps=3"], "trainer.total_trainig_steps: no such key; did you mean trainer.total_training_steps?"),
+])
+def test_messages(args, expected):
+    assert override_problems(args) == [expected]
+
+
+def test_each_foreign_override_gets_its_own_line_beside_valid_ones():
+    problems = override_problems(["trainer.seed=1", "num_generations=4", "trainer.project_name=x", "top_p=0.9"])
+    assert problems == ["num_generations is TRL's GRPOConfig name; here: actor_rollout_ref.rollout.n=4",
+                        "top_p is TRL's GRPOConfig name; here: actor_rollout_ref.rollout.top_p=0.9"]
+
+
+def test_the_value_picks_the_suggestion():
+    assert explain("use_vllm", "False") == "use_vllm is TRL's GRPOConfig name; here: actor_rollout_ref.rollout.name=builtin"
+    assert explain("beta", "0.0").endswith("here: nothing to set; no KL term and no reference is the default here")
+    assert "luspo" in explain("loss_type", "vespo")
+    assert explain("actor_rollout_ref.rollout.val_kwargs.do_sample", "maybe").endswith("and maybe is none of those")
+
+
+def test_hydra_flags_are_still_left_to_hydra_but_foreign_names_beside_them_are_answered():
+    assert override_problems(["--cfg", "job", "trainer.seed=1"]) == []
+    problems = override_problems(["learning_rate=1e-6", "--num_generations", "4", "--use_vllm", "trainer.seed=1"])
+    assert problems == [
+        "learning_rate is TRL's GRPOConfig name; here: actor_rollout_ref.actor.optim.lr=1e-6",
+        "num_generations is TRL's GRPOConfig name; here: actor_rollout_ref.rollout.n=4",
+        "use_vllm is TRL's GRPOConfig name; here: rollout@actor_rollout_ref.rollout=vllm trainer=gpu; "
+        "colocated on the training GPUs; written against vLLM's API, not yet run (docs/vllm.md)"]
+
+
+def test_the_command_answers_a_verl_key_and_exits_2(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "hybridflow.trainer.main", "data.max_response_length=512"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert "here: actor_rollout_ref.rollout.response_length=512" in out.stderr and "Traceback" not in out.stderr
+
+
+# The first words of the dotted names the "coming from" pages talk about: ours, and veRL's sections we lack.
+SECTIONS = ("algorithm.", "actor_rollout_ref.", "critic.", "reward.", "data.", "trainer.", "reward_model.",
+            "custom_reward_function.", "reward_manager.")
+
+
+@pytest.mark.parametrize("page", ["coming-from-verl.md", "coming-from-trl.md"])
+def test_every_dotted_name_on_the_pages_is_ours_or_in_the_table(page):
+    """A key of ours renamed, or a veRL key the table lacks, shows up here: the page would mislead."""
+    unknown = set()
+    for span in re.findall(r"`([^`]+)`", (ROOT / "docs" / page).read_text()):
+        for word in span.split():
+            name = word.strip("'").lstrip("+~").partition("=")[0].removesuffix(".*")
+            if name.startswith(SECTIONS) and not name.endswith((".", "...")) and "<" not in name:
+                if not (exists(name) or lookup(name) or any(k.startswith(name + ".") for k in KEYS)):
+                    unknown.add(name)
+    assert not unknown, sorted(unknown)
