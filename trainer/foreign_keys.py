@@ -6,7 +6,7 @@ Neither is a key here, and difflib finds nothing close, so the override check
 (``trainer/overrides.py``) asks :func:`explain` first::
 
     data.max_response_length is veRL's name; here: actor_rollout_ref.rollout.response_length=512
-    gradient_checkpointing is TRL's GRPOConfig name; no equivalent yet: no activation checkpointing: ...
+    repetition_penalty is TRL's GRPOConfig name; no equivalent yet: sampling takes temperature, top_p ...
 
 Each :class:`ForeignKey` holds the overrides that do the same thing here
 (``{value}`` is the user's value), the value-dependent ones when the foreign
@@ -97,9 +97,38 @@ def _optim(p: str) -> tuple[ForeignKey, ...]:
     )
 
 
+DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp32": "float32", "float32": "float32"}
+FIXED_FSDP = "FSDP2 runs with fixed settings otherwise (offload: fsdp_config.param_offload, optimizer_offload)"
+
+
+def _fsdp(theirs: str, ours: str) -> tuple[ForeignKey, ...]:
+    """veRL's ``fsdp_config`` keys that ours lacks, and the shared ones where veRL's section sits elsewhere."""
+    moved = () if theirs == ours else (
+        *(_v(f"{theirs}.{k}", f"{ours}.{k}={{value}}", example="true") for k in ("param_offload", "optimizer_offload")),
+        _v(f"{theirs}.*", missing=FIXED_FSDP))
+    compute = {k: (f"{ours}.param_dtype={v}",) for k, v in DTYPES.items()}
+    return (
+        *moved,
+        _v(f"{theirs}.dtype", by_value=compute, missing="the compute dtype (param_dtype) is bfloat16 or float32"),
+        _v(f"{theirs}.mixed_precision.param_dtype", by_value=compute, missing="param_dtype is bfloat16 or float32"),
+        _v(f"{theirs}.mixed_precision.reduce_dtype", by_value={k: (f"{ours}.reduce_dtype={v}",) for k, v in DTYPES.items()},
+           missing="reduce_dtype is bfloat16 or float32"),
+        _v(f"{theirs}.mixed_precision.buffer_dtype", missing="no separate buffer dtype"),
+        _v(f"{theirs}.model_dtype", by_value={k: (f"{M}.dtype={v}",) for k, v in DTYPES.items()},
+           note="the policy's dtype serves every role", missing="actor_rollout_ref.model.dtype is bfloat16 or float32"),
+        _v(f"{theirs}.fsdp_size", missing="FSDP2 shards over all data-parallel ranks (no hybrid sharding)"),
+        _v(f"{theirs}.wrap_policy.*", missing="each decoder layer is its own FSDP2 unit"),
+        *(_v(f"{theirs}.{k}", missing=FIXED_FSDP)
+          for k in ("offload_policy", "reshard_after_forward", "forward_prefetch", "use_orig_params")),
+    )
+
+
 VERL_KEYS: tuple[ForeignKey, ...] = (
     *_optim(f"{A}.optim"),
     *_optim("critic.optim"),
+    *_fsdp(f"{A}.fsdp_config", f"{A}.fsdp_config"),
+    *_fsdp("actor_rollout_ref.ref.fsdp_config", "actor_rollout_ref.ref.fsdp_config"),
+    *_fsdp("critic.model.fsdp_config", "critic.fsdp_config"),
     # actor
     _v(f"{A}.ppo_micro_batch_size", f"{A}.ppo_micro_batch_size_per_gpu", note=PER_RANK),
     _v(f"{A}.use_dynamic_bsz", by_value={"false": ()}, missing=NO_DYNAMIC_BSZ),
@@ -123,9 +152,10 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
        "(rollout.response_length); there is no separate constant"),
     _v(f"{A}.strategy", by_value={"fsdp": (), "fsdp2": ()}, note=ONE_BACKEND, missing=ONE_BACKEND + " (no Megatron)"),
     _v(f"{A}.ulysses_sequence_parallel_size", by_value={"1": ()}, missing=NO_SP),
-    _v(f"{A}.fsdp_config.*", missing="FSDP2 runs with fixed settings: no parameter or optimizer offload, FSDP size "
-       "or wrap policy to choose"),
     _v(f"{A}.use_torch_compile", by_value={"false": ()}, missing="models run eagerly (no torch.compile)"),
+    _v(f"{A}.checkpoint.save_contents", "trainer.save_hf_on_end",
+       note="a checkpoint holds the sharded model, optimizer and data position; 'hf_model' is "
+            "trainer.save_hf_on_end=true, or hybridflow export of a checkpoint"),
     _v(f"{A}.checkpoint.*", missing="a checkpoint always holds the sharded model, optimizer and data position "
        "(trainer.save_freq)"),
     _v(f"{A}.grad_clip", A + ".optim.grad_clip={value}"),
@@ -137,8 +167,11 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
        note="the reference's forward passes use the actor's micro-batch"),
     _v("actor_rollout_ref.ref.log_prob_micro_batch_size", f"{A}.ppo_micro_batch_size_per_gpu",
        note="the reference's forward passes use the actor's micro-batch, per rank"),
-    _v("actor_rollout_ref.ref.*", missing="the reference is a frozen copy of the policy, built when actor.use_kl_loss "
-       "or algorithm.use_kl_in_reward is on; it has no settings of its own"),
+    _v("actor_rollout_ref.ref.log_prob_use_dynamic_bsz", by_value={"false": ()}, missing=NO_DYNAMIC_BSZ),
+    _v("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", missing=NO_DYNAMIC_BSZ),
+    _v("actor_rollout_ref.ref.ulysses_sequence_parallel_size", by_value={"1": ()}, missing=NO_SP),
+    _v("actor_rollout_ref.ref.strategy", by_value={"fsdp": (), "fsdp2": ()}, note=ONE_BACKEND,
+       missing=ONE_BACKEND + " (no Megatron)"),
     # rollout
     _v(f"{R}.log_prob_micro_batch_size_per_gpu", f"{A}.ppo_micro_batch_size_per_gpu",
        note="the actor computes the old log-probs in its own micro-batches"),
@@ -170,8 +203,6 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
     _v(f"{R}.update_weights_bucket_megabytes", R + ".reshard_bucket_mb={value}", example="64"),
     _v(f"{R}.ignore_eos", missing="generation stops at EOS"),
     # model
-    _v(f"{M}.enable_gradient_checkpointing", by_value={"false": ()},
-       missing="no activation checkpointing: activations are kept for the backward pass"),
     _v(f"{M}.use_remove_padding", by_value={"false": ()},
        missing="batches are padded (prompts left, responses right); no unpadded forward"),
     _v(f"{M}.lora_rank", by_value={"0": ()}, missing=NO_LORA),
@@ -264,6 +295,8 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
     *(_v(f"critic.{k}", missing=NO_DYNAMIC_BSZ) for k in ("use_dynamic_bsz", "ppo_max_token_len_per_gpu",
                                                         "forward_max_token_len_per_gpu")),
     _v("critic.grad_clip", "critic.optim.grad_clip={value}"),
+    _v("critic.model.enable_gradient_checkpointing", M + ".enable_gradient_checkpointing={value}", example="true",
+       note="one switch for the actor and the critic"),
     _v("critic.model.*", missing="the critic is a copy of the policy (actor_rollout_ref.model.path, its dtype) "
        "with a one-output value head; it has no model settings of its own"),
     _v("critic.loss_agg_mode", missing="the value loss is a token mean over the mini-batch"),
@@ -414,10 +447,11 @@ TRL_NAMES: tuple[ForeignKey, ...] = (
     _t("adam_beta1", "'" + A + ".optim.betas=[{value},0.999]'", note="betas is one list", example="0.9"),
     _t("adam_beta2", "'" + A + ".optim.betas=[0.9,{value}]'", note="betas is one list", example="0.99"),
     _t("max_grad_norm", A + ".optim.grad_clip={value}", example="1.0"),
-    _t("gradient_checkpointing", by_value={"false": ()},
-       missing="no activation checkpointing: activations are kept for the backward pass"),
-    _t("bf16", by_value={"true": (f"{M}.dtype=bfloat16",), "false": (f"{M}.dtype=float32",)},
-       note="the parameters' dtype here; TRL's bf16 is autocast over float32 weights"),
+    _t("gradient_checkpointing", M + ".enable_gradient_checkpointing={value}", example="true",
+       note="one switch for the actor and the critic"),
+    _t("bf16", by_value={"true": (f"{A}.fsdp_config.param_dtype=bfloat16",), "false": (f"{A}.fsdp_config.param_dtype=null",)},
+       note="FSDP2 mixed precision, like TRL's autocast: bfloat16 compute over weights in actor_rollout_ref.model.dtype "
+            "(float32 keeps float32 master weights)"),
     _t("per_device_eval_batch_size", "data.val_batch_size", note="prompts per validation generation call, all ranks"),
     _t("shuffle_dataset", "data.shuffle={value}", example="true"),
     _t("resume_from_checkpoint", "trainer.resume_mode", by_value={"true": ("trainer.resume_mode=auto",)},
@@ -427,7 +461,8 @@ TRL_NAMES: tuple[ForeignKey, ...] = (
     _t("trust_remote_code", by_value={"false": ()}, missing="models and tokenizers load without remote code"),
     _t("use_liger_kernel", by_value={"false": ()}, missing="no Liger or fused kernels"),
     _t("deepspeed", missing=ONE_BACKEND),
-    _t("push_to_hub", by_value={"false": ()}, missing="checkpoints stay on local disk"),
+    _t("push_to_hub", by_value={"false": ()},
+       missing="nothing is uploaded; trainer.save_hf_on_end=true writes a transformers directory to push"),
 )
 
 TABLE: dict[str, ForeignKey] = {k.name: k for k in VERL_KEYS + TRL_NAMES}

@@ -112,11 +112,11 @@ def test_a_suggestion_composes_and_passes_the_config_check(name, overrides, cont
                                "an option of the estimators that discount (gae, reinforce_plus_plus)"),
     (["loss_type=bnpo"], "loss_type is TRL's GRPOConfig name; here: actor_rollout_ref.actor.loss_agg_mode=token-mean-local; "
                          "a TRL loss type is a policy loss and an aggregation mode here (losses/aggregation.py)"),
-    (["actor_rollout_ref.model.enable_gradient_checkpointing=True"],
-     "actor_rollout_ref.model.enable_gradient_checkpointing is veRL's name; no equivalent yet: "
-     "no activation checkpointing: activations are kept for the backward pass"),
-    (["actor_rollout_ref.model.enable_gradient_checkpointing=false"],
-     "actor_rollout_ref.model.enable_gradient_checkpointing is veRL's name; here: nothing to set"),
+    (["actor_rollout_ref.model.use_remove_padding=True"],
+     "actor_rollout_ref.model.use_remove_padding is veRL's name; no equivalent yet: "
+     "batches are padded (prompts left, responses right); no unpadded forward"),
+    (["actor_rollout_ref.model.use_remove_padding=false"],
+     "actor_rollout_ref.model.use_remove_padding is veRL's name; here: nothing to set"),
     (["+custom_reward_function.reward_kwargs.alpha=2"],
      "custom_reward_function.reward_kwargs.alpha is veRL's name; here: +reward.custom_reward_function.kwargs.alpha=2"),
     (["reward_model.model.path=/models/rm"], "reward_model.model.path is veRL's name; no equivalent yet: no reward-model "
