@@ -1,4 +1,4 @@
-"""The ``hybridflow`` command: ``hybridflow plugins``, ``hybridflow demo``, ``hybridflow compare``."""
+"""The ``hybridflow`` command: ``hybridflow plugins``, ``hybridflow demo``, ``hybridflow compare``, ``hybridflow export``."""
 
 from __future__ import annotations
 
@@ -34,6 +34,18 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export(args: argparse.Namespace) -> int:
+    from hybridflow.trainer.export import ExportError, export_checkpoint
+
+    try:
+        out = export_checkpoint(args.checkpoint, args.out_dir)
+    except ExportError as error:
+        print(f"hybridflow export: {error}", file=sys.stderr)
+        return 2
+    print(f"wrote {out} (load it with AutoModelForCausalLM.from_pretrained and AutoTokenizer.from_pretrained)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``hybridflow`` console script."""
     parser = argparse.ArgumentParser(prog="hybridflow", description=__doc__)
@@ -63,6 +75,14 @@ def main(argv: list[str] | None = None) -> int:
                           "(step x data.train_batch_size x rollout.n, from each run's .hydra/config.yaml)")
     cmp.add_argument("--title", help="a title over the figure (default: none)")
     cmp.set_defaults(func=_compare)
+    export = sub.add_parser(
+        "export", help="write a checkpoint's policy as a transformers model directory with its tokenizer",
+        description="Read the actor's shards of a checkpoint in this process (no Ray, no GPUs, any number of saving "
+                    "ranks) and write an HF model directory: save_pretrained of the model and its tokenizer.",
+    )
+    export.add_argument("checkpoint", help="a checkpoint directory, .../checkpoints/global_step_<N>")
+    export.add_argument("out_dir", help="where the model directory goes (created if missing)")
+    export.set_defaults(func=_export)
     args = parser.parse_args(argv)
     return args.func(args)
 

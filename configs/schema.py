@@ -357,6 +357,14 @@ class TrainerConfig:
     """``auto`` (latest checkpoint in ``default_local_dir`` if any), ``disable``, or a checkpoint path."""
     max_ckpt_to_keep: int = 2
     """Keep this many most recent checkpoints."""
+    save_hf_on_end: bool = False
+    """At the end of training, write the policy as a transformers model directory (``save_pretrained`` with its
+    tokenizer) to ``hf_model/`` in the run directory. A checkpoint exports the same way afterwards:
+    ``hybridflow export <run>/checkpoints/global_step_<N> <out_dir>``."""
+    log_val_generations: int = 0
+    """At each validation, log the first this many validation prompts with their responses, ground truths and
+    scores to every sink in ``logger``: console lines, ``val_generations.jsonl`` in the run directory (one line
+    per row, with the step), a W&B table ``val/generations``, TensorBoard text. 0 logs none."""
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     """Metric sinks: ``console``, ``jsonl`` (``metrics.jsonl`` in the run directory), ``wandb``
     (offline under the run directory unless ``WANDB_API_KEY`` or ``WANDB_MODE`` is set),
@@ -376,7 +384,7 @@ class TrainerConfig:
         return (
             at_least(self, 1, "total_epochs", "nnodes", "n_gpus_per_node")
             + at_least(self, 1, "total_training_steps", optional=True)
-            + at_least(self, 0, "test_freq", "save_freq", "max_ckpt_to_keep")
+            + at_least(self, 0, "test_freq", "save_freq", "max_ckpt_to_keep", "log_val_generations")
             + one_of(self, "device", DEVICES)
         )
 

@@ -49,7 +49,7 @@ from hybridflow.trainer.estimator_inputs import InputPlan, reward_components
 from hybridflow.trainer.kl_control import KLController, apply_kl_penalty
 from hybridflow.trainer.metrics import StageTimer, compute_data_metrics, masked_mean, throughput_metrics
 from hybridflow.trainer.prompt_loader import PromptLoader, PromptSet
-from hybridflow.trainer.tracking import RunInfo, Tracking
+from hybridflow.trainer.tracking import GENERATION_COLUMNS, RunInfo, Tracking, generation_rows
 
 logger = logging.getLogger(__name__)
 
@@ -156,6 +156,8 @@ class PPOTrainer:
             progress.update(score=metrics["score/mean"], val_acc=last_val)
             summary.last_metrics = metrics
         progress.close()
+        if self.config.trainer.save_hf_on_end:  # the final policy as a transformers directory
+            self.actor.save_hf_model(str(self.run_dir / "hf_model"))
 
     def train_step(self) -> dict[str, float]:
         """One RL step: the seven stages of DESIGN.md, in order (1-4 in :meth:`rollout`)."""
@@ -284,10 +286,11 @@ class PPOTrainer:
     # ----------------------------------------------------------- validation
     def validate(self) -> dict[str, float]:
         """One response per validation prompt (greedy unless ``rollout.val_greedy`` is off: then sampled
-        at the rollout temperature, seeded); mean score per data_source and accuracy."""
+        at the rollout temperature, seeded); mean score per data_source and accuracy. The first
+        ``trainer.log_val_generations`` prompts go to the loggers with their responses and scores."""
         indices = list(range(len(self.val_prompts)))
-        scores, sources = [], []
-        greedy = self.config.actor_rollout_ref.rollout.val_greedy
+        scores, sources, shown = [], [], []
+        greedy, keep = self.config.actor_rollout_ref.rollout.val_greedy, self.config.trainer.log_val_generations
         for start in range(0, len(indices), self.config.data.val_batch_size):
             prompts = self.val_prompts.batch(indices[start : start + self.config.data.val_batch_size], self.pad_id)
             prompts.meta_info.update(n=1, greedy=greedy, seed=self._seed() + start)
@@ -295,6 +298,9 @@ class PPOTrainer:
             token_scores, _ = self.reward_fn(out, self.tokenizer)
             scores.append(token_scores.sum(-1))
             sources.extend(out.non_tensor_batch[DATA_SOURCE].tolist())
+            shown += generation_rows(out, scores[-1].tolist(), self.tokenizer, keep - len(shown))
+        if shown:
+            self.tracking.log_table("val/generations", GENERATION_COLUMNS, shown, self.global_step)
         all_scores = torch.cat(scores)
         metrics = {"val/accuracy": (all_scores >= 1.0).float().mean().item(), "val/score": all_scores.mean().item()}
         for source in sorted(set(sources)):

@@ -4,7 +4,15 @@ The driver is the only process that logs. Sinks: ``console`` (one compact
 line per step through ``logging``), ``jsonl`` (every metric of every step in
 ``metrics.jsonl`` in the run directory), ``wandb`` (a W&B run, offline without
 an account) and ``tensorboard`` (event files under ``tensorboard/`` in the run
-directory). Each implements ``log`` and ``close``; ``SINKS`` names them.
+directory). Each implements ``log``, ``log_table`` and ``close``; ``SINKS``
+names them.
+
+Tables are rows of text and numbers under named columns, such as the
+validation generations (:data:`GENERATION_COLUMNS`, rows from
+:func:`generation_rows`): the console shows each row on a line, ``jsonl``
+appends one line per row to ``<name>.jsonl`` (``/`` becomes ``_``:
+``val_generations.jsonl``), W&B logs a ``wandb.Table`` and TensorBoard a
+markdown table as text.
 """
 
 from __future__ import annotations
@@ -13,19 +21,49 @@ import json
 import logging
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
+
+from hybridflow.core import DataProto
+from hybridflow.core.keys import GROUND_TRUTH, RAW_PROMPT, RESPONSE_MASK, RESPONSES
 
 logger = logging.getLogger("hybridflow.metrics")
 
 CONSOLE_KEYS = ("score/mean", "score/accuracy", "val/accuracy", "actor/pg_loss", "actor/ppo_kl", "response_length/mean")
 
+Row = Sequence[Any]
+"""One row of a table: a value (text or number) per column."""
+
+GENERATION_COLUMNS = ("prompt", "response", "ground_truth", "score")
+"""The columns of the validation generations table (``trainer.log_val_generations``)."""
+
+CONSOLE_TEXT_CHARS = 200
+"""The console shows at most this many characters of each text cell."""
+
+
+def generation_rows(batch: DataProto, scores: Sequence[float], tokenizer: Any, limit: int) -> list[Row]:
+    """The first ``limit`` rows of a generated batch as :data:`GENERATION_COLUMNS`.
+
+    The response is its valid tokens (``response_mask``) decoded with the
+    special tokens kept, so an EOS shows that the response ended and the text
+    tokenizes back to the ids that were generated.
+    """
+    rows: list[Row] = []
+    for i in range(min(limit, len(batch))):
+        ids = batch.batch[RESPONSES][i][batch.batch[RESPONSE_MASK][i].bool()].tolist()
+        prompt, truth = batch.non_tensor_batch[RAW_PROMPT][i], batch.non_tensor_batch[GROUND_TRUTH][i]
+        rows.append([str(prompt), tokenizer.decode(ids, skip_special_tokens=False), str(truth), float(scores[i])])
+    return rows
+
 
 class MetricSink(Protocol):
     def log(self, metrics: dict[str, float], step: int) -> None:
         """Record the metrics of ``step``."""
+
+    def log_table(self, name: str, columns: Sequence[str], rows: Sequence[Row], step: int) -> None:
+        """Record a table ``name`` of ``step``: ``rows``, each a value per one of ``columns``."""
 
     def close(self) -> None:
         """Flush and release resources."""
@@ -39,25 +77,52 @@ class ConsoleSink:
         level = logging.INFO if any(k.startswith("val/") for k in metrics) else logging.DEBUG
         logger.log(level, "step %d: %s", step, shown)
 
+    def log_table(self, name: str, columns: Sequence[str], rows: Sequence[Row], step: int) -> None:
+        for index, row in enumerate(rows):
+            cells = " ".join(f"{column}={_short(value)}" for column, value in zip(columns, row, strict=True))
+            logger.info("step %d %s[%d]: %s", step, name, index, cells)
+
     def close(self) -> None:
         pass
 
 
+def _short(value: Any) -> str:
+    """A cell for one console line: numbers as %.4g, text quoted (newlines escaped) and cut to CONSOLE_TEXT_CHARS."""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    text = str(value)
+    return repr(text if len(text) <= CONSOLE_TEXT_CHARS else text[:CONSOLE_TEXT_CHARS] + "...")
+
+
 class JsonlSink:
-    """Appends ``{"step": N, ...metrics}`` lines to a file."""
+    """Appends ``{"step": N, ...metrics}`` lines to a file; a table's rows, one line each, to ``<name>.jsonl`` beside it."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = self.path.open("a", encoding="utf-8")
+        self._tables: dict[str, Any] = {}  # table name -> its open file
 
     def log(self, metrics: dict[str, float], step: int) -> None:
-        clean = {k: (v if isinstance(v, (int, float)) and math.isfinite(v) else str(v)) for k, v in metrics.items()}
-        self._file.write(json.dumps({"step": step, **clean}) + "\n")
-        self._file.flush()
+        self._write(self._file, {"step": step, **metrics})
+
+    def log_table(self, name: str, columns: Sequence[str], rows: Sequence[Row], step: int) -> None:
+        if name not in self._tables:
+            self._tables[name] = (self.path.parent / f"{name.replace('/', '_')}.jsonl").open("a", encoding="utf-8")
+        for row in rows:
+            self._write(self._tables[name], {"step": step, **dict(zip(columns, row, strict=True))})
+
+    @staticmethod
+    def _write(file: Any, record: dict[str, Any]) -> None:
+        """One JSON line; numbers that JSON cannot hold (NaN, inf) and other objects as text."""
+        clean = {k: (v if isinstance(v, (int, float)) and math.isfinite(v) else str(v)) for k, v in record.items()}
+        file.write(json.dumps(clean) + "\n")
+        file.flush()
 
     def close(self) -> None:
         self._file.close()
+        for file in self._tables.values():
+            file.close()
 
 
 @dataclass(frozen=True)
@@ -90,6 +155,11 @@ class WandbSink:
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.run.log(metrics, step=step)
+
+    def log_table(self, name: str, columns: Sequence[str], rows: Sequence[Row], step: int) -> None:
+        import wandb
+
+        self.run.log({name: wandb.Table(columns=list(columns), data=[list(row) for row in rows])}, step=step)
 
     def close(self) -> None:
         import wandb
@@ -126,6 +196,16 @@ class TensorBoardSink:
                 self.writer.add_scalar(key, value, global_step=step)
         self.writer.flush()
 
+    def log_table(self, name: str, columns: Sequence[str], rows: Sequence[Row], step: int) -> None:
+        """The table as markdown text (TensorBoard has no table plot)."""
+        def cell(value: Any) -> str:
+            return str(value).replace("|", "\\|").replace("\n", " ")
+
+        lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+        lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+        self.writer.add_text(name, "\n".join(lines), global_step=step)
+        self.writer.flush()
+
     def close(self) -> None:
         self.writer.close()
 
@@ -152,6 +232,11 @@ class Tracking:
         """Send ``metrics`` of ``step`` to every sink."""
         for sink in self.sinks:
             sink.log(metrics, step)
+
+    def log_table(self, name: str, columns: Sequence[str], rows: Sequence[Row], step: int) -> None:
+        """Send the table ``name`` of ``step`` (``rows``, each a value per one of ``columns``) to every sink."""
+        for sink in self.sinks:
+            sink.log_table(name, columns, rows, step)
 
     def close(self) -> None:
         """Close every sink."""

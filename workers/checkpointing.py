@@ -5,10 +5,17 @@ into ``<dir>/<role>/``; the scheduler state and anything else small go to
 ``<dir>/<role>/extra_rank<r>.pt``. Loading reshards automatically when the
 world size differs (DCP's planner), so a run may resume on more or fewer ranks.
 Call on every rank of the group (the save and load are collective).
+
+Two more things make a role's checkpoint readable without its ranks:
+``<dir>/<role>/huggingface/`` holds the model's HF config, generation config
+and tokenizer (small files, written by rank 0: :func:`save_hf_files`), and
+:func:`read_model_state` reads the shards back as full tensors in one process
+with no process group (what ``hybridflow export`` does on the driver machine).
 """
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +23,12 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from transformers import AutoModelForCausalLM, GenerationConfig, PretrainedConfig, PreTrainedModel
+
+HF_FILES = "huggingface"
+"""The folder of a role's checkpoint holding its HF config, generation config and tokenizer."""
 
 
 def save_role(
@@ -62,3 +74,64 @@ def load_role(
     if not extra_file.exists():  # resumed on more ranks than saved: rank 0's extras apply to all
         extra_file = source / "extra_rank0.pt"
     return torch.load(extra_file, weights_only=False)
+
+
+def save_hf_files(
+    directory: str | Path, role: str, config: PretrainedConfig, generation_config: GenerationConfig, tokenizer: Any
+) -> Path:
+    """Write the model's HF config, generation config and tokenizer into ``directory/role/huggingface``.
+
+    With them and the shards, :func:`read_model_state` and :func:`model_from_full_state` rebuild the
+    model offline. Call on one rank.
+    """
+    target = Path(directory) / role / HF_FILES
+    target.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(target)
+    generation_config.save_pretrained(target)
+    tokenizer.save_pretrained(target)
+    return target
+
+
+def read_model_state(directory: str | Path, role: str) -> dict[str, torch.Tensor]:
+    """The full model weights that :func:`save_role` wrote under ``directory/role``, in this process alone.
+
+    No process group is needed, and any number of ranks may have saved: DCP's
+    planner assembles every tensor from its shards. The optimizer state is not
+    read. Returns parameter name -> full CPU tensor, in the saved dtype.
+    """
+    source = Path(directory) / role
+    if not (source / ".metadata").is_file():
+        raise FileNotFoundError(f"checkpoint {directory} has no {role!r} model shards (looked for {source}/.metadata)")
+    reader = dcp.FileSystemReader(str(source))
+    metadata = reader.read_metadata()
+    model: dict[str, torch.Tensor] = {}
+    for key, meta in metadata.state_dict_metadata.items():
+        group, *name = metadata.planner_data[key]  # the nested path save_role's {"model": ..., "optim": ...} had
+        if group == "model" and isinstance(meta, TensorStorageMetadata):
+            model[".".join(map(str, name))] = torch.empty(meta.size, dtype=meta.properties.dtype)
+    with warnings.catch_warnings():  # DCP warns that it loads in one process: that is the point here
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        dcp.load({"model": model}, storage_reader=reader, no_dist=True)
+    return model
+
+
+def model_from_full_state(
+    config: PretrainedConfig, state: dict[str, torch.Tensor], generation_config: GenerationConfig | None = None
+) -> PreTrainedModel:
+    """An HF causal LM built from ``config`` holding exactly the weights ``state`` (full tensors).
+
+    Every weight must be there, except the output projection of a model with
+    tied embeddings (it is the input embedding); anything missing or left over
+    is an error, as is a tie that loading would have broken.
+    """
+    model = AutoModelForCausalLM.from_config(config, dtype=next(iter(state.values())).dtype)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    allowed = {"lm_head.weight"} if tied else set()
+    if unexpected or set(missing) - allowed:
+        raise RuntimeError(f"weights do not match the model (missing {missing}, unexpected {unexpected})")
+    if tied and model.get_output_embeddings().weight is not model.get_input_embeddings().weight:
+        raise RuntimeError("the model's output projection is no longer tied to its input embeddings")
+    if generation_config is not None:
+        model.generation_config = generation_config
+    return model.eval()

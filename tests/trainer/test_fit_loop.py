@@ -71,7 +71,7 @@ class FakePrompts:
 def test_validation_decodes_as_rollout_val_greedy_says(val_greedy):
     rollout = SimpleNamespace(val_greedy=val_greedy)
     config = SimpleNamespace(actor_rollout_ref=SimpleNamespace(rollout=rollout), data=SimpleNamespace(val_batch_size=2),
-                             trainer=SimpleNamespace(seed=3))
+                             trainer=SimpleNamespace(seed=3, log_val_generations=0))
     actor = FakeActor()
     scores = iter([torch.tensor([[1.0], [0.0]]), torch.tensor([[1.0], [1.0]]), torch.tensor([[0.0]])])
     trainer = SimpleNamespace(config=config, actor=actor, val_prompts=FakePrompts(), pad_id=0, tokenizer=None,

@@ -155,3 +155,55 @@ def test_job_run_name_keeps_swept_overrides_and_the_seed():
 def test_group_override_is_named_by_its_group():
     name = job_run_name(["model@actor_rollout_ref.model=tiny", "trainer.seed=0"], frozenset({"model"}))
     assert name == "model=tiny,seed=0"
+
+
+TABLE = [["<bos><|user|>1+2=<|assistant|>", "3<eos>", "3", 1.0], ["a | b\nc", "x", "y", 0.0]]
+
+
+def test_every_sink_records_a_table(tmp_path, monkeypatch, caplog):
+    """One table through ``Tracking.log_table`` lands in all four sinks, row for row."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from hybridflow.trainer.tracking import GENERATION_COLUMNS
+
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    tracking = Tracking(["console", "jsonl", "wandb", "tensorboard"], RunInfo(run_dir=tmp_path))
+    with caplog.at_level("INFO", logger="hybridflow.metrics"):
+        tracking.log({"score/mean": 0.5}, 3)
+        tracking.log_table("val/generations", GENERATION_COLUMNS, TABLE, 3)
+    tracking.close()
+    lines = [r.getMessage() for r in caplog.records if "val/generations" in r.getMessage()]
+    assert lines == [
+        "step 3 val/generations[0]: prompt='<bos><|user|>1+2=<|assistant|>' response='3<eos>' ground_truth='3' score=1",
+        "step 3 val/generations[1]: prompt='a | b\\nc' response='x' ground_truth='y' score=0",
+    ]
+    rows = [json.loads(line) for line in (tmp_path / "val_generations.jsonl").read_text().splitlines()]
+    assert rows == [{"step": 3, **dict(zip(GENERATION_COLUMNS, row))} for row in TABLE]
+    # W&B: the history record of step 3 points at a table file in the offline run holding the rows
+    _, history = wandb_run_record(tmp_path)
+    [(step, path)] = history_of(history, "val/generations/path")
+    [(_, nrows)] = history_of(history, "val/generations/nrows")
+    assert (step, nrows) == (3, 2)
+    [files] = Path(tmp_path, "wandb").glob("offline-run-*/files")
+    table = json.loads((files / path).read_text())
+    assert table["columns"] == list(GENERATION_COLUMNS)
+    assert table["data"] == TABLE
+    # TensorBoard: a markdown table as text, the cells' pipes escaped and newlines flattened
+    events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"tensors": 0})
+    events.Reload()
+    [text] = events.Tensors("val/generations/text_summary")
+    assert text.step == 3
+    assert text.tensor_proto.string_val[0].decode().splitlines() == [
+        "| prompt | response | ground_truth | score |", "|---|---|---|---|",
+        "| <bos><\\|user\\|>1+2=<\\|assistant\\|> | 3<eos> | 3 | 1.0 |", "| a \\| b c | x | y | 0.0 |",
+    ]
+
+
+def test_console_cuts_long_text_cells(caplog):
+    from hybridflow.trainer.tracking import CONSOLE_TEXT_CHARS, ConsoleSink
+
+    with caplog.at_level("INFO", logger="hybridflow.metrics"):
+        ConsoleSink().log_table("t", ["text", "n"], [["x" * (CONSOLE_TEXT_CHARS + 50), 0.123456]], 1)
+    [record] = caplog.records
+    assert record.getMessage() == f"step 1 t[0]: text='{'x' * CONSOLE_TEXT_CHARS}...' n=0.1235"

@@ -26,14 +26,13 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM
 
 from hybridflow.configs.schema import PPOConfig
 from hybridflow.core import DP_COMPUTE_METRIC, DP_COMPUTE_PROTO, ONE_TO_ALL, DataProto, Worker, register
 from hybridflow.core.parallel_dims import ParallelDims
 from hybridflow.core.reshard import plan_reshard
 from hybridflow.workers.actor.ppo_actor import PPOActor
-from hybridflow.workers.checkpointing import load_role, save_role
+from hybridflow.workers.checkpointing import load_role, model_from_full_state, save_hf_files, save_role
 from hybridflow.workers.fsdp import data_parallel_group, full_parameters, shard_model, sharded_parameters
 from hybridflow.workers.models import load_model_and_tokenizer, torch_dtype
 from hybridflow.workers.optim import build_optimizer
@@ -195,9 +194,12 @@ class ActorRolloutWorker(Worker):
 
     @register(dispatch=ONE_TO_ALL)
     def save_checkpoint(self, directory: str) -> None:
-        """Write this rank's sharded model and optimizer state into ``directory/actor``."""
+        """Write this rank's sharded model and optimizer state into ``directory/actor``; rank 0 adds the HF
+        config, generation config and tokenizer (``actor/huggingface``), so the checkpoint exports offline."""
         extra = {"scheduler": self.scheduler.state_dict(), "weight_version": self.weight_version}
         save_role(directory, "actor", self.model, self.optimizer, extra=extra)
+        if self.rank == 0:
+            save_hf_files(directory, "actor", self.hf_config, self.generation_config, self.tokenizer)
 
     @register(dispatch=ONE_TO_ALL)
     def load_checkpoint(self, directory: str) -> None:
@@ -213,12 +215,7 @@ class ActorRolloutWorker(Worker):
         full = full_parameters(self.model)
         if self.rank != 0:
             return
-        model = AutoModelForCausalLM.from_config(self.hf_config, dtype=next(iter(full.values())).dtype)
-        missing, unexpected = model.load_state_dict(full, strict=False)
-        tied = {"lm_head.weight"} if self.hf_config.tie_word_embeddings else set()
-        if unexpected or set(missing) - tied:
-            raise RuntimeError(f"save_hf_model: weights do not match the model (missing {missing}, unexpected {unexpected})")
-        model.generation_config = self.generation_config
+        model = model_from_full_state(self.hf_config, full, self.generation_config)
         Path(directory).mkdir(parents=True, exist_ok=True)
         model.save_pretrained(directory)
         self.tokenizer.save_pretrained(directory)
