@@ -32,16 +32,48 @@ ROLLOUT_IS_MODES = ("truncate", "mask")
 
 @dataclass
 class ModelConfig:
-    path: str = "builtin:tiny-qwen2"
+    path: Optional[str] = "builtin:tiny-qwen2"
     """A local directory holding an HF causal LM and its tokenizer, or ``builtin:<name>``
     for a tiny model built from a transformers config with random weights and a
-    tokenizer built in code (nothing is downloaded)."""
+    tokenizer built in code (nothing is downloaded). ``model=local`` (and experiments
+    built on it, such as ``gsm8k_grpo``) set it to null: the run then refuses to start
+    until a directory is given."""
     dtype: str = "float32"
-    """Parameter dtype: ``float32`` or ``bfloat16``."""
+    """Parameter dtype: ``float32`` or ``bfloat16`` (with mixed precision, ``fsdp_config.param_dtype``, keep
+    ``float32``: the optimizer then holds fp32 master weights)."""
+    enable_gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them (actor and
+    critic): less memory for one more forward per layer."""
+
+    def problems(self) -> list[str]:
+        """Broken rules of this section (see ``configs/rules.py``); the directory's existence is checked by the config check."""
+        out = one_of(self, "dtype", MODEL_DTYPES)
+        if not self.path:
+            out.append("path=null: no model given; model=local (and experiment=gsm8k_grpo) need a local HF model "
+                       "directory: add actor_rollout_ref.model.path=/models/Qwen2.5-0.5B-Instruct (your directory)")
+        return out
+
+
+@dataclass
+class FSDPConfig:
+    param_dtype: Optional[str] = None
+    """FSDP2 mixed precision: the dtype the gathered parameters compute in (``bfloat16``, ``float32``); the
+    sharded parameters and the optimizer stay in ``model.dtype``. None: compute in ``model.dtype``."""
+    reduce_dtype: Optional[str] = "float32"
+    """The dtype gradients are reduce-scattered in under mixed precision (None: ``param_dtype``)."""
+    param_offload: bool = False
+    """Between the stages that use them, keep this role's parameter shards in host memory (pinned on CUDA)
+    and free their device memory; they move back at the start of each stage (``workers/offload.py``)."""
+    optimizer_offload: bool = False
+    """Likewise the optimizer state (AdamW moments), which only the update needs."""
 
     def problems(self) -> list[str]:
         """Broken rules of this section (see ``configs/rules.py``)."""
-        return one_of(self, "dtype", MODEL_DTYPES)
+        out = []
+        for name in ("param_dtype", "reduce_dtype"):
+            if getattr(self, name) is not None:
+                out += one_of(self, name, MODEL_DTYPES)
+        return out
 
 
 @dataclass
@@ -99,6 +131,8 @@ class ActorConfig:
     data-parallel dimension. 1: FSDP2 over all ranks. Attention and KV heads must divide by p."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Actor optimizer."""
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    """The actor's mixed precision and offload."""
 
     def problems(self) -> list[str]:
         """Broken rules of this section; batch sizes and tp are checked with the layout (``core/parallel_dims.py``)."""
@@ -133,8 +167,13 @@ class RolloutConfig:
     val_greedy: bool = True
     """Validation decodes greedily (one response per prompt)."""
     gpu_memory_utilization: float = 0.5
-    """``vllm`` only: fraction of each GPU's memory the vLLM engine may take (weights, activations, KV cache);
-    the rest must hold the actor's FSDP shards, gradients and optimizer state."""
+    """Fraction of each GPU's memory the rollout may take. ``vllm``: the engine's weights, activations and KV
+    cache; ``builtin``: its KV cache (a larger batch is decoded in chunks that fit). The rest must hold the
+    actor's FSDP shards, gradients and optimizer state. No bound on a CPU."""
+    offload_weights: bool = False
+    """``builtin``: free the rollout copy of the weights after each generation, so it takes no memory while the
+    other stages run; the next generation allocates it again and moves the training weights in then (the move
+    runs at generation, not at the end of the update)."""
     enforce_eager: bool = False
     """``vllm`` only: decode without CUDA graphs (slower steps; faster start-up and less memory)."""
     enable_sleep_mode: bool = True
@@ -154,6 +193,12 @@ class RolloutConfig:
 
 
 @dataclass
+class RefConfig:
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    """The reference policy's mixed precision and parameter offload (it has no optimizer)."""
+
+
+@dataclass
 class ActorRolloutRefConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     """The policy model (the reference is a frozen copy of it)."""
@@ -161,6 +206,8 @@ class ActorRolloutRefConfig:
     """Training-side settings of the policy."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     """Generation-side settings of the policy."""
+    ref: RefConfig = field(default_factory=RefConfig)
+    """The frozen reference policy (built when a KL term uses it)."""
 
 
 @dataclass
@@ -173,6 +220,8 @@ class CriticConfig:
     """Rows per critic forward/backward pass on one rank."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Critic optimizer."""
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    """The critic's mixed precision and offload."""
 
     def problems(self) -> list[str]:
         """Broken rules of this section; the micro-batch is checked with the layout (``core/parallel_dims.py``)."""

@@ -29,6 +29,8 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from hybridflow.core.data_proto import DataProto
 from hybridflow.core.dispatch import DEFAULT_MESH, FutureShard, Pending, RankLayout, strip_padding
+from hybridflow.core.keys import METRICS
+from hybridflow.core.memory import MEMORY_PEAK_GB, measure
 
 __all__ = ["RankEnv", "RoleSpec", "Worker", "WorkerHost", "HostInfo", "CallHeader", "ProtoPayload"]
 
@@ -174,6 +176,14 @@ class Worker:
         return RankLayout(coords[dp_axis], device_mesh.size(dp_axis), others_zero)
 
 
+def _attach_peak(output: Any, peak: float) -> None:
+    """Put a stage's peak memory where its result carries metrics (a DataProto's or a metrics dict)."""
+    if isinstance(output, DataProto):
+        output.meta_info.setdefault(METRICS, {})[MEMORY_PEAK_GB] = peak
+    elif isinstance(output, dict) and all(isinstance(v, (int, float)) for v in output.values()):
+        output[MEMORY_PEAK_GB] = peak
+
+
 # ----------------------------------------------------------------- the host
 @dataclass(frozen=True)
 class RoleSpec:
@@ -278,7 +288,11 @@ class WorkerHost:
     def execute(self, header: CallHeader, /, *args: Any, **kwargs: Any) -> Any:
         """Run one call on this rank: ``header`` says which, see :data:`CallHeader`.
 
-        Futures among the arguments are resolved here, in this process.
+        Futures among the arguments are resolved here, in this process. DataProto
+        arguments are moved to the worker's device (``Worker.device``: the GPU Ray
+        assigned, or the CPU) before the method runs, and a DataProto result goes
+        back as CPU tensors: a worker method computes on its device and never
+        moves its inputs itself.
         """
         role, method, keep_output, expected_layout, mesh = header
         worker = self.workers[role]
@@ -291,21 +305,27 @@ class WorkerHost:
                     "mesh in __init__ or call refresh_layout() on the group after changing it"
                 )
         shard_rows: list[tuple[int, int]] = []
+        device = worker.device
 
         def resolve(value: Any) -> Any:
             if isinstance(value, FutureShard):
                 shard, real = value.resolve()
                 shard_rows.append((len(shard), real))
-                return shard
-            if isinstance(value, Pending):
-                return value.get()
-            return value
+                value = shard
+            elif isinstance(value, Pending):
+                value = value.get()
+            # every method gets its batch on the worker's device, moved once, here
+            return value.to(device) if isinstance(value, DataProto) else value
 
         args = tuple(resolve(a) for a in args)
         kwargs = {k: resolve(v) for k, v in kwargs.items()}
-        output = getattr(worker, method)(*args, **kwargs)
+        with measure(device) as peak:
+            output = getattr(worker, method)(*args, **kwargs)
+        if expected_layout is not None:  # a data-parallel stage: report its peak memory with its result
+            _attach_peak(output, peak[0])
         if shard_rows:
             output = strip_padding(output, *shard_rows[0])
         if not keep_output:
             return None
-        return ProtoPayload.wrap(output) if isinstance(output, DataProto) else output
+        # and every batch leaves as CPU tensors (what crosses to the driver is numpy underneath)
+        return ProtoPayload.wrap(output.to("cpu")) if isinstance(output, DataProto) else output

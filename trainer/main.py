@@ -63,7 +63,7 @@ def build_and_fit(config: PPOConfig, run_dir: Path, facts: dict[str, Any] | None
     started it. ``facts``, when given, receives the Ray node and GCS address the
     run used and when it connected and let go (``job_status.json`` of a sweep job records them).
     """
-    from hybridflow.core import ColocatedWorkerGroup, ResourcePool, RoleSpec, init_ray, shutdown
+    from hybridflow.core import ColocatedWorkerGroup, RoleSpec, init_ray, shutdown
     from hybridflow.core.parallel_dims import ParallelDims
     from hybridflow.data.loading import load_rows
     from hybridflow.trainer.ppo_trainer import PPOTrainer, needs_critic, needs_reference, resolve_loss_agg_mode
@@ -98,10 +98,7 @@ def build_and_fit(config: PPOConfig, run_dir: Path, facts: dict[str, Any] | None
             roles["ref"] = RoleSpec(RefWorker, kwargs={"config": config, "dims": dims})
         if dims.use_critic:
             roles["critic"] = RoleSpec(CriticWorker, kwargs={"config": config, "dims": dims})
-        pool = ResourcePool(
-            process_on_nodes=[config.trainer.n_gpus_per_node] * config.trainer.nnodes,
-            use_gpu=config.trainer.device == "cuda",
-        )
+        pool = _resource_pool(config)
         with ColocatedWorkerGroup(pool, roles) as group, _reward_manager(config) as reward_manager:
             handles = {name: group[name] for name in roles}
             for handle in handles.values():
@@ -115,6 +112,22 @@ def build_and_fit(config: PPOConfig, run_dir: Path, facts: dict[str, Any] | None
             shutdown()
         if facts is not None:
             facts["ray_down_at"] = time.time()
+
+
+def _resource_pool(config: PPOConfig):
+    """The placement of the run's ranks; a cluster that cannot hold them is a config error naming the keys."""
+    from hybridflow.core import ResourcePool
+    from hybridflow.core.resource_pool import ResourceUnavailableError
+
+    trainer = config.trainer
+    try:
+        return ResourcePool(process_on_nodes=[trainer.n_gpus_per_node] * trainer.nnodes, use_gpu=trainer.device == "cuda")
+    except ResourceUnavailableError as err:
+        raise ConfigError(
+            f"invalid config:\n  - trainer.nnodes={trainer.nnodes} x trainer.n_gpus_per_node={trainer.n_gpus_per_node} "
+            f"ranks with trainer.device={trainer.device!r} do not fit the Ray cluster: lower trainer.n_gpus_per_node or "
+            f"trainer.nnodes, use trainer=cpu, or add nodes ({str(err).split('. Nodes', 1)[-1].strip('. ')})"
+        ) from None
 
 
 def _reward_manager(config: PPOConfig):

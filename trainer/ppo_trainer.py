@@ -29,6 +29,7 @@ from hybridflow.core.parallel_dims import ParallelDims
 from hybridflow.core.keys import (
     DATA_SOURCE,
     ENTROPY,
+    METRICS,
     OLD_LOG_PROBS,
     RESPONSE_MASK,
     REWARD_BASELINES,
@@ -39,6 +40,7 @@ from hybridflow.core.keys import (
     TOKEN_LEVEL_SCORES,
     UID,
 )
+from hybridflow.core.memory import MEMORY_PEAK_GB
 from hybridflow.core.rollout_batch import concat_rollouts
 from hybridflow.estimators import compute_advantage
 from hybridflow.plugins import get_estimator
@@ -166,7 +168,7 @@ class PPOTrainer:
         batch = self.rollout(timer, metrics)  # 1-4, again on more prompts while after-reward hooks drop groups
         if self.critic is not None:
             with timer("values"):  # 5. values, for estimators that need a critic
-                batch.union(self.critic.compute_values(batch))
+                batch.union(self.memory(metrics, "values", self.critic.compute_values(batch)))
         with timer("adv"):  # 6. advantages, the estimator resolved by name
             options = dict(self.config.algorithm.estimator_options)
             batch = compute_advantage(batch, self.config.algorithm.adv_estimator, **options)
@@ -175,8 +177,10 @@ class PPOTrainer:
         with timer("update"):  # 7. update critic, then actor, each on the same global mini-batches
             batch.meta_info["global_step"] = self.global_step
             if self.critic is not None:
-                metrics.update(_mean_over_ranks(self.critic.update_critic(self.dims.critic.arrange_for_update(batch))))
-            metrics.update(_mean_over_ranks(self.actor.update_actor(self.dims.actor.arrange_for_update(batch))))
+                critic = self.critic.update_critic(self.dims.critic.arrange_for_update(batch))
+                metrics.update(_mean_over_ranks(self.memory(metrics, "update", critic)))
+            actor = self.actor.update_actor(self.dims.actor.arrange_for_update(batch))
+            metrics.update(_mean_over_ranks(self.memory(metrics, "update", actor)))
 
         metrics.update(compute_data_metrics(batch))
         metrics.update(timer.metrics())
@@ -189,16 +193,16 @@ class PPOTrainer:
         prompts.non_tensor_batch[UID] = np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)
         prompts.meta_info.update(n=self.config.actor_rollout_ref.rollout.n, greedy=False, seed=self._seed())
         with timer("gen"):  # 1. rollout: n responses per prompt, with the current weights
-            batch = self.actor.generate_sequences(prompts)
+            batch = self.memory(metrics, "gen", self.actor.generate_sequences(prompts))
             self.check_weight_version(batch)
         with timer("old_log_prob"):  # 2. log-probs under the training layout (and what the estimator declared)
             batch.meta_info["with_sum_pi_squared"] = self.inputs.sum_pi_squared
-            batch.union(self.actor.compute_log_prob(batch))
+            batch.union(self.memory(metrics, "old_log_prob", self.actor.compute_log_prob(batch)))
             metrics["actor/entropy"] = masked_mean(batch.pop(batch_keys=[ENTROPY]).batch[ENTROPY], batch.batch[RESPONSE_MASK])
             metrics.update(self.correct_for_rollout(batch))
         if self.ref is not None:
             with timer("ref"):  # 3. reference log-probs for the KL terms
-                batch.union(self.ref.compute_ref_log_prob(batch))
+                batch.union(self.memory(metrics, "ref", self.ref.compute_ref_log_prob(batch)))
         with timer("reward"):  # 4. verifiers (and a greedy baseline, when the estimator declared one)
             metrics.update(self.score(batch))
             if self.inputs.greedy_baseline:
@@ -227,6 +231,22 @@ class PPOTrainer:
         batch = concat_rollouts([b for b in kept + dropped if len(b)], self.pad_id)[: want * n]
         metrics.update({"batch_hooks/rollout_batches": float(rollouts), "batch_hooks/topped_up": float(topped_up // n)})
         return batch
+
+    @staticmethod
+    def memory(metrics: dict[str, float], stage: str, out: Any) -> Any:
+        """Move the peak memory a stage's ranks reported (``core/memory.py``) out of its result into
+        ``memory/<stage>/peak_gb`` (the largest over ranks and calls); returns the result."""
+        if isinstance(out, DataProto):
+            peaks = out.meta_info.get(METRICS, {}).pop(MEMORY_PEAK_GB, [])
+            if not out.meta_info.get(METRICS):
+                out.meta_info.pop(METRICS, None)
+        else:  # per-rank metric dicts
+            peaks = [rank.pop(MEMORY_PEAK_GB) for rank in out if MEMORY_PEAK_GB in rank]
+        peaks = peaks if isinstance(peaks, list) else [peaks]
+        if peaks:
+            key = f"memory/{stage}/peak_gb"
+            metrics[key] = max([*peaks, metrics.get(key, 0.0)])
+        return out
 
     def greedy_baseline(self, prompts: DataProto, batch: DataProto) -> dict[str, float]:
         """``reward_baselines``: each prompt's greedy response, scored, repeated over its n samples (ReMax)."""

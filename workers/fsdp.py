@@ -35,12 +35,16 @@ import torch
 from torch import nn
 from torch.distributed import ProcessGroup
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import Replicate
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
+from hybridflow.configs.schema import FSDPConfig
+
 __all__ = [
-    "data_parallel_group", "decoder_layers", "full_parameters", "shard_model", "sharded_parameters", "tensor_parallelize",
+    "data_parallel_group", "decoder_layers", "full_parameters", "mixed_precision", "shard_model", "shard_role",
+    "sharded_parameters",
+    "tensor_parallelize",
 ]
 
 _LAYER_PLAN = {
@@ -94,12 +98,20 @@ def tensor_parallelize(model: nn.Module, tp_mesh: DeviceMesh) -> nn.Module:
     return model
 
 
-def shard_model(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
+def mixed_precision(param_dtype: torch.dtype | None, reduce_dtype: torch.dtype | None) -> MixedPrecisionPolicy:
+    """FSDP2's policy: gathered parameters compute in ``param_dtype``, gradients reduce in ``reduce_dtype``
+    (None: the parameters' own dtype); the sharded parameters, and so the optimizer, keep theirs."""
+    return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+
+
+def shard_model(model: nn.Module, mesh: DeviceMesh, *, mp_policy: MixedPrecisionPolicy | None = None) -> nn.Module:
     """Shard ``model`` in place; returns it.
 
     ``mesh``: 1-D (data parallel: FSDP2 over all its ranks) or 2-D with dims
     ``("dp", "tp")`` (tensor parallel over ``tp``, then FSDP2 over ``dp``).
+    ``mp_policy``: FSDP2 mixed precision (:func:`mixed_precision`; None: none).
     """
+    mp_policy = mp_policy or MixedPrecisionPolicy()
     if mesh.ndim == 2 and mesh.mesh_dim_names == ("dp", "tp"):
         tensor_parallelize(model, mesh["tp"])
         dp_mesh = mesh["dp"]
@@ -111,9 +123,27 @@ def shard_model(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
             f"got dims {mesh.mesh_dim_names}"
         )
     for layer in decoder_layers(model):
-        fully_shard(layer, mesh=dp_mesh)
-    fully_shard(model, mesh=dp_mesh)
+        fully_shard(layer, mesh=dp_mesh, mp_policy=mp_policy)
+    fully_shard(model, mesh=dp_mesh, mp_policy=mp_policy)
     return model
+
+
+def enable_activation_checkpointing(model: nn.Module) -> nn.Module:
+    """Recompute each decoder layer's activations in the backward pass (HF's checkpointing, non-reentrant, so
+    it composes with FSDP2 and needs no input that requires grad); returns ``model``."""
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False  # a cache is pointless (and refused) while checkpointing
+    return model
+
+
+def shard_role(model: nn.Module, mesh: DeviceMesh, fsdp_config: FSDPConfig, *, gradient_checkpointing: bool = False) -> nn.Module:
+    """A role's model as it trains or scores: activation checkpointing when asked (HF's, non-reentrant,
+    applied before sharding), then :func:`shard_model` with the mixed precision ``fsdp_config`` names."""
+    if gradient_checkpointing:
+        enable_activation_checkpointing(model)
+    dtypes = [getattr(torch, name) if name else None for name in (fsdp_config.param_dtype, fsdp_config.reduce_dtype)]
+    policy = mixed_precision(*dtypes) if fsdp_config.param_dtype else None
+    return shard_model(model, mesh, mp_policy=policy)
 
 
 def data_parallel_group(mesh: DeviceMesh) -> ProcessGroup:

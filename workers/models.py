@@ -67,7 +67,8 @@ CHAT_TEMPLATE = (
 
 @dataclass(frozen=True)
 class BuiltinModel:
-    """Shape of a built-in model; the vocabulary is the built-in tokenizer's."""
+    """Shape of a built-in model; the vocabulary is the built-in tokenizer's unless ``vocab_size`` pads it
+    (ids past the tokenizer decode to nothing: a shape for benchmarks, not for reading)."""
 
     family: str  # "qwen2" or "llama"
     hidden_size: int
@@ -77,6 +78,8 @@ class BuiltinModel:
     intermediate_size: int
     max_position_embeddings: int = 512
     description: str = ""
+    vocab_size: int | None = None
+    tie_word_embeddings: bool = True
 
 
 BUILTIN_MODELS: dict[str, BuiltinModel] = {
@@ -86,6 +89,10 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
     "tiny-llama": BuiltinModel("llama", 64, 2, 4, 2, 256, description="~0.1M params: the Llama code path in tests"),
     "small-qwen2": BuiltinModel(
         "qwen2", 256, 4, 4, 2, 768, max_position_embeddings=1024, description="~3M params: rollout benchmarks"
+    ),
+    "qwen2.5-0.5b-shape": BuiltinModel(
+        "qwen2", 896, 24, 14, 2, 4864, max_position_embeddings=2048, vocab_size=151_936,
+        description="~494M params, Qwen2.5-0.5B's shape with random weights: GPU benchmarks (bench/gpu_check.sh)",
     ),
 }
 
@@ -113,14 +120,14 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
 
 def _builtin_config(spec: BuiltinModel, tokenizer: PreTrainedTokenizerBase) -> PretrainedConfig:
     common = dict(
-        vocab_size=len(tokenizer),
+        vocab_size=spec.vocab_size or len(tokenizer),
         hidden_size=spec.hidden_size,
         num_hidden_layers=spec.num_layers,
         num_attention_heads=spec.num_heads,
         num_key_value_heads=spec.num_kv_heads,
         intermediate_size=spec.intermediate_size,
         max_position_embeddings=spec.max_position_embeddings,
-        tie_word_embeddings=True,
+        tie_word_embeddings=spec.tie_word_embeddings,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,

@@ -13,7 +13,8 @@ from hybridflow.configs.schema import PPOConfig
 from hybridflow.core import DP_COMPUTE_PROTO, ONE_TO_ALL, DataProto, Worker, register
 from hybridflow.core.parallel_dims import ParallelDims
 from hybridflow.core.keys import REF_LOG_PROBS
-from hybridflow.workers.fsdp import shard_model
+from hybridflow.workers.fsdp import shard_role
+from hybridflow.workers.offload import StateOffloader
 from hybridflow.workers.log_probs import response_log_probs
 from hybridflow.workers.models import load_model_and_tokenizer, torch_dtype
 
@@ -31,7 +32,10 @@ class RefWorker(Worker):
         """Load the initial policy weights, frozen, sharded over the ranks."""
         model_cfg = self.config.actor_rollout_ref.model
         model, _ = load_model_and_tokenizer(model_cfg.path, dtype=torch_dtype(model_cfg.dtype), seed=self.config.trainer.seed)
-        self.model = shard_model(model.eval().requires_grad_(False), self.device_mesh)
+        fsdp = self.config.actor_rollout_ref.ref.fsdp_config
+        self.model = shard_role(model.eval().requires_grad_(False), self.device_mesh, fsdp)
+        self.offload = StateOffloader(self.model, None, params=fsdp.param_offload, optimizer_state=False)
+        self.offload.offload()
 
     @register(dispatch=DP_COMPUTE_PROTO)
     @torch.no_grad()
@@ -39,5 +43,6 @@ class RefWorker(Worker):
         """Teacher-forced log-probs of the responses, at the rollout temperature."""
         temperature = self.config.actor_rollout_ref.rollout.temperature
         micro = self.dims.ref.micro_batch_rows
-        parts = [response_log_probs(self.model, part, temperature=temperature).log_probs for part in data.split(micro)]
+        with self.offload.on_device(params=True):
+            parts = [response_log_probs(self.model, part, temperature=temperature).log_probs for part in data.split(micro)]
         return DataProto.from_dict({REF_LOG_PROBS: torch.cat(parts)})

@@ -21,7 +21,20 @@ def _param_count(spec) -> int:
     return 32 * h + layers * (attn + mlp + norms) + h
 
 
-@pytest.mark.parametrize("name", sorted(BUILTIN_MODELS))
+def test_the_benchmark_shape_is_qwen25_05b_on_the_meta_device():
+    from transformers import AutoModelForCausalLM
+
+    from hybridflow.workers.models import load_model_config
+
+    config = load_model_config("builtin:qwen2.5-0.5b-shape")
+    with torch.device("meta"):  # 494M parameters: count them without allocating
+        model = AutoModelForCausalLM.from_config(config)
+    assert (config.hidden_size, config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads,
+            config.intermediate_size, config.vocab_size) == (896, 24, 14, 2, 4864, 151_936)
+    assert model.num_parameters() == 494_032_768  # Qwen2.5-0.5B's published count
+
+
+@pytest.mark.parametrize("name", sorted(n for n, spec in BUILTIN_MODELS.items() if spec.vocab_size is None))
 def test_builtin_models_have_the_documented_shape(name):
     model, tokenizer = load_model_and_tokenizer(f"builtin:{name}", seed=0)
     spec = BUILTIN_MODELS[name]

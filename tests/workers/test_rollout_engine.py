@@ -289,3 +289,22 @@ def test_non_tensor_columns_survive_as_object_arrays(qwen):
     )
     assert isinstance(out.non_tensor_batch["extra_info"], np.ndarray)
     assert [e["index"] for e in out.non_tensor_batch["extra_info"]] == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+
+
+def test_a_kv_cache_bound_decodes_in_chunks_with_the_same_greedy_outputs(qwen):
+    model, tokenizer = qwen
+    prompts = _prompts(tokenizer)
+    sampling = SamplingParams(max_new_tokens=6)
+    whole = RolloutEngine(model, tokenizer).generate(prompts, n=2, sampling=sampling, greedy=True)
+    bounded = RolloutEngine(model, tokenizer, RolloutConfig(max_kv_cache_bytes=1))  # room for one prompt at a time
+    width = prompts.batch["input_ids"].shape[1]
+    assert len(bounded._prompt_chunks(prompts.batch["input_ids"].shape, 1, 6)) == len(prompts)
+    per_row = bounded.kv_cache_bytes_per_row(width + 6)
+    config = model.config
+    head_dim = config.hidden_size // config.num_attention_heads
+    assert per_row == 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * (width + 6) * 4  # fp32
+    chunked = bounded.generate(prompts, n=2, sampling=sampling, greedy=True)
+    for key in ("responses", "response_mask"):
+        assert torch.equal(chunked.batch[key], whole.batch[key]), key
+    # smaller batches, other kernels: the same log-probs up to float noise
+    torch.testing.assert_close(chunked.batch["rollout_log_probs"], whole.batch["rollout_log_probs"], rtol=0, atol=1e-5)

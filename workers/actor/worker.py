@@ -33,9 +33,12 @@ from hybridflow.core.parallel_dims import ParallelDims
 from hybridflow.core.reshard import plan_reshard
 from hybridflow.workers.actor.ppo_actor import PPOActor
 from hybridflow.workers.checkpointing import load_role, model_from_full_state, save_hf_files, save_role
-from hybridflow.workers.fsdp import data_parallel_group, full_parameters, shard_model, sharded_parameters
+from hybridflow.workers.fsdp import data_parallel_group, full_parameters, shard_role, sharded_parameters
+from hybridflow.workers.offload import StateOffloader
 from hybridflow.workers.models import load_model_and_tokenizer, torch_dtype
 from hybridflow.workers.optim import build_optimizer
+from hybridflow.workers.offload import drop_storages, restore_storages
+from hybridflow.workers.rollout import RolloutConfig as EngineConfig
 from hybridflow.workers.rollout import RolloutEngine, SamplingParams
 from hybridflow.workers.rollout.tensor_parallel import build_tp_rollout_model
 from hybridflow.workers.rollout.tp_plan import rollout_slice
@@ -72,8 +75,11 @@ class ActorRolloutWorker(Worker):
         self.tokenizer = tokenizer
         self.hf_config, self.generation_config = model.config, model.generation_config
         rollout_model = None if self.use_vllm else self._build_rollout_model(model)
-        self.model = shard_model(model, self.device_mesh)
+        fsdp = arr.actor.fsdp_config
+        self.model = shard_role(model, self.device_mesh, fsdp, gradient_checkpointing=arr.model.enable_gradient_checkpointing)
         self.optimizer, self.scheduler = build_optimizer(self.model, arr.actor.optim)
+        self.offload = StateOffloader(self.model, self.optimizer, params=fsdp.param_offload,
+                                      optimizer_state=fsdp.optimizer_offload)
         dp_group = data_parallel_group(self.device_mesh)
         self.actor = PPOActor(
             self.model, self.optimizer, arr.actor, loss_agg_mode=self.loss_agg_mode,
@@ -82,9 +88,17 @@ class ActorRolloutWorker(Worker):
         if self.use_vllm:
             self._init_vllm()
         else:
-            self.engine = RolloutEngine(rollout_model, tokenizer)
+            self.engine = RolloutEngine(rollout_model, tokenizer, EngineConfig(max_kv_cache_bytes=self._kv_budget()))
             self.reshard_plan = self._plan_reshard(rollout_model)
             self._sync_rollout_weights()
+        self.offload.offload()  # with offloading on, the training state waits in host memory from here
+
+    def _kv_budget(self) -> int | None:
+        """The built-in engine's KV cache bound: ``rollout.gpu_memory_utilization`` of this GPU (none on a CPU)."""
+        if self.device.type != "cuda":
+            return None
+        total = torch.cuda.get_device_properties(self.device).total_memory
+        return int(self.config.actor_rollout_ref.rollout.gpu_memory_utilization * total)
 
     @property
     def rollout_tp_rank(self) -> int:
@@ -129,6 +143,12 @@ class ActorRolloutWorker(Worker):
         """
         if self.rollout_version == self.weight_version:
             return {}
+        with self.offload.on_device(params=True):
+            stats = self._move_weights()
+        self.rollout_version = self.weight_version
+        return stats
+
+    def _move_weights(self) -> dict[str, float]:
         if self.use_vllm:
             cuda = torch.cuda.is_available()
             if cuda:
@@ -138,10 +158,11 @@ class ActorRolloutWorker(Worker):
             peak = (torch.cuda.max_memory_allocated() - before) if cuda else 0
             stats = {"reshard/seconds": time.perf_counter() - begin, "reshard/peak_extra_bytes": float(max(peak, 0))}
         else:
+            restore_storages(getattr(self, "_dropped", []))  # sizes back; the move below writes every value
+            self._dropped = []
             bucket = int(self.config.actor_rollout_ref.rollout.reshard_bucket_mb * 2**20)
             run = self.reshard_plan.run(bucket)
             stats = {"reshard/seconds": run.seconds, "reshard/peak_extra_bytes": float(run.peak_extra_bytes)}
-        self.rollout_version = self.weight_version
         return stats
 
     @register(dispatch=DP_COMPUTE_PROTO, mesh=ROLLOUT_MESH)
@@ -163,9 +184,12 @@ class ActorRolloutWorker(Worker):
         )
         seed = meta["seed"] * 1_000_003 + self.dp_layout(ROLLOUT_MESH).dp_rank
         out = self.engine.generate(prompts, n=meta["n"], sampling=sampling, greedy=meta["greedy"], seed=seed)
+        out.meta_info["weight_version"] = self.rollout_version
         if self.use_vllm:
             self.engine.sleep()
-        out.meta_info["weight_version"] = self.rollout_version
+        elif rollout.offload_weights:  # the rollout copy takes no memory until the next generation
+            self._dropped = drop_storages(self.engine.model.parameters())
+            self.rollout_version = -1
         return out
 
     @register(dispatch=DP_COMPUTE_PROTO)
@@ -173,10 +197,11 @@ class ActorRolloutWorker(Worker):
         """``old_log_probs`` (the importance ratio's denominator) and ``entropy``, under the training layout;
         also ``sum_pi_squared`` when ``meta_info["with_sum_pi_squared"]`` (an estimator declared it)."""
         temperature = self.config.actor_rollout_ref.rollout.temperature
-        return self.actor.compute_log_prob(
-            data, temperature=temperature, with_entropy=True,
-            with_sum_pi_squared=bool(data.meta_info.get("with_sum_pi_squared", False)),
-        )
+        with self.offload.on_device(params=True):
+            return self.actor.compute_log_prob(
+                data, temperature=temperature, with_entropy=True,
+                with_sum_pi_squared=bool(data.meta_info.get("with_sum_pi_squared", False)),
+            )
 
     @register(dispatch=DP_COMPUTE_METRIC)
     def update_actor(self, data: DataProto) -> dict[str, float]:
@@ -186,10 +211,12 @@ class ActorRolloutWorker(Worker):
         metrics plus ``reshard/seconds`` and ``reshard/peak_extra_bytes``.
         """
         temperature = self.config.actor_rollout_ref.rollout.temperature
-        metrics = self.actor.update_policy(data, temperature=temperature, shuffle_seed=data.meta_info["global_step"])
-        self.weight_version += 1
-        if not self.use_vllm:  # vLLM sleeps while the actor trains: it takes the weights when woken
-            metrics.update(self._sync_rollout_weights())
+        with self.offload.on_device(params=True, optimizer=True):
+            metrics = self.actor.update_policy(data, temperature=temperature, shuffle_seed=data.meta_info["global_step"])
+            self.weight_version += 1
+            # vLLM sleeps while the actor trains and takes the weights when woken; an offloaded rollout copy too
+            if not (self.use_vllm or self.config.actor_rollout_ref.rollout.offload_weights):
+                metrics.update(self._sync_rollout_weights())
         return metrics
 
     @register(dispatch=ONE_TO_ALL)

@@ -15,7 +15,8 @@ from hybridflow.core import DP_COMPUTE_METRIC, DP_COMPUTE_PROTO, ONE_TO_ALL, Dat
 from hybridflow.core.parallel_dims import ParallelDims
 from hybridflow.workers.checkpointing import load_role, save_role
 from hybridflow.workers.critic.ppo_critic import PPOCritic
-from hybridflow.workers.fsdp import shard_model
+from hybridflow.workers.fsdp import shard_role
+from hybridflow.workers.offload import StateOffloader
 from hybridflow.workers.models import load_model_and_tokenizer, torch_dtype
 from hybridflow.workers.optim import build_optimizer
 
@@ -47,30 +48,40 @@ class CriticWorker(Worker):
         """Build the value model, shard it, build its optimizer."""
         cfg = self.config
         dtype = torch_dtype(cfg.actor_rollout_ref.model.dtype)
-        self.model = shard_model(build_value_model(cfg.actor_rollout_ref.model.path, dtype, cfg.trainer.seed), self.device_mesh)
+        fsdp = cfg.critic.fsdp_config
+        value_model = build_value_model(cfg.actor_rollout_ref.model.path, dtype, cfg.trainer.seed)
+        self.model = shard_role(value_model, self.device_mesh, fsdp,
+                                gradient_checkpointing=cfg.actor_rollout_ref.model.enable_gradient_checkpointing)
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg.critic.optim)
+        self.offload = StateOffloader(self.model, self.optimizer, params=fsdp.param_offload,
+                                      optimizer_state=fsdp.optimizer_offload)
         self.critic = PPOCritic(
             self.model, self.optimizer, cfg.critic, rows_per_mini_batch=self.dims.critic.rows_per_mini_batch,
             ppo_epochs=cfg.actor_rollout_ref.actor.ppo_epochs, dp_group=self.device_mesh.get_group(), scheduler=self.scheduler,
         )
+        self.offload.offload()
 
     @register(dispatch=DP_COMPUTE_PROTO)
     def compute_values(self, data: DataProto) -> DataProto:
         """``values`` (B, T) of the response tokens."""
-        return self.critic.compute_values(data)
+        with self.offload.on_device(params=True):
+            return self.critic.compute_values(data)
 
     @register(dispatch=DP_COMPUTE_METRIC)
     def update_critic(self, data: DataProto) -> dict[str, float]:
         """Clipped value-loss updates over this rank's rows."""
-        return self.critic.update_critic(data)
+        with self.offload.on_device(params=True, optimizer=True):
+            return self.critic.update_critic(data)
 
     @register(dispatch=ONE_TO_ALL)
     def save_checkpoint(self, directory: str) -> None:
         """Write this rank's sharded critic and optimizer into ``directory/critic``."""
-        save_role(directory, "critic", self.model, self.optimizer, extra={"scheduler": self.scheduler.state_dict()})
+        with self.offload.on_device(params=True, optimizer=True):
+            save_role(directory, "critic", self.model, self.optimizer, extra={"scheduler": self.scheduler.state_dict()})
 
     @register(dispatch=ONE_TO_ALL)
     def load_checkpoint(self, directory: str) -> None:
         """Restore what :meth:`save_checkpoint` wrote."""
-        extra = load_role(directory, "critic", self.model, self.optimizer)
+        with self.offload.on_device(params=True, optimizer=True):
+            extra = load_role(directory, "critic", self.model, self.optimizer)
         self.scheduler.load_state_dict(extra["scheduler"])

@@ -67,6 +67,11 @@ class RolloutConfig:
     step where a row finishes. Larger values trade wasted rows for fewer cache copies; 0.125 to
     0.25 measured fastest on CPU (docs/benchmarks.md), 0 and 0.5 about 8% slower."""
 
+    max_kv_cache_bytes: int | None = None
+    """The most memory the KV cache of one decode may take; a batch whose cache would be larger is decoded
+    in consecutive chunks of prompts that fit (same outputs for greedy decoding; sampled rows draw from one
+    generator in turn). None: no bound. The actor sets it from ``rollout.gpu_memory_utilization`` on CUDA."""
+
     def __post_init__(self) -> None:
         if not 0.0 <= self.compact_fraction <= 1.0:
             raise ValueError(f"compact_fraction must be in [0, 1], got {self.compact_fraction}")
@@ -172,9 +177,11 @@ class RolloutEngine:
         self.model.eval()
         try:
             with torch.no_grad():
-                responses, log_probs, lengths = self._decode(
-                    input_ids, attention_mask, positions, expand, sampling, greedy, generator
-                )
+                chunks = [
+                    self._decode(input_ids[rows], attention_mask[rows], positions[rows], expand, sampling, greedy, generator)
+                    for rows in self._prompt_chunks(input_ids.shape, expand, sampling.max_new_tokens)
+                ]
+                responses, log_probs, lengths = (torch.cat(parts) for parts in zip(*chunks))
         finally:
             self.model.train(was_training)
         elapsed = time.perf_counter() - start
@@ -187,6 +194,24 @@ class RolloutEngine:
         out.meta_info[METRICS] = metrics
         logger.debug("generated %d tokens for %d rows in %.3f s", tokens, len(out), elapsed)
         return out
+
+    def kv_cache_bytes_per_row(self, capacity: int) -> int:
+        """Bytes of keys and values one row holds at ``capacity`` positions (all layers, this rank's model)."""
+        config = self.model.config.get_text_config(decoder=True)
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        element = next(self.model.parameters()).element_size()
+        return 2 * config.num_hidden_layers * kv_heads * head_dim * capacity * element
+
+    def _prompt_chunks(self, shape: torch.Size, n: int, steps: int) -> list[slice]:
+        """Consecutive prompt ranges whose caches fit ``max_kv_cache_bytes`` (one range when unbounded)."""
+        prompts, width = shape
+        budget = self.config.max_kv_cache_bytes
+        if budget is None:
+            return [slice(0, prompts)]
+        per_prompt = n * self.kv_cache_bytes_per_row(width + steps)
+        size = max(1, min(prompts, budget // per_prompt))
+        return [slice(i, i + size) for i in range(0, prompts, size)]
 
     # ------------------------------------------------------------ decode loop
     def _forward(self, input_ids, attention_mask, position_ids, cache) -> torch.Tensor:

@@ -1,0 +1,62 @@
+"""Peak memory of one call on one rank: CUDA's allocator on a GPU, the process's resident set on a CPU.
+
+:func:`measure` is what the worker host wraps every data-parallel call in
+(``core/worker.py``), so each stage reports the most memory it held:
+
+* CUDA: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``
+  (tensors only; the caching allocator's reserve and the CUDA context are not counted);
+* CPU: the process's peak resident set (``VmHWM`` of ``/proc/self/status``),
+  reset before the call by writing 5 to ``/proc/self/clear_refs``. Colocated
+  roles share the process, so this is everything the rank holds, not just
+  the call's own tensors. Where the kernel refuses the reset, the figure is
+  the peak since the process started (still an upper bound).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+__all__ = ["MEMORY_PEAK_GB", "measure", "peak_gb", "reset_peak"]
+
+MEMORY_PEAK_GB = "memory/peak_gb"
+"""The metric a measured call's output carries (``meta_info["metrics"]`` of a DataProto, or a metrics dict)."""
+
+
+def reset_peak(device: torch.device) -> None:
+    """Start a new peak for ``device`` (CUDA statistics, or the process's resident-set high-water mark)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass  # not Linux, or not allowed: the peak since start-up stands
+
+
+def peak_gb(device: torch.device) -> float:
+    """The peak since :func:`reset_peak`, in GiB (0.0 where it cannot be read)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 2**20  # kB
+    except OSError:
+        pass
+    return 0.0
+
+
+@contextmanager
+def measure(device: torch.device) -> Iterator[list[float]]:
+    """``with measure(device) as peak: ...``; afterwards ``peak[0]`` is the call's peak in GiB."""
+    out: list[float] = []
+    reset_peak(device)
+    try:
+        yield out
+    finally:
+        out.append(peak_gb(device))
