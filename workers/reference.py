@@ -16,7 +16,8 @@ from hybridflow.core.keys import REF_LOG_PROBS
 from hybridflow.workers.fsdp import shard_role
 from hybridflow.workers.offload import StateOffloader
 from hybridflow.workers.log_probs import response_log_probs
-from hybridflow.workers.models import load_model_and_tokenizer, torch_dtype
+from hybridflow.workers.loading import load_sharded_model
+from hybridflow.workers.models import torch_dtype
 
 
 class RefWorker(Worker):
@@ -31,9 +32,11 @@ class RefWorker(Worker):
     def init_model(self) -> None:
         """Load the initial policy weights, frozen, sharded over the ranks."""
         model_cfg = self.config.actor_rollout_ref.model
-        model, _ = load_model_and_tokenizer(model_cfg.path, dtype=torch_dtype(model_cfg.dtype), seed=self.config.trainer.seed)
         fsdp = self.config.actor_rollout_ref.ref.fsdp_config
-        self.model = shard_role(model.eval().requires_grad_(False), self.device_mesh, fsdp)
+        self.model = load_sharded_model(
+            model_cfg.path, dtype=torch_dtype(model_cfg.dtype), seed=self.config.trainer.seed, mesh=self.device_mesh,
+            device=self.device, shard=lambda module, mesh: shard_role(module.eval().requires_grad_(False), mesh, fsdp),
+        )
         self.offload = StateOffloader(self.model, None, params=fsdp.param_offload, optimizer_state=False)
         self.offload.offload()
 

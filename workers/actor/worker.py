@@ -35,7 +35,8 @@ from hybridflow.workers.actor.ppo_actor import PPOActor
 from hybridflow.workers.checkpointing import load_role, model_from_full_state, save_hf_files, save_role
 from hybridflow.workers.fsdp import data_parallel_group, full_parameters, shard_role, sharded_parameters
 from hybridflow.workers.offload import StateOffloader
-from hybridflow.workers.models import load_model_and_tokenizer, torch_dtype
+from hybridflow.workers.loading import load_sharded_model
+from hybridflow.workers.models import load_tokenizer, torch_dtype
 from hybridflow.workers.optim import build_optimizer
 from hybridflow.workers.offload import drop_storages, restore_storages
 from hybridflow.workers.rollout import RolloutConfig as EngineConfig
@@ -67,16 +68,18 @@ class ActorRolloutWorker(Worker):
 
     @register(dispatch=ONE_TO_ALL)
     def init_model(self) -> None:
-        """Load the model (same seed on every rank), shard it, build the optimizer, the rollout layout and the engine."""
+        """Load the model sharded (rank 0 reads it, the others receive their shards: ``workers/loading.py``),
+        build the optimizer, the rollout layout (filled by the reshard) and the engine."""
         arr = self.config.actor_rollout_ref
-        model, tokenizer = load_model_and_tokenizer(
-            arr.model.path, dtype=torch_dtype(arr.model.dtype), seed=self.config.trainer.seed
-        )
-        self.tokenizer = tokenizer
-        self.hf_config, self.generation_config = model.config, model.generation_config
-        rollout_model = None if self.use_vllm else self._build_rollout_model(model)
         fsdp = arr.actor.fsdp_config
-        self.model = shard_role(model, self.device_mesh, fsdp, gradient_checkpointing=arr.model.enable_gradient_checkpointing)
+        self.model = load_sharded_model(
+            arr.model.path, dtype=torch_dtype(arr.model.dtype), seed=self.config.trainer.seed, mesh=self.device_mesh,
+            device=self.device, shard=lambda module, mesh: shard_role(
+                module, mesh, fsdp, gradient_checkpointing=arr.model.enable_gradient_checkpointing),
+        )
+        self.tokenizer = tokenizer = load_tokenizer(arr.model.path)
+        self.hf_config, self.generation_config = self.model.config, self.model.generation_config
+        rollout_model = None if self.use_vllm else self._build_rollout_model(self.model)
         self.optimizer, self.scheduler = build_optimizer(self.model, arr.actor.optim)
         self.offload = StateOffloader(self.model, self.optimizer, params=fsdp.param_offload,
                                       optimizer_state=fsdp.optimizer_offload)

@@ -16,6 +16,7 @@ from hybridflow.core.parallel_dims import ParallelDims
 from hybridflow.workers.checkpointing import load_role, save_role
 from hybridflow.workers.critic.ppo_critic import PPOCritic
 from hybridflow.workers.fsdp import shard_role
+from hybridflow.workers.loading import load_sharded_model
 from hybridflow.workers.offload import StateOffloader
 from hybridflow.workers.models import load_model_and_tokenizer, torch_dtype
 from hybridflow.workers.optim import build_optimizer
@@ -27,8 +28,9 @@ def build_value_model(path: str, dtype: torch.dtype, seed: int) -> torch.nn.Modu
     config = policy.config
     config.num_labels = 1
     config.classifier_dropout = 0.0
-    torch.manual_seed(seed)
-    critic = AutoModelForTokenClassification.from_config(config).to(dtype)
+    with torch.random.fork_rng(devices=[]):  # the head's seeded init leaves the caller's random stream alone
+        torch.manual_seed(seed)
+        critic = AutoModelForTokenClassification.from_config(config).to(dtype)
     missing = critic.model.load_state_dict(policy.model.state_dict())
     if missing.missing_keys or missing.unexpected_keys:
         raise RuntimeError(f"critic backbone does not match the policy: {missing}")
@@ -49,9 +51,11 @@ class CriticWorker(Worker):
         cfg = self.config
         dtype = torch_dtype(cfg.actor_rollout_ref.model.dtype)
         fsdp = cfg.critic.fsdp_config
-        value_model = build_value_model(cfg.actor_rollout_ref.model.path, dtype, cfg.trainer.seed)
-        self.model = shard_role(value_model, self.device_mesh, fsdp,
-                                gradient_checkpointing=cfg.actor_rollout_ref.model.enable_gradient_checkpointing)
+        self.model = load_sharded_model(
+            cfg.actor_rollout_ref.model.path, dtype=dtype, seed=cfg.trainer.seed, mesh=self.device_mesh,
+            device=self.device, read=build_value_model, shard=lambda module, mesh: shard_role(
+                module, mesh, fsdp, gradient_checkpointing=cfg.actor_rollout_ref.model.enable_gradient_checkpointing),
+        )
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg.critic.optim)
         self.offload = StateOffloader(self.model, self.optimizer, params=fsdp.param_offload,
                                       optimizer_state=fsdp.optimizer_offload)
