@@ -64,7 +64,7 @@ def override_problems(args: list[str]) -> list[str]:
     problems = []
     for o, text in zip(overrides, texts):
         name = o.key_or_group
-        if name.split(".")[0] == "hydra" or o.is_delete():
+        if name.split(".")[0].split("/")[0] == "hydra" or o.is_delete():  # hydra.* keys, hydra/launcher=... groups
             continue
         if name in groups and "." not in name:
             problems += _group_problem(o, groups[name])

@@ -131,7 +131,11 @@ def shard_model(model: nn.Module, mesh: DeviceMesh, *, mp_policy: MixedPrecision
 def enable_activation_checkpointing(model: nn.Module) -> nn.Module:
     """Recompute each decoder layer's activations in the backward pass (HF's checkpointing, non-reentrant, so
     it composes with FSDP2 and needs no input that requires grad); returns ``model``."""
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers 5's name; 4.x has only the old one
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     model.config.use_cache = False  # a cache is pointless (and refused) while checkpointing
     return model
 

@@ -173,3 +173,9 @@ def test_every_dotted_name_on_the_pages_is_ours_or_in_the_table(page):
                 if not (exists(name) or lookup(name) or any(k.startswith(name + ".") for k in KEYS)):
                     unknown.add(name)
     assert not unknown, sorted(unknown)
+
+
+def test_hydra_groups_and_keys_are_left_to_hydra():
+    from hybridflow.trainer.overrides import override_problems
+
+    assert override_problems(["hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "hydra.sweep.dir=x"]) == []
