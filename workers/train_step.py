@@ -12,11 +12,13 @@ from __future__ import annotations
 import logging
 import math
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 
 from hybridflow.core import DataProto
 
@@ -76,8 +78,7 @@ def parameter_norm(model: nn.Module) -> float:
 
 
 def optimizer_step(
-    mini: DataProto,
-    micro_batch_size: int,
+    micro_batches: Sequence[DataProto],
     micro_loss: MicroLoss,
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -87,18 +88,23 @@ def optimizer_step(
     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
     prefix: str = "actor",
 ) -> dict[str, float]:
-    """Accumulate ``micro_loss`` over micro-batches of ``mini``, clip, step; returns metrics.
+    """Accumulate ``micro_loss`` over the micro-batches of one mini-batch, clip, step; returns metrics.
 
-    Micro-batch diagnostics are averaged weighted by rows; ``grad_norm``,
-    ``optimizer_steps`` (1), ``skipped_steps`` and ``lr`` are added under ``prefix/``.
+    Under FSDP2 the gradients are reduced across ranks once, in the last
+    micro-batch's backward (the earlier ones accumulate unsharded gradients
+    locally: :func:`gradient_sync`). Micro-batch diagnostics are averaged
+    weighted by rows; ``grad_norm``, ``optimizer_steps`` (1), ``skipped_steps``
+    and ``lr`` are added under ``prefix/``.
     """
     optimizer.zero_grad(set_to_none=True)
     metrics: dict[str, float] = defaultdict(float)
-    for micro in mini.split(micro_batch_size):
-        loss, micro_metrics = micro_loss(micro)
-        (loss * loss_scale).backward()
+    rows = sum(len(micro) for micro in micro_batches)
+    for index, micro in enumerate(micro_batches):
+        with gradient_sync(model, last=index == len(micro_batches) - 1):
+            loss, micro_metrics = micro_loss(micro)
+            (loss * loss_scale).backward()
         for key, value in micro_metrics.items():
-            metrics[key] += value * len(micro) / len(mini)
+            metrics[key] += value * len(micro) / rows
     grad_norm = clip_grad_norm(model, grad_clip)
     if math.isfinite(grad_norm):
         optimizer.step()
@@ -112,6 +118,25 @@ def optimizer_step(
     metrics[f"{prefix}/skipped_steps"] = float(not math.isfinite(grad_norm))
     metrics[f"{prefix}/lr"] = optimizer.param_groups[0]["lr"]
     return dict(metrics)
+
+
+@contextmanager
+def gradient_sync(model: nn.Module, *, last: bool) -> Iterator[None]:
+    """Reduce gradients across ranks only in the backward of a mini-batch's ``last`` micro-batch.
+
+    FSDP2 otherwise reduce-scatters every backward; the earlier micro-batches
+    accumulate their gradients unsharded on each rank (one full gradient of
+    the model per rank, for one all-reduce-sized exchange per optimizer step
+    instead of one per micro-batch). A model without FSDP is left alone.
+    """
+    if not isinstance(model, FSDPModule):
+        yield
+        return
+    model.set_requires_gradient_sync(last)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
 
 
 def mean_metrics(steps: list[dict[str, float]]) -> dict[str, float]:

@@ -114,8 +114,7 @@ class PPOActor:
             counts = {"num_tokens": num_tokens, "num_seqs": num_seqs}
             steps.append(
                 optimizer_step(
-                    mini,
-                    self.config.ppo_micro_batch_size_per_gpu,
+                    mini.split(self.config.ppo_micro_batch_size_per_gpu),
                     lambda micro: self._micro_batch_loss(micro, temperature, counts),
                     self.model,
                     self.optimizer,

@@ -74,8 +74,7 @@ class PPOCritic:
             num_tokens, _ = global_counts(mini.batch[RESPONSE_MASK], self.dp_group)
             steps.append(
                 optimizer_step(
-                    mini,
-                    self.config.ppo_micro_batch_size_per_gpu,
+                    mini.split(self.config.ppo_micro_batch_size_per_gpu),
                     lambda micro: self._micro_batch_loss(micro, num_tokens),
                     self.model,
                     self.optimizer,
