@@ -35,6 +35,7 @@ import ray
 from ray.exceptions import GetTimeoutError, RayError
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from hybridflow.core.data_proto import DataProto
 from hybridflow.core.dispatch import (
     DEFAULT_MESH,
     DispatchMode,
@@ -158,10 +159,12 @@ class GroupFuture(Pending):
         role: str,
         method: str,
         timeout_s: float | None,
+        traffic: Traffic | None = None,
     ) -> None:
         self.refs, self.labels, self.keep = list(refs), list(labels), list(keep)
         self.mode, self.layout, self.context = mode, layout, context
         self.role, self.method, self.timeout_s = role, method, timeout_s
+        self.traffic = traffic
 
     def get(self, timeout_s: float | None = None) -> Any:
         """Wait for every rank (at most ``timeout_s``, default the call's) and collect."""
@@ -169,12 +172,33 @@ class GroupFuture(Pending):
         values = _gather(self.refs, self.labels, self.role, self.method, timeout)
         views = self.mode is not None and self.mode.collect_copies
         kept = [v.unwrap(views) if isinstance(v, ProtoPayload) else v for v in (values[i] for i in self.keep)]
+        if self.traffic is not None:
+            self.traffic.received += _proto_bytes(kept)
         if self.mode is None:  # Execute.RANK_ZERO: rank 0's output as is
             return kept[0]
         return self.mode.collect(self.layout, kept, self.context)
 
     def __repr__(self) -> str:
         return f"GroupFuture({self.role}.{self.method}, {len(self.refs)} ranks)"
+
+
+@dataclass
+class Traffic:
+    """Bytes of DataProto columns (:meth:`DataProto.nbytes`) the driver shipped to a group's ranks and
+    collected back since the last :meth:`take`: every serialized copy counts."""
+
+    sent: int = 0
+    received: int = 0
+
+    def take(self) -> tuple[int, int]:
+        """``(sent, received)`` so far, and start counting again from zero."""
+        out = (self.sent, self.received)
+        self.sent = self.received = 0
+        return out
+
+
+def _proto_bytes(values: Any) -> int:
+    return sum(v.nbytes() for v in values if isinstance(v, DataProto))
 
 
 # ------------------------------------------------------------------ hosts
@@ -185,6 +209,7 @@ class HostGroup:
         self.resource_pool, self.options = resource_pool, options
         self.roles = dict(roles)
         self.handles: list[Any] = []
+        self.traffic = Traffic()
         bundles = resource_pool.bundles()
         resource_pool.claim()  # fails fast when more groups than max_colocate_count share it
         res = resource_pool.actor_resources()
@@ -348,9 +373,12 @@ class RoleGroup:
         if reg.execute is Execute.RANK_ZERO:
             expected = _layout_tuple(layout.ranks[0]) if mode.needs_layout else None
             ref = handles[0].execute.remote((self.role, name, True, expected, reg.mesh), *plan.rank_args[0], **plan.rank_kwargs[0])
-            return GroupFuture([ref], labels[:1], [0], None, layout, plan.context, self.role, name, timeout_s)
+            self.hosts.traffic.sent += _proto_bytes(plan.rank_args[0]) + _proto_bytes(plan.rank_kwargs[0].values())
+            return GroupFuture([ref], labels[:1], [0], None, layout, plan.context, self.role, name, timeout_s, self.hosts.traffic)
         keep = mode.collect_ranks(layout)
         kept = set(keep)
+        self.hosts.traffic.sent += sum(
+            _proto_bytes(plan.rank_args[r]) + _proto_bytes(plan.rank_kwargs[r].values()) for r in range(len(handles)))
         refs = [
             h.execute.remote(
                 (self.role, name, r in kept, _layout_tuple(layout.ranks[r]) if mode.needs_layout else None, reg.mesh),
@@ -359,7 +387,7 @@ class RoleGroup:
             )
             for r, h in enumerate(handles)
         ]
-        return GroupFuture(refs, labels, keep, mode, layout, plan.context, self.role, name, timeout_s)
+        return GroupFuture(refs, labels, keep, mode, layout, plan.context, self.role, name, timeout_s, self.hosts.traffic)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} role={self.role!r} cls={self.worker_cls.__name__} world_size={self.world_size}>"

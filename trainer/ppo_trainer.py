@@ -165,6 +165,7 @@ class PPOTrainer:
         """One RL step: the seven stages of DESIGN.md, in order (1-4 in :meth:`rollout`)."""
         timer, step_start = StageTimer(), time.perf_counter()
         metrics: dict[str, float] = {}
+        self.traffic()  # from here on: this step's calls only
         batch = self.rollout(timer, metrics)  # 1-4, again on more prompts while after-reward hooks drop groups
         if self.critic is not None:
             with timer("values"):  # 5. values, for estimators that need a critic
@@ -185,7 +186,18 @@ class PPOTrainer:
         metrics.update(compute_data_metrics(batch))
         metrics.update(timer.metrics())
         metrics.update(throughput_metrics(batch, time.perf_counter() - step_start, self.world_size))
+        metrics.update(self.traffic())
         return metrics
+
+    def traffic(self) -> dict[str, float]:
+        """``driver/bytes_sent`` and ``driver/bytes_received``: the DataProto bytes this driver shipped to the
+        worker groups and collected back since the last call (``core/worker_group.Traffic``)."""
+        hosts = {id(h): h for g in (self.actor, self.ref, self.critic) if (h := getattr(g, "hosts", None)) is not None}
+        sent = received = 0
+        for host in hosts.values():
+            s, r = host.traffic.take()
+            sent, received = sent + s, received + r
+        return {"driver/bytes_sent": float(sent), "driver/bytes_received": float(received)}
 
     def generate_and_score(self, timer: StageTimer, metrics: dict[str, float]) -> DataProto:
         """Steps 1-4 on the next batch of prompts."""
