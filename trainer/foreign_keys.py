@@ -54,7 +54,6 @@ class ForeignKey:
 A, R, M = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.model"
 LOSS = "+actor_rollout_ref.actor.policy_loss_options"
 
-NO_DYNAMIC_BSZ = "micro-batches hold a fixed number of rows (ppo_micro_batch_size_per_gpu); no token-budget batching"
 NO_SP = "no sequence parallelism: each sequence lives on one rank"
 NO_LORA = "full-parameter training only (no LoRA)"
 NO_COSINE = "the schedule is a linear warm-up to lr (optim.warmup_steps), then constant; no decay"
@@ -131,8 +130,6 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
     *_fsdp("critic.model.fsdp_config", "critic.fsdp_config"),
     # actor
     _v(f"{A}.ppo_micro_batch_size", f"{A}.ppo_micro_batch_size_per_gpu", note=PER_RANK),
-    _v(f"{A}.use_dynamic_bsz", by_value={"false": ()}, missing=NO_DYNAMIC_BSZ),
-    _v(f"{A}.ppo_max_token_len_per_gpu", missing=NO_DYNAMIC_BSZ),
     _v(f"{A}.clip_ratio", LOSS + ".clip_ratio_low={value}", LOSS + ".clip_ratio_high={value}", note=LOSS_OPTION,
        example="0.2"),
     _v(f"{A}.clip_ratio_low", LOSS + ".clip_ratio_low={value}", note=LOSS_OPTION, example="0.2"),
@@ -167,8 +164,9 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
        note="the reference's forward passes use the actor's micro-batch"),
     _v("actor_rollout_ref.ref.log_prob_micro_batch_size", f"{A}.ppo_micro_batch_size_per_gpu",
        note="the reference's forward passes use the actor's micro-batch, per rank"),
-    _v("actor_rollout_ref.ref.log_prob_use_dynamic_bsz", by_value={"false": ()}, missing=NO_DYNAMIC_BSZ),
-    _v("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", missing=NO_DYNAMIC_BSZ),
+    *(_v(f"actor_rollout_ref.ref.{k}", f"{R}.{k}={{value}}", example=x,
+         note="the reference's forward passes are micro-batched as the actor's old-log-prob pass")
+      for k, x in (("log_prob_use_dynamic_bsz", "true"), ("log_prob_max_token_len_per_gpu", "32768"))),
     _v("actor_rollout_ref.ref.ulysses_sequence_parallel_size", by_value={"1": ()}, missing=NO_SP),
     _v("actor_rollout_ref.ref.strategy", by_value={"fsdp": (), "fsdp2": ()}, note=ONE_BACKEND,
        missing=ONE_BACKEND + " (no Megatron)"),
@@ -177,8 +175,6 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
        note="the actor computes the old log-probs in its own micro-batches"),
     _v(f"{R}.log_prob_micro_batch_size", f"{A}.ppo_micro_batch_size_per_gpu",
        note="the actor computes the old log-probs in its own micro-batches, per rank"),
-    _v(f"{R}.log_prob_use_dynamic_bsz", by_value={"false": ()}, missing=NO_DYNAMIC_BSZ),
-    _v(f"{R}.log_prob_max_token_len_per_gpu", missing=NO_DYNAMIC_BSZ),
     _v(f"{R}.prompt_length", "data.max_prompt_length={value}", example="32"),
     _v(f"{R}.mode", by_value={"sync": ()}, note="generation is one synchronous call per step on the training ranks",
        missing="no asynchronous rollout server: generation is one synchronous call per step"),
@@ -203,8 +199,6 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
     _v(f"{R}.update_weights_bucket_megabytes", R + ".reshard_bucket_mb={value}", example="64"),
     _v(f"{R}.ignore_eos", missing="generation stops at EOS"),
     # model
-    _v(f"{M}.use_remove_padding", by_value={"false": ()},
-       missing="batches are padded (prompts left, responses right); no unpadded forward"),
     _v(f"{M}.lora_rank", by_value={"0": ()}, missing=NO_LORA),
     *(_v(f"{M}.{k}", missing=NO_LORA) for k in ("lora_alpha", "target_modules", "exclude_modules", "lora_adapter_path")),
     _v(f"{M}.trust_remote_code", by_value={"false": ()}, missing="models and tokenizers load without remote code"),
@@ -292,11 +286,11 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
     _v("critic.forward_micro_batch_size_per_gpu", "critic.ppo_micro_batch_size_per_gpu",
        note="one micro-batch size for the critic's forward passes and its update"),
     _v("critic.forward_micro_batch_size", "critic.ppo_micro_batch_size_per_gpu", note=PER_RANK),
-    *(_v(f"critic.{k}", missing=NO_DYNAMIC_BSZ) for k in ("use_dynamic_bsz", "ppo_max_token_len_per_gpu",
-                                                        "forward_max_token_len_per_gpu")),
     _v("critic.grad_clip", "critic.optim.grad_clip={value}"),
     _v("critic.model.enable_gradient_checkpointing", M + ".enable_gradient_checkpointing={value}", example="true",
        note="one switch for the actor and the critic"),
+    _v("critic.model.use_remove_padding", M + ".use_remove_padding={value}", example="false",
+       note="one switch for the actor, the reference and the critic"),
     _v("critic.model.*", missing="the critic is a copy of the policy (actor_rollout_ref.model.path, its dtype) "
        "with a one-output value head; it has no model settings of its own"),
     _v("critic.loss_agg_mode", missing="the value loss is a token mean over the mini-batch"),

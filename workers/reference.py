@@ -2,7 +2,9 @@
 
 Built only when a KL term is on (``actor.use_kl_loss`` or
 ``algorithm.use_kl_in_reward``). It loads the same weights the actor starts
-from (same path, same seed) and shards them with FSDP2 like the actor.
+from (same path, same seed) and shards them with FSDP2 like the actor. Its
+forward passes are micro-batched and packed as the actor's old-log-prob pass
+(``rollout.log_prob_*``, ``model.use_remove_padding``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from hybridflow.workers.fsdp import shard_role
 from hybridflow.workers.offload import StateOffloader
 from hybridflow.workers.log_probs import response_log_probs
 from hybridflow.workers.loading import load_sharded_model
+from hybridflow.workers.micro_batches import MicroBatching, log_prob_token_budget, restore_order
+from hybridflow.workers.packing import probe_packing
 from hybridflow.workers.models import torch_dtype
 
 
@@ -31,12 +35,14 @@ class RefWorker(Worker):
     @register(dispatch=ONE_TO_ALL)
     def init_model(self) -> None:
         """Load the initial policy weights, frozen, sharded over the ranks."""
-        model_cfg = self.config.actor_rollout_ref.model
-        fsdp = self.config.actor_rollout_ref.ref.fsdp_config
+        arr = self.config.actor_rollout_ref
+        model_cfg, fsdp = arr.model, arr.ref.fsdp_config
         self.model = load_sharded_model(
             model_cfg.path, dtype=torch_dtype(model_cfg.dtype), seed=self.config.trainer.seed, mesh=self.device_mesh,
             device=self.device, shard=lambda module, mesh: shard_role(module.eval().requires_grad_(False), mesh, fsdp),
         )
+        self.packing = probe_packing(self.model) if model_cfg.use_remove_padding else None
+        self.batching = MicroBatching(self.dims.ref.micro_batch_rows, log_prob_token_budget(arr))
         self.offload = StateOffloader(self.model, None, params=fsdp.param_offload, optimizer_state=False)
         self.offload.offload()
 
@@ -44,8 +50,11 @@ class RefWorker(Worker):
     @torch.no_grad()
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         """Teacher-forced log-probs of the responses, at the rollout temperature."""
-        temperature = self.config.actor_rollout_ref.rollout.temperature
-        micro = self.dims.ref.micro_batch_rows
+        arr = self.config.actor_rollout_ref
+        micro_batches, order = self.batching.split(data, self.device_mesh.get_group())
         with self.offload.on_device(params=True):
-            parts = [response_log_probs(self.model, part, temperature=temperature).log_probs for part in data.split(micro)]
-        return DataProto.from_dict({REF_LOG_PROBS: torch.cat(parts)})
+            parts = [
+                response_log_probs(self.model, micro, temperature=arr.rollout.temperature, packing=self.packing).log_probs
+                for micro in micro_batches
+            ]
+        return DataProto.from_dict({REF_LOG_PROBS: restore_order(torch.cat(parts), order)})

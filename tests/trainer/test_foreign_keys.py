@@ -112,11 +112,13 @@ def test_a_suggestion_composes_and_passes_the_config_check(name, overrides, cont
                                "an option of the estimators that discount (gae, reinforce_plus_plus)"),
     (["loss_type=bnpo"], "loss_type is TRL's GRPOConfig name; here: actor_rollout_ref.actor.loss_agg_mode=token-mean-local; "
                          "a TRL loss type is a policy loss and an aggregation mode here (losses/aggregation.py)"),
-    (["actor_rollout_ref.model.use_remove_padding=True"],
-     "actor_rollout_ref.model.use_remove_padding is veRL's name; no equivalent yet: "
-     "batches are padded (prompts left, responses right); no unpadded forward"),
-    (["actor_rollout_ref.model.use_remove_padding=false"],
-     "actor_rollout_ref.model.use_remove_padding is veRL's name; here: nothing to set"),
+    (["critic.model.use_remove_padding=false"],
+     "critic.model.use_remove_padding is veRL's name; here: actor_rollout_ref.model.use_remove_padding=false; "
+     "one switch for the actor, the reference and the critic"),
+    (["actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=32768"],
+     "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu is veRL's name; here: "
+     "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=32768; "
+     "the reference's forward passes are micro-batched as the actor's old-log-prob pass"),
     (["+custom_reward_function.reward_kwargs.alpha=2"],
      "custom_reward_function.reward_kwargs.alpha is veRL's name; here: +reward.custom_reward_function.kwargs.alpha=2"),
     (["reward_model.model.path=/models/rm"], "reward_model.model.path is veRL's name; no equivalent yet: no reward-model "
@@ -125,6 +127,16 @@ def test_a_suggestion_composes_and_passes_the_config_check(name, overrides, cont
 ])
 def test_messages(args, expected):
     assert override_problems(args) == [expected]
+
+
+def test_verl_keys_that_are_ours_now_just_work():
+    keys = ["actor_rollout_ref.model.use_remove_padding=false", "actor_rollout_ref.actor.use_dynamic_bsz=true",
+            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096",
+            "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",
+            "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=8192", "critic.use_dynamic_bsz=true",
+            "critic.ppo_max_token_len_per_gpu=4096", "critic.forward_max_token_len_per_gpu=8192"]
+    assert override_problems(keys) == []
+    assert all(lookup(k.partition("=")[0]) is None for k in keys)
 
 
 def test_each_foreign_override_gets_its_own_line_beside_valid_ones():

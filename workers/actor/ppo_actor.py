@@ -11,10 +11,19 @@ batch. What it guarantees:
   ranks (FSDP averages over ranks, so the loss is scaled by the dp size).
 * A non-finite gradient norm skips the step and is counted, never applied
   (``workers/train_step.py``).
+* The diagnostics (``actor/pg_loss``, ``actor/kl_loss``, the policy loss's
+  ``pg_clipfrac``, ...) do not depend on the micro-batch split either: each is
+  the rank's mini-batch value, summed from the micro-batches' shares of it
+  (the policy loss's own, token means, weighted by tokens).
+
+Micro-batches hold a fixed number of rows or, under ``use_dynamic_bsz``, a
+token budget (``workers/micro_batches.py``); forwards run padded or packed
+(``use_remove_padding``, ``workers/packing.py``).
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 
 import torch
 import torch.distributed as dist
@@ -34,6 +43,8 @@ from hybridflow.core.keys import (
 from hybridflow.losses import agg_loss, kl_penalty
 from hybridflow.plugins import get_policy_loss
 from hybridflow.workers.log_probs import response_log_probs
+from hybridflow.workers.micro_batches import MicroBatching, restore_order
+from hybridflow.workers.packing import probe_packing
 from hybridflow.workers.train_step import global_counts, mean_metrics, optimizer_step, parameter_norm
 
 
@@ -48,6 +59,10 @@ class PPOActor:
     :param dp_group: the data-parallel process group (None: a single rank).
     :param rows_per_mini_batch: this rank's rows per optimizer step
         (``ppo_mini_batch_size * n / dp_size``).
+    :param use_remove_padding: packed forwards (``model.use_remove_padding``), in
+        the layout the model's attention confines (``probe_packing``: a collective under FSDP).
+    :param log_prob_batching: the micro-batches of :meth:`compute_log_prob`
+        (None: those of the update, ``config``'s rows or token budget).
     """
 
     def __init__(
@@ -60,9 +75,16 @@ class PPOActor:
         rows_per_mini_batch: int,
         dp_group: dist.ProcessGroup | None = None,
         scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+        use_remove_padding: bool = True,
+        log_prob_batching: MicroBatching | None = None,
     ) -> None:
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.config = config
+        self.update_batching = MicroBatching(
+            config.ppo_micro_batch_size_per_gpu, config.ppo_max_token_len_per_gpu if config.use_dynamic_bsz else None
+        )
+        self.log_prob_batching = log_prob_batching or self.update_batching
+        self.packing = probe_packing(model) if use_remove_padding else None
         self.loss_agg_mode = loss_agg_mode
         self.rows_per_mini_batch = rows_per_mini_batch
         self.dp_group = dp_group
@@ -82,17 +104,18 @@ class PPOActor:
         """Teacher-forced ``old_log_probs`` for every row, in micro-batches; ``entropy`` and ``sum_pi_squared``
         (sum_v pi_old(v)^2 per token, for estimators that declare it) when asked."""
         self.model.eval()
+        micro_batches, order = self.log_prob_batching.split(data, self.dp_group)
         parts = [
             response_log_probs(self.model, micro, temperature=temperature, with_entropy=with_entropy,
-                               with_sum_pi_squared=with_sum_pi_squared)
-            for micro in data.split(self.config.ppo_micro_batch_size_per_gpu)
+                               with_sum_pi_squared=with_sum_pi_squared, packing=self.packing)
+            for micro in micro_batches
         ]
-        tensors = {OLD_LOG_PROBS: torch.cat([p.log_probs for p in parts])}
+        stats = {OLD_LOG_PROBS: [p.log_probs for p in parts]}
         if with_entropy:
-            tensors[ENTROPY] = torch.cat([p.entropy for p in parts])
+            stats[ENTROPY] = [p.entropy for p in parts]
         if with_sum_pi_squared:
-            tensors[SUM_PI_SQUARED] = torch.cat([p.sum_pi_squared for p in parts])
-        return DataProto.from_dict(tensors)
+            stats[SUM_PI_SQUARED] = [p.sum_pi_squared for p in parts]
+        return DataProto.from_dict({key: restore_order(torch.cat(values), order) for key, values in stats.items()})
 
     def update_policy(self, data: DataProto, *, temperature: float, shuffle_seed: int = 0) -> dict[str, float]:
         """``ppo_epochs`` passes of mini-batch updates over this rank's rows; returns mean metrics.
@@ -112,28 +135,34 @@ class PPOActor:
         for mini in mini_batches:
             num_tokens, num_seqs = global_counts(mini.batch[RESPONSE_MASK], self.dp_group)
             counts = {"num_tokens": num_tokens, "num_seqs": num_seqs}
-            steps.append(
-                optimizer_step(
-                    mini.split(self.config.ppo_micro_batch_size_per_gpu),
-                    lambda micro: self._micro_batch_loss(micro, temperature, counts),
-                    self.model,
-                    self.optimizer,
-                    grad_clip=self.config.optim.grad_clip,
-                    loss_scale=self.dp_size,  # FSDP averages over ranks; we want the sum
-                    scheduler=self.scheduler,
-                )
+            local_tokens, local_seqs = global_counts(mini.batch[RESPONSE_MASK], None)
+            local = {"num_tokens": max(local_tokens, 1.0), "num_seqs": max(local_seqs, 1.0)}
+            diagnostics: dict[str, float] = defaultdict(float)  # the rank's mini-batch values, summed from shares
+            micro_batches, _ = self.update_batching.split(mini, self.dp_group)
+            step = optimizer_step(
+                micro_batches,
+                lambda micro: self._micro_batch_loss(micro, temperature, counts, local, diagnostics),
+                self.model,
+                self.optimizer,
+                grad_clip=self.config.optim.grad_clip,
+                loss_scale=self.dp_size,  # FSDP averages over ranks; we want the sum
+                scheduler=self.scheduler,
             )
+            steps.append({**step, **diagnostics})
         metrics = mean_metrics(steps)
         metrics["actor/param_norm"] = parameter_norm(self.model)
         return metrics
 
     def _micro_batch_loss(
-        self, micro: DataProto, temperature: float, counts: dict[str, float]
+        self, micro: DataProto, temperature: float, counts: dict[str, float], local: dict[str, float],
+        diagnostics: dict[str, float],
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """The micro-batch's share of the global loss, and its local diagnostics."""
+        """The micro-batch's share of the global loss (``counts``: the global mini-batch's); its share of the rank's
+        mini-batch diagnostics (``local``: the rank's counts) is added to ``diagnostics``."""
         mask = micro.batch[RESPONSE_MASK].float()
         need_entropy = self.config.entropy_coeff != 0
-        log_probs, entropy, _ = response_log_probs(self.model, micro, temperature=temperature, with_entropy=need_entropy)
+        log_probs, entropy, _ = response_log_probs(self.model, micro, temperature=temperature, with_entropy=need_entropy,
+                                                   packing=self.packing)
         # rollout correction: importance weights pi_old / pi_rollout, when the driver computed them
         correction = {"rollout_is_weights": micro.batch[ROLLOUT_IS_WEIGHTS]} if ROLLOUT_IS_WEIGHTS in micro.batch else {}
         token_losses, loss_metrics = self.policy_loss.fn(
@@ -147,10 +176,14 @@ class PPOActor:
             kl = kl_penalty(log_probs, micro.batch[REF_LOG_PROBS], self.config.kl_loss_type)
             terms["kl_loss"] = (self.config.kl_loss_coef, kl)
         loss = sum(coef * agg_loss(values, mask, self.loss_agg_mode, **counts) for coef, values in terms.values())
-        with torch.no_grad():  # diagnostics: this micro-batch's own mean, not its share
-            metrics = {f"actor/{name}": agg_loss(values, mask, self.loss_agg_mode).item() for name, (_, values) in terms.items()}
+        with torch.no_grad():  # diagnostics: shares of the rank's mini-batch value, so the split cannot change them
+            for name, (_, values) in terms.items():
+                diagnostics[f"actor/{name}"] += agg_loss(values, mask, self.loss_agg_mode, **local).item()
             # whatever the loss plugin computes: > 0 when the updates so far made advantaged tokens likelier
             gain = micro.batch[ADVANTAGES] * (log_probs - micro.batch[OLD_LOG_PROBS])
-            metrics["actor/surrogate_gain"] = agg_loss(gain, mask, "token-mean").item()
-        metrics.update({f"actor/{k}": v for k, v in loss_metrics.items()})
-        return loss, metrics
+            diagnostics["actor/surrogate_gain"] += agg_loss(gain, mask, "token-mean", num_tokens=local["num_tokens"]).item()
+            # the policy loss's diagnostics are token means over this micro-batch: weighted by its tokens
+            weight = float(mask.sum()) / local["num_tokens"]
+            for key, value in loss_metrics.items():
+                diagnostics[f"actor/{key}"] += float(value) * weight
+        return loss, {}

@@ -6,10 +6,13 @@ response token t is the head's output at the position *before* it (the
 state in which token t was chosen), mirroring how log-probs are read.
 Mini-batches, micro-batches, global normalization and skipped steps work as
 for the actor (``workers/train_step.py``); the value loss is always averaged
-over the global mini-batch's valid tokens.
+over the global mini-batch's valid tokens. Micro-batches hold a fixed number
+of rows or a token budget (``use_dynamic_bsz``); forwards run padded or packed.
 """
 
 from __future__ import annotations
+
+from collections import defaultdict
 
 import torch
 import torch.distributed as dist
@@ -20,11 +23,16 @@ from hybridflow.core import DataProto
 from hybridflow.core.keys import ATTENTION_MASK, INPUT_IDS, POSITION_IDS, RESPONSE_MASK, RESPONSES, RETURNS, VALUES
 from hybridflow.losses import agg_loss
 from hybridflow.losses.value import clipped_value_loss
+from hybridflow.workers.micro_batches import MicroBatching, restore_order
+from hybridflow.workers.packing import Packing, pack, packed_forward, probe_packing, unpack
 from hybridflow.workers.train_step import global_counts, mean_metrics, optimizer_step, parameter_norm
 
 
-def response_values(model: nn.Module, batch: DataProto) -> torch.Tensor:
-    """(B, T) value estimates for the response tokens."""
+def response_values(model: nn.Module, batch: DataProto, *, packing: Packing | None = None) -> torch.Tensor:
+    """(B, T) value estimates for the response tokens (``packing``: one packed forward, zero at the pads)."""
+    if packing is not None:
+        packed = pack(batch, packing)
+        return unpack(packed_forward(model, packed)[:, 0].float(), packed)
     length = batch.batch[RESPONSES].shape[1]
     out = model(
         input_ids=batch.batch[INPUT_IDS],
@@ -35,7 +43,11 @@ def response_values(model: nn.Module, batch: DataProto) -> torch.Tensor:
 
 
 class PPOCritic:
-    """Values and clipped value-loss updates of one rank's critic shard."""
+    """Values and clipped value-loss updates of one rank's critic shard.
+
+    ``use_remove_padding``: packed forwards (the policy's ``model.use_remove_padding``:
+    the critic has no model section), in the layout its attention confines (``probe_packing``).
+    """
 
     def __init__(
         self,
@@ -47,9 +59,16 @@ class PPOCritic:
         ppo_epochs: int = 1,
         dp_group: dist.ProcessGroup | None = None,
         scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+        use_remove_padding: bool = True,
     ) -> None:
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.config = config
+        dynamic, rows = config.use_dynamic_bsz, config.ppo_micro_batch_size_per_gpu
+        self.update_batching = MicroBatching(rows, config.ppo_max_token_len_per_gpu if dynamic else None)
+        forward_budget = config.forward_max_token_len_per_gpu
+        forward_budget = config.ppo_max_token_len_per_gpu if forward_budget is None else forward_budget
+        self.forward_batching = MicroBatching(rows, forward_budget if dynamic else None)
+        self.packing = probe_packing(model) if use_remove_padding else None
         self.rows_per_mini_batch = rows_per_mini_batch
         self.ppo_epochs = ppo_epochs
         self.dp_group = dp_group
@@ -59,8 +78,9 @@ class PPOCritic:
     def compute_values(self, data: DataProto) -> DataProto:
         """``values`` (B, T) for every row, zero outside the response mask."""
         self.model.eval()
-        parts = [response_values(self.model, micro) for micro in data.split(self.config.ppo_micro_batch_size_per_gpu)]
-        return DataProto.from_dict({VALUES: torch.cat(parts) * data.batch[RESPONSE_MASK]})
+        micro_batches, order = self.forward_batching.split(data, self.dp_group)
+        parts = [response_values(self.model, micro, packing=self.packing) for micro in micro_batches]
+        return DataProto.from_dict({VALUES: restore_order(torch.cat(parts), order) * data.batch[RESPONSE_MASK]})
 
     def update_critic(self, data: DataProto) -> dict[str, float]:
         """Clipped value-loss updates over this rank's rows; returns mean metrics."""
@@ -72,30 +92,39 @@ class PPOCritic:
         steps = []
         for mini in data.make_iterator(self.rows_per_mini_batch, epochs=self.ppo_epochs):
             num_tokens, _ = global_counts(mini.batch[RESPONSE_MASK], self.dp_group)
-            steps.append(
-                optimizer_step(
-                    mini.split(self.config.ppo_micro_batch_size_per_gpu),
-                    lambda micro: self._micro_batch_loss(micro, num_tokens),
-                    self.model,
-                    self.optimizer,
-                    grad_clip=self.config.optim.grad_clip,
-                    loss_scale=self.dp_size,
-                    scheduler=self.scheduler,
-                    prefix="critic",
-                )
+            local_tokens = max(global_counts(mini.batch[RESPONSE_MASK], None)[0], 1.0)
+            diagnostics: dict[str, float] = defaultdict(float)  # the rank's mini-batch values, summed from shares
+            micro_batches, _ = self.update_batching.split(mini, self.dp_group)
+            step = optimizer_step(
+                micro_batches,
+                lambda micro: self._micro_batch_loss(micro, num_tokens, local_tokens, diagnostics),
+                self.model,
+                self.optimizer,
+                grad_clip=self.config.optim.grad_clip,
+                loss_scale=self.dp_size,
+                scheduler=self.scheduler,
+                prefix="critic",
             )
+            steps.append({**step, **diagnostics})
         metrics = mean_metrics(steps)
         metrics["critic/param_norm"] = parameter_norm(self.model)
         return metrics
 
-    def _micro_batch_loss(self, micro: DataProto, num_tokens: float) -> tuple[torch.Tensor, dict[str, float]]:
+    def _micro_batch_loss(
+        self, micro: DataProto, num_tokens: float, local_tokens: float, diagnostics: dict[str, float]
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The micro-batch's share of the global value loss; its shares of the rank's mini-batch token means
+        (``local_tokens``) are added to ``diagnostics``."""
         mask = micro.batch[RESPONSE_MASK].float()
-        values = response_values(self.model, micro)
-        token_losses, metrics = clipped_value_loss(
+        values = response_values(self.model, micro, packing=self.packing)
+        token_losses, loss_metrics = clipped_value_loss(
             values, micro.batch[VALUES], micro.batch[RETURNS], mask, self.config.cliprange_value
         )
         loss = agg_loss(token_losses, mask, "token-mean", num_tokens=num_tokens)
         with torch.no_grad():
-            metrics["critic/vf_loss"] = agg_loss(token_losses, mask, "token-mean").item()
-            metrics["critic/vpred_mean"] = float((values * mask).sum() / mask.sum().clamp(min=1))
-        return loss, metrics
+            weight = float(mask.sum()) / local_tokens
+            diagnostics["critic/vf_loss"] += agg_loss(token_losses, mask, "token-mean", num_tokens=local_tokens).item()
+            diagnostics["critic/vpred_mean"] += float((values * mask).sum()) / local_tokens
+            for key, value in loss_metrics.items():  # token means over this micro-batch
+                diagnostics[key] += value * weight
+        return loss, {}

@@ -1,0 +1,185 @@
+"""Packed (padding-free) forwards equal the padded ones, and a packed sequence attends only to itself.
+
+Rows of very different lengths (1 to 20 prompt tokens, left-padded; 1 to 30
+response tokens, right-padded) in float32, packed in rows of the longest
+sequence and in one row: log-probs, entropies and sum_pi_squared of the actor
+and the reference, the critic's values, and the losses, gradients and
+parameters of one update agree within 1e-5.
+"""
+
+import copy
+
+import pytest
+import torch
+from transformers import AttentionInterface, AttentionMaskInterface
+from transformers.masking_utils import sdpa_mask
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from hybridflow.configs.schema import ActorConfig, CriticConfig
+from hybridflow.core import DataProto
+from hybridflow.workers.actor.ppo_actor import PPOActor
+from hybridflow.workers.critic.ppo_critic import PPOCritic, response_values
+from hybridflow.workers.log_probs import response_log_probs
+from hybridflow.workers.packing import Packing, pack, probe_packing, unpack
+from micro_batch_support import ragged_batch, tiny_critic
+from support import tiny_model
+
+
+LAYOUTS = [Packing(), Packing(one_row=True)]
+
+
+def with_attention(model, implementation):
+    model.set_attn_implementation(implementation)
+    return model
+
+
+def test_pack_lays_the_rows_end_to_end_as_the_docstring_draws():
+    # row 0: _ a b | c _ _     row 1: e f g | h i j     row 2: _ _ k | l _ _     (a..l = 11..22)
+    batch = DataProto.from_dict({
+        "input_ids": torch.tensor([[0, 11, 12, 13, 0, 0], [15, 16, 17, 18, 19, 20], [0, 0, 21, 22, 0, 0]]),
+        "attention_mask": torch.tensor([[0, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 0, 0]]),
+        "position_ids": torch.tensor([[0, 0, 1, 2, 2, 2], [0, 1, 2, 3, 4, 5], [0, 0, 0, 1, 1, 1]]),
+        "responses": torch.tensor([[13, 0, 0], [18, 19, 20], [22, 0, 0]]),
+    })
+    packed = pack(batch)
+    assert packed.input_ids.tolist() == [[15, 16, 17, 18, 19, 20], [11, 12, 13, 21, 22, 0]]
+    assert packed.position_ids.tolist() == [[0, 1, 2, 3, 4, 5], [0, 1, 2, 0, 1, 0]]
+    assert packed.logit_index.tolist() == [7, 2, 3, 4, 9]  # b predicts c; g, h, i predict h, i, j; k predicts l
+    assert packed.response_tokens.tolist() == [13, 18, 19, 20, 22]
+    assert unpack(torch.arange(1.0, 6.0), packed).tolist() == [[1, 0, 0], [2, 3, 4], [5, 0, 0]]
+    one_row = pack(batch, Packing(one_row=True))  # longest first: e..j, then a b c, then k l
+    assert one_row.input_ids.tolist() == [[15, 16, 17, 18, 19, 20, 11, 12, 13, 21, 22]]
+    assert one_row.position_ids.tolist() == [[0, 1, 2, 3, 4, 5, 0, 1, 2, 0, 1]]
+    assert one_row.logit_index.tolist() == [7, 2, 3, 4, 9]
+
+
+def test_pack_refuses_position_ids_that_do_not_restart_at_each_row():
+    batch = ragged_batch()
+    batch.batch["position_ids"] = torch.arange(batch.batch["input_ids"].shape[1]).expand_as(batch.batch["input_ids"])
+    with pytest.raises(ValueError, match="position ids"):
+        pack(batch)
+
+
+@pytest.mark.parametrize("packing", LAYOUTS)
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_a_packed_row_attends_only_to_itself(implementation, packing):
+    model = with_attention(tiny_model(), implementation)
+    batch = ragged_batch()
+    changed = batch.deepcopy()
+    real = changed.batch["attention_mask"][2].bool()
+    changed.batch["input_ids"][2, real] = (changed.batch["input_ids"][2, real] + 5) % 21 + 3  # row 2, every real token
+    changed.batch["responses"] = changed.batch["input_ids"][:, -batch.batch["responses"].shape[1]:].clone()
+    with torch.no_grad():
+        before = response_log_probs(model, batch, packing=packing).log_probs
+        after = response_log_probs(model, changed, packing=packing).log_probs
+    others = [i for i in range(len(batch)) if i != 2]
+    assert torch.allclose(before[others], after[others], atol=1e-6)
+    assert not torch.allclose(before[2], after[2], atol=1e-3)  # the row itself did change
+
+
+def test_an_attention_without_the_packed_mask_is_refused():
+    """An implementation transformers has no mask function for gets no mask: it would attend across sequences."""
+    def causal_only(module, query, key, value, attention_mask, **kwargs):
+        return sdpa_attention_forward(module, query, key, value, None, **kwargs)
+
+    AttentionInterface.register("causal_only_test", causal_only)
+    model = with_attention(tiny_model(), "causal_only_test")
+    with pytest.raises(ValueError, match="attends across packed sequences.*use_remove_padding=false"):
+        probe_packing(model)
+    with pytest.raises(ValueError, match="attends across packed sequences"):
+        PPOActor(model, torch.optim.SGD(model.parameters(), lr=0.1), ActorConfig(), loss_agg_mode="token-mean",
+                 rows_per_mini_batch=8)
+    PPOActor(model, torch.optim.SGD(model.parameters(), lr=0.1), ActorConfig(), loss_agg_mode="token-mean",
+             rows_per_mini_batch=8, use_remove_padding=False)  # the padded path needs no such check
+    for implementation in ("sdpa", "eager"):
+        assert probe_packing(with_attention(tiny_model(), implementation)) == Packing(one_row=False)
+        assert probe_packing(with_attention(tiny_critic(), implementation)) == Packing(one_row=False)
+
+
+def test_an_attention_that_confines_only_one_packed_row_gets_one_row():
+    """Like flash attention, whose varlen path reads packed sequences from the position ids of batch size 1."""
+    def one_row_only(module, query, key, value, attention_mask, **kwargs):
+        return sdpa_attention_forward(module, query, key, value, attention_mask if query.shape[0] == 1 else None,
+                                      **kwargs)
+
+    AttentionInterface.register("one_row_test", one_row_only)
+    AttentionMaskInterface.register("one_row_test", sdpa_mask)
+    assert probe_packing(with_attention(tiny_model(), "one_row_test")) == Packing(one_row=True)
+
+
+@pytest.mark.parametrize("packing", LAYOUTS)
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_actor_log_probs_entropy_and_sum_pi_squared_equal_the_padded_pass(implementation, packing):
+    model, batch = with_attention(tiny_model(), implementation), ragged_batch()
+    real = batch.batch["response_mask"].bool()
+    with torch.no_grad():
+        padded, packed = (response_log_probs(model, batch, temperature=0.7, with_entropy=True, with_sum_pi_squared=True,
+                                             packing=layout) for layout in (None, packing))
+    for name, a, b in zip(padded._fields, padded, packed):
+        assert torch.allclose(a[real], b[real], atol=1e-5), name
+        assert (b[~real] == 0).all(), name
+
+
+@pytest.mark.parametrize("packing", LAYOUTS)
+def test_reference_log_probs_equal_the_padded_pass(packing):
+    """As the reference worker scores: a frozen eval-mode model, the rollout temperature, micro-batches of 3."""
+    model = tiny_model(seed=1).eval().requires_grad_(False)
+    batch = ragged_batch(seed=2)
+    real = batch.batch["response_mask"].bool()
+    padded, packed = (torch.cat([response_log_probs(model, micro, temperature=0.9, packing=layout).log_probs
+                                 for micro in batch.split(3)]) for layout in (None, packing))
+    assert torch.allclose(padded[real], packed[real], atol=1e-5)
+
+
+def make_actor(model, remove_padding, mode="token-mean", micro=3, **cfg):
+    config = ActorConfig(ppo_micro_batch_size_per_gpu=micro, **cfg)
+    return PPOActor(model, torch.optim.SGD(model.parameters(), lr=0.5), config, loss_agg_mode=mode,
+                    rows_per_mini_batch=8, use_remove_padding=remove_padding)
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_actor_loss_gradients_and_update_equal_the_padded_ones(mode):
+    batch, base = ragged_batch(), tiny_model()
+    batch.union(make_actor(base, False).compute_log_prob(batch, temperature=1.0))
+    batch.batch["ref_log_probs"] = batch.batch["old_log_probs"] - 0.1 * batch.batch["response_mask"]
+    models, metrics = [], []
+    for flag in (False, True):
+        model = copy.deepcopy(base)
+        actor = make_actor(model, flag, mode, entropy_coeff=0.01, use_kl_loss=True, kl_loss_coef=0.5)
+        metrics.append(actor.update_policy(batch, temperature=1.0))
+        models.append(model)
+    for key in ("actor/pg_loss", "actor/entropy", "actor/kl_loss", "actor/pg_clipfrac", "actor/ppo_kl",
+                "actor/grad_norm", "actor/surrogate_gain"):
+        assert metrics[1][key] == pytest.approx(metrics[0][key], abs=1e-5), key
+    assert metrics[0]["actor/grad_norm"] > 0
+    for (name, a), b in zip(models[0].named_parameters(), models[1].parameters()):
+        assert torch.allclose(a.grad, b.grad, atol=1e-5), name  # the step's gradient (optimizer_step keeps it)
+        assert torch.allclose(a, b, atol=1e-5), name
+
+
+def test_critic_values_loss_gradients_and_update_equal_the_padded_ones():
+    batch, base = ragged_batch(), tiny_critic()
+    real = batch.batch["response_mask"].bool()
+    with torch.no_grad():
+        padded = response_values(base, batch)
+        for packing in LAYOUTS:
+            packed = response_values(base, batch, packing=packing)
+            assert torch.allclose(padded[real], packed[real], atol=1e-5) and (packed[~real] == 0).all()
+
+    def make(model, flag):
+        return PPOCritic(model, torch.optim.SGD(model.parameters(), lr=0.1), CriticConfig(ppo_micro_batch_size_per_gpu=3),
+                         rows_per_mini_batch=8, use_remove_padding=flag)
+
+    batch.union(make(base, False).compute_values(batch))
+    batch.batch["returns"] = torch.linspace(-1, 1, real.numel()).view(real.shape) * real
+    models, metrics = [], []
+    for flag in (False, True):
+        model = copy.deepcopy(base)
+        assert torch.allclose(make(model, flag).compute_values(batch).batch["values"], batch.batch["values"], atol=1e-5)
+        metrics.append(make(model, flag).update_critic(batch))
+        models.append(model)
+    for key in ("critic/vf_loss", "critic/vpred_mean", "critic/vf_clipfrac", "critic/grad_norm"):
+        assert metrics[1][key] == pytest.approx(metrics[0][key], abs=1e-5), key
+    for (name, a), b in zip(models[0].named_parameters(), models[1].parameters()):
+        assert torch.allclose(a.grad, b.grad, atol=1e-5), name
+        assert torch.allclose(a, b, atol=1e-5), name
