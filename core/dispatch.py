@@ -325,6 +325,21 @@ class Registration:
     execute: Execute = Execute.ALL
     blocking: bool = True
     mesh: str = DEFAULT_MESH
+    reads: tuple[str, ...] | None = None
+
+    def select_inputs(self, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+        """The call's arguments with every DataProto cut to the columns in :attr:`reads` that it has (all
+        of ``meta_info`` kept); unchanged when the method declared none."""
+        if self.reads is None:
+            return args, kwargs
+
+        def lean(value: Any) -> Any:
+            if not isinstance(value, DataProto):
+                return value
+            return value.select([k for k in self.reads if k in value.batch],
+                                [k for k in self.reads if k in value.non_tensor_batch])
+
+        return tuple(lean(a) for a in args), {k: lean(v) for k, v in kwargs.items()}
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -347,7 +362,11 @@ class RegisteredMethod(Generic[F]):
 
 
 def register(
-    dispatch: DispatchMode = ONE_TO_ALL, execute: Execute = Execute.ALL, blocking: bool = True, mesh: str = DEFAULT_MESH
+    dispatch: DispatchMode = ONE_TO_ALL,
+    execute: Execute = Execute.ALL,
+    blocking: bool = True,
+    mesh: str = DEFAULT_MESH,
+    reads: Sequence[str] | None = None,
 ) -> Callable[[F], RegisteredMethod[F]]:
     """Mark a :class:`~hybridflow.core.worker.Worker` method as callable on the whole group.
 
@@ -356,7 +375,10 @@ def register(
     future instead of the result. ``mesh`` names the worker's device mesh
     whose data-parallel layout splits the data (a worker that generates on
     a tensor-parallel layout and trains on another registers its generate
-    method with the rollout mesh's name).
+    method with the rollout mesh's name). ``reads`` names the DataProto
+    columns (tensor or not) the method reads: the group ships only those
+    (the ones present; optional inputs may be listed), so a call does not
+    carry columns its workers never look at. None: every column.
     """
     if not isinstance(dispatch, DispatchMode):
         raise TypeError(f"dispatch must be a DispatchMode (e.g. DP_COMPUTE_PROTO), got {dispatch!r}")
@@ -364,6 +386,6 @@ def register(
         raise TypeError(f"execute must be an Execute member (Execute.ALL, Execute.RANK_ZERO), got {execute!r}")
 
     def wrap(fn: F) -> RegisteredMethod[F]:
-        return RegisteredMethod(fn, Registration(dispatch, execute, blocking, mesh))
+        return RegisteredMethod(fn, Registration(dispatch, execute, blocking, mesh, None if reads is None else tuple(reads)))
 
     return wrap

@@ -38,6 +38,13 @@ RESPONSE_COLUMNS = (
     TOKEN_LEVEL_REWARDS, ADVANTAGES, RETURNS, SUM_PI_SQUARED, ROLLOUT_IS_WEIGHTS,
 )  # (B, T)
 
+# What the workers' registered methods read (``@register(reads=...)``): the driver ships only these.
+FORWARD_INPUTS = (*SEQUENCE_COLUMNS, RESPONSES, RESPONSE_MASK)  # a teacher-forced pass over prompt + response
+ACTOR_UPDATE_INPUTS = (
+    *FORWARD_INPUTS, OLD_LOG_PROBS, ADVANTAGES, REF_LOG_PROBS, ROLLOUT_IS_WEIGHTS, ROLLOUT_LOG_PROBS,
+)  # the last three only when present (KL loss, rollout correction, the update's log-prob gap)
+CRITIC_UPDATE_INPUTS = (*FORWARD_INPUTS, VALUES, RETURNS)
+
 # Non-tensor columns (DataProto.non_tensor_batch)
 UID = "uid"  # (B,) one id per prompt, shared by its n samples
 DATA_SOURCE = "data_source"  # (B,) which dataset / verifier a row comes from

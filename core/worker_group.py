@@ -39,6 +39,7 @@ from hybridflow.core.data_proto import DataProto
 from hybridflow.core.dispatch import (
     DEFAULT_MESH,
     DispatchMode,
+    DispatchPlan,
     Execute,
     GroupLayout,
     Pending,
@@ -185,7 +186,8 @@ class GroupFuture(Pending):
 @dataclass
 class Traffic:
     """Bytes of DataProto columns (:meth:`DataProto.nbytes`) the driver shipped to a group's ranks and
-    collected back since the last :meth:`take`: every serialized copy counts."""
+    collected back since the last :meth:`take`; a payload several ranks share counts once (it is put in
+    the object store once)."""
 
     sent: int = 0
     received: int = 0
@@ -195,6 +197,10 @@ class Traffic:
         out = (self.sent, self.received)
         self.sent = self.received = 0
         return out
+
+
+def _plan_values(plan: DispatchPlan) -> list[Any]:
+    return [v for args in plan.rank_args for v in args] + [v for kw in plan.rank_kwargs for v in kw.values()]
 
 
 def _proto_bytes(values: Any) -> int:
@@ -366,19 +372,16 @@ class RoleGroup:
     ) -> GroupFuture:
         layout = self.hosts.layout(self.role, reg.mesh)
         mode = reg.dispatch
-        plan = mode.dispatch(layout, args, kwargs)
+        plan = self._shared(mode.dispatch(layout, *reg.select_inputs(args, kwargs)))
         handles, labels = self.hosts.handles, self.hosts.labels
         if not handles:
             raise RuntimeError(f"group {self.role!r} was shut down")
         if reg.execute is Execute.RANK_ZERO:
             expected = _layout_tuple(layout.ranks[0]) if mode.needs_layout else None
             ref = handles[0].execute.remote((self.role, name, True, expected, reg.mesh), *plan.rank_args[0], **plan.rank_kwargs[0])
-            self.hosts.traffic.sent += _proto_bytes(plan.rank_args[0]) + _proto_bytes(plan.rank_kwargs[0].values())
             return GroupFuture([ref], labels[:1], [0], None, layout, plan.context, self.role, name, timeout_s, self.hosts.traffic)
         keep = mode.collect_ranks(layout)
         kept = set(keep)
-        self.hosts.traffic.sent += sum(
-            _proto_bytes(plan.rank_args[r]) + _proto_bytes(plan.rank_kwargs[r].values()) for r in range(len(handles)))
         refs = [
             h.execute.remote(
                 (self.role, name, r in kept, _layout_tuple(layout.ranks[r]) if mode.needs_layout else None, reg.mesh),
@@ -388,6 +391,31 @@ class RoleGroup:
             for r, h in enumerate(handles)
         ]
         return GroupFuture(refs, labels, keep, mode, layout, plan.context, self.role, name, timeout_s, self.hosts.traffic)
+
+    def _shared(self, plan: DispatchPlan) -> DispatchPlan:
+        """The plan with each DataProto that several ranks receive (a dp shard and its tensor-parallel
+        peers, a ONE_TO_ALL argument) put in Ray's object store once and passed by reference (Ray hands
+        the workers the value); the traffic counter counts each payload once."""
+        uses: dict[int, int] = {}
+        for value in _plan_values(plan):
+            if isinstance(value, DataProto):
+                uses[id(value)] = uses.get(id(value), 0) + 1
+        refs: dict[int, Any] = {}
+
+        def ship(value: Any) -> Any:
+            if not isinstance(value, DataProto):
+                return value
+            key = id(value)
+            if key not in refs:
+                self.hosts.traffic.sent += value.nbytes()
+                refs[key] = ray.put(value) if uses[key] > 1 else value
+            return refs[key]
+
+        return replace(
+            plan,
+            rank_args=[tuple(ship(a) for a in args) for args in plan.rank_args],
+            rank_kwargs=[{k: ship(v) for k, v in kw.items()} for kw in plan.rank_kwargs],
+        )
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} role={self.role!r} cls={self.worker_cls.__name__} world_size={self.world_size}>"

@@ -68,6 +68,10 @@ class MeshWorker(Worker):
     def seen_ids(self, data: DataProto) -> list[str]:
         return list(data.non_tensor_batch["id"])
 
+    @register(dispatch=DP_COMPUTE_METRIC, reads=("x", "id", "absent"))
+    def seen_columns(self, data: DataProto) -> list[str]:
+        return sorted([*data.batch, *data.non_tensor_batch, *data.meta_info])
+
     @register(dispatch=ONE_TO_ALL)
     def whoami(self) -> tuple[int, int, int]:
         layout = self.dp_layout()
@@ -164,6 +168,19 @@ def test_five_rows_over_dp2_are_padded_and_unpadded(mesh_group: RayWorkerGroup) 
     assert len(out) == 5
     assert list(out.non_tensor_batch["id"]) == ["r0", "r1", "r2", "r3", "r4"]
     assert out.batch["x"].tolist() == [0.0, 3.0, 6.0, 9.0, 12.0]
+
+
+def test_a_call_ships_only_the_columns_the_method_reads_once_per_dp_shard(mesh_group: RayWorkerGroup) -> None:
+    data = _rows(8)
+    data.batch["unread"] = torch.zeros(8, 1000)
+    data.meta_info["step"] = 3
+    mesh_group.hosts.traffic.take()
+    assert mesh_group.seen_columns(data) == [["id", "step", "x"]] * 4  # "absent" is optional
+    sent, received = mesh_group.hosts.traffic.take()
+    # two dp shards of 4 rows, each put once for its two tp ranks: x (float32) and the pickled ids
+    shard = data.select(["x"], ["id"])[:4]
+    assert sent == 2 * shard.nbytes() and received == 0
+    assert 16 < shard.nbytes() < 8 * 1000 * 4
 
 
 def test_one_to_all_all_to_all_rank_zero_and_custom_mode(mesh_group: RayWorkerGroup) -> None:

@@ -12,6 +12,7 @@ from transformers import AutoModelForTokenClassification
 
 from hybridflow.configs.schema import PPOConfig
 from hybridflow.core import DP_COMPUTE_METRIC, DP_COMPUTE_PROTO, ONE_TO_ALL, DataProto, Worker, register
+from hybridflow.core.keys import CRITIC_UPDATE_INPUTS, FORWARD_INPUTS
 from hybridflow.core.parallel_dims import ParallelDims
 from hybridflow.workers.checkpointing import load_role, save_role
 from hybridflow.workers.critic.ppo_critic import PPOCritic
@@ -66,13 +67,13 @@ class CriticWorker(Worker):
         )
         self.offload.offload()
 
-    @register(dispatch=DP_COMPUTE_PROTO)
+    @register(dispatch=DP_COMPUTE_PROTO, reads=FORWARD_INPUTS)
     def compute_values(self, data: DataProto) -> DataProto:
         """``values`` (B, T) of the response tokens."""
         with self.offload.on_device(params=True):
             return self.critic.compute_values(data)
 
-    @register(dispatch=DP_COMPUTE_METRIC)
+    @register(dispatch=DP_COMPUTE_METRIC, reads=CRITIC_UPDATE_INPUTS)
     def update_critic(self, data: DataProto) -> dict[str, float]:
         """Clipped value-loss updates over this rank's rows."""
         with self.offload.on_device(params=True, optimizer=True):
