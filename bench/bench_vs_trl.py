@@ -8,12 +8,12 @@ installed first, as the CPU wheel, and pinned so pip never replaces it)::
     .venv-bench/bin/pip install -c bench/requirements-trl.txt -r bench/requirements-trl.txt
     .venv-bench/bin/pip install -c bench/requirements-trl.txt -e .
 
-Run (one command; about 6 minutes on 2 quiet cores at the defaults, longer under load)::
+Run (one command; both trainers once per seed, one after the other)::
 
-    .venv-bench/bin/python bench/bench_vs_trl.py [--steps 200] [--lr 2e-4] [--warmup 5] [--out FILE]
+    .venv-bench/bin/python bench/bench_vs_trl.py [--seeds 0,1,2] [--steps 200] [--response-length 4] [--lr 2e-4] [--out FILE]
 
 Both trainers get the same model (``builtin:small-qwen2``, random weights from
-seed 0), the same synthetic train and validation prompts (generated once,
+the run's seed), the same synthetic train and validation prompts (generated once per seed,
 rendered by the same chat template, read in file order so every step of both
 trainers sees the same 16 prompts), 8 samples per prompt at temperature 1 (no
 top-k/top-p), the same response length, AdamW at the same constant learning
@@ -274,6 +274,17 @@ def run_trl(args: argparse.Namespace, data: dict[str, str]) -> dict:
             model=model, reward_funcs=arithmetic, args=config, train_dataset=dataset,
             processing_class=tokenizer, callbacks=[timer],
         )
+        gen_seconds: list[float] = []  # generation + scoring + old log-probs, once per 16 prompts
+        generate_and_score = trainer._generate_and_score_completions
+
+        def timed_generate_and_score(*a, **k):
+            begin = time.perf_counter()
+            try:
+                return generate_and_score(*a, **k)
+            finally:
+                gen_seconds.append(time.perf_counter() - begin)
+
+        trainer._generate_and_score_completions = timed_generate_and_score
         start = time.perf_counter()
         trainer.train()
         total = time.perf_counter() - start
@@ -293,6 +304,11 @@ def run_trl(args: argparse.Namespace, data: dict[str, str]) -> dict:
         "val_after_engine": val_after_engine,
         "train_score_last10": statistics.mean(mean_scores[-10:]),
         "wall_s": total,
+        "stages_s": {
+            "generate+score+old_log_prob": statistics.mean(gen_seconds[args.warmup : len(pairs)]),
+            "update (the rest)": statistics.mean(
+                p - g for p, g in zip(pairs[args.warmup :], gen_seconds[args.warmup : len(pairs)])),
+        },
     }
 
 
@@ -310,35 +326,49 @@ def versions() -> str:
     return ", ".join(parts)
 
 
-def format_table(args: argparse.Namespace, results: list[dict], load: str, params_m: float) -> str:
-    """The Markdown block for docs/benchmarks.md."""
-    hf, trl = results
+def _mean_sd(values: list[float], fmt: str = ".3f") -> str:
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.mean(values):{fmt}} ± {sd:{fmt}}"
+
+
+def format_table(args: argparse.Namespace, runs: list[tuple[int, dict, dict]], load: str, params_m: float) -> str:
+    """The Markdown block for docs/benchmarks.md: one row per trainer and seed, the means, the ratio."""
     lines = [
         f"Command: `{' '.join(['.venv-bench/bin/python bench/bench_vs_trl.py', *args.argv])}`",
         f"Machine: {os.cpu_count()} CPU cores ({platform.machine()}), no GPU; {versions()}; "
         f"load average before the run: {load}.",
         "",
-        f"{args.model} ({params_m:.1f}M params, seed {args.seed}), {args.prompts} prompts x {args.n} samples a step, "
+        f"{args.model} ({params_m:.1f}M params), {args.prompts} prompts x {args.n} samples a step, "
         f"response length {args.response_length}, lr {args.lr}, {args.steps} steps, means over the steps after "
-        f"{args.warmup} warm-up",
+        f"{args.warmup} warm-up; seeds {', '.join(str(seed) for seed, _, _ in runs)}",
         "",
-        "| trainer | layout | s / step | generated tokens / step | generated tokens / s | val acc before | val acc after | train score (last 10 steps) | run wall s |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| trainer | seed | s / step | generated tokens / step | generated tokens / s | val acc before | val acc after | train score (last 10 steps) | run wall s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in results:
-        lines.append(
-            f"| {r['name']} | {r['layout']} | {r['step_s']:.3f} (sd {r['step_s_stdev']:.3f}) | {r['gen_tokens_per_step']:.0f} "
-            f"| {r['gen_tokens_per_s']:.0f} | {r['val_before']:.3f} | {r['val_after']:.3f} "
-            f"| {r['train_score_last10']:.3f} | {r['wall_s']:.0f} |"
-        )
+    for seed, hf, trl in runs:
+        for r in (hf, trl):
+            lines.append(
+                f"| {r['name']} | {seed} | {r['step_s']:.3f} (sd {r['step_s_stdev']:.3f}) | {r['gen_tokens_per_step']:.0f} "
+                f"| {r['gen_tokens_per_s']:.0f} | {r['val_before']:.3f} | {r['val_after']:.3f} "
+                f"| {r['train_score_last10']:.3f} | {r['wall_s']:.0f} |"
+            )
+    ratios = [trl["step_s"] / hf["step_s"] for _, hf, trl in runs]
+    hf_runs, trl_runs = [hf for _, hf, _ in runs], [trl for _, _, trl in runs]
     lines += [
         "",
-        f"hybridflow / TRL: {trl['step_s'] / hf['step_s']:.2f}x faster per step, "
-        f"{hf['gen_tokens_per_s'] / trl['gen_tokens_per_s']:.2f}x the generated tokens/s; "
-        f"final validation accuracy {hf['val_after']:.3f} vs {trl['val_after']:.3f} "
-        f"(TRL's model through hybridflow's engine: {trl['val_after_engine']:.3f}).",
-        "hybridflow's step by stage (mean s): "
-        + ", ".join(f"{k} {v:.3f}" for k, v in hf["stages_s"].items()) + ".",
+        f"Layouts: hybridflow {hf_runs[0]['layout']}; {trl_runs[0]['name']} {trl_runs[0]['layout']}.",
+        "",
+        f"**hybridflow / TRL: {_mean_sd(ratios, '.2f')}x faster per step** (per seed: "
+        + ", ".join(f"{r:.2f}" for r in ratios) + f"); s/step {_mean_sd([r['step_s'] for r in hf_runs])} vs "
+        f"{_mean_sd([r['step_s'] for r in trl_runs])}; final validation accuracy "
+        f"{_mean_sd([r['val_after'] for r in hf_runs])} vs {_mean_sd([r['val_after'] for r in trl_runs])} "
+        f"(TRL's models through hybridflow's engine: {_mean_sd([r['val_after_engine'] for r in trl_runs])}).",
+        "",
+        "Stages (mean s over steps and seeds): hybridflow "
+        + ", ".join(f"{k} {statistics.mean(r['stages_s'][k] for r in hf_runs):.3f}" for k in hf_runs[0]["stages_s"])
+        + "; TRL "
+        + ", ".join(f"{k} {statistics.mean(r['stages_s'][k] for r in trl_runs):.3f}" for k in trl_runs[0]["stages_s"])
+        + ".",
     ]
     return "\n".join(lines)
 
@@ -361,7 +391,8 @@ def main() -> None:
     # 2e-4, not the default job's 5e-4: on this 3M-parameter model hybridflow at 5e-4 collapsed to a
     # deterministic policy after ~120 steps (validation 0.37 -> 0.09), at 2e-4 it reached 0.80 at step 200
     parser.add_argument("--lr", type=float, default=2e-4)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", default="0,1,2", help="comma-separated; both trainers run once per seed")
+    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)  # a child's seed
     parser.add_argument("--trl-threads", type=int, default=2)
     parser.add_argument("--hybridflow-ranks", type=int, default=2, help="CPU ranks (one torch thread each)")
     parser.add_argument("--hybridflow-micro-batch", type=int, help="rows per forward/backward on a rank (default: the config's 16)")
@@ -381,19 +412,25 @@ def main() -> None:
     from hybridflow.workers.models import load_model_and_tokenizer
 
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    params_m = load_model_and_tokenizer(args.model, seed=args.seed)[0].num_parameters() / 1e6
-    results = []
-    with tempfile.TemporaryDirectory() as tmp:
-        data = generate_synthetic(f"{tmp}/data", seed=args.seed)  # once, for both trainers
-        for name, threads in (("hybridflow", "1"), ("trl", str(args.trl_threads))):
-            result_path = Path(tmp) / f"{name}.json"
-            env = {**os.environ, "OMP_NUM_THREADS": threads, "TOKENIZERS_PARALLELISM": "false"}
-            cmd = [sys.executable, __file__, *argv, "--child", name, "--data", json.dumps(data), "--result", str(result_path)]
-            print(f"running {name} ...", flush=True)
-            subprocess.run(cmd, env=env, check=True)
-            results.append(json.loads(result_path.read_text()))
+    seeds = [int(x) for x in args.seeds.split(",")]
+    params_m = load_model_and_tokenizer(args.model, seed=seeds[0])[0].num_parameters() / 1e6
+    runs = []
+    for seed in seeds:
+        with tempfile.TemporaryDirectory() as tmp:
+            data = generate_synthetic(f"{tmp}/data", seed=seed)  # once per seed, for both trainers
+            results = []
+            for name, threads in (("hybridflow", "1"), ("trl", str(args.trl_threads))):
+                result_path = Path(tmp) / f"{name}.json"
+                env = {**os.environ, "OMP_NUM_THREADS": threads, "TOKENIZERS_PARALLELISM": "false"}
+                cmd = [sys.executable, __file__, *argv, "--seed", str(seed), "--child", name, "--data", json.dumps(data),
+                       "--result", str(result_path)]
+                print(f"running {name}, seed {seed} ...", flush=True)
+                subprocess.run(cmd, env=env, check=True)
+                results.append(json.loads(result_path.read_text()))
+            runs.append((seed, *results))
+            print(f"seed {seed}: TRL / hybridflow s/step = {results[1]['step_s'] / results[0]['step_s']:.2f}", flush=True)
     args.argv = argv
-    table = format_table(args, results, load, params_m)
+    table = format_table(args, runs, load, params_m)
     print("\n" + table)
     if args.out:
         Path(args.out).write_text(table + "\n")

@@ -44,6 +44,12 @@ class ModelConfig:
     enable_gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward pass instead of keeping them (actor and
     critic): less memory for one more forward per layer."""
+    use_remove_padding: bool = True
+    """Padding-free forward passes (actor, reference and critic): each micro-batch's real tokens are packed end
+    to end, the pads dropped, position ids restarting at every sequence (``workers/packing.py``); the same
+    numbers as the padded pass, for less compute. Needs an attention implementation that keeps packed sequences
+    apart (sdpa and eager; flash attention in a single packed row), which is probed when the model is built.
+    False: prompts left-padded, responses right-padded, as generated."""
 
     def problems(self) -> list[str]:
         """Broken rules of this section (see ``configs/rules.py``); the directory's existence is checked by the config check."""
@@ -66,6 +72,11 @@ class FSDPConfig:
     and free their device memory; they move back at the start of each stage (``workers/offload.py``)."""
     optimizer_offload: bool = False
     """Likewise the optimizer state (AdamW moments), which only the update needs."""
+    reshard_after_forward: bool = True
+    """FSDP2's: free each layer's gathered parameters after its forward, gathering them again for its
+    backward. False: they stay gathered from forward to backward (half the all-gathers of an update), and
+    a log-prob pass gathers them once for all its micro-batches; the full model sits on every rank while
+    they are, so for models that fit."""
 
     def problems(self) -> list[str]:
         """Broken rules of this section (see ``configs/rules.py``)."""
@@ -74,6 +85,13 @@ class FSDPConfig:
             if getattr(self, name) is not None:
                 out += one_of(self, name, MODEL_DTYPES)
         return out
+
+
+ADAMW_IMPLEMENTATIONS = ("fused", "foreach", "for_loop")
+"""``optim.implementation``'s values."""
+
+RECOMPUTE_SETTINGS = ("auto", "true", "false")
+"""``actor.recompute_old_log_prob``'s values (compared lower-case: Hydra reads ``true`` as a boolean)."""
 
 
 @dataclass
@@ -88,10 +106,15 @@ class OptimConfig:
     """Linear warm-up from 0 to ``lr`` over this many optimizer steps."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this value; a non-finite norm skips the step."""
+    implementation: str = "fused"
+    """AdamW's kernel: ``fused`` (one fused kernel over all parameters, CPU and CUDA; 3.6x faster than
+    ``for_loop`` for a 3M-parameter model on one CPU thread), ``foreach`` (grouped ops) or ``for_loop``
+    (one parameter at a time); the same update up to float rounding."""
 
     def problems(self) -> list[str]:
         """Broken rules of this section (see ``configs/rules.py``)."""
         out = greater_than(self, 0, "lr", "grad_clip") + at_least(self, 0, "weight_decay", "warmup_steps")
+        out += one_of(self, "implementation", ADAMW_IMPLEMENTATIONS)
         if len(self.betas) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in self.betas):
             out.append(f"betas={list(self.betas)!r} must be two numbers in [0, 1)")
         return out
@@ -112,8 +135,24 @@ class ActorConfig:
     """Prompts per optimizer step (each with its ``rollout.n`` responses)."""
     ppo_micro_batch_size_per_gpu: int = 16
     """Rows per forward/backward pass on one rank; gradients accumulate over micro-batches."""
+    use_dynamic_bsz: bool = False
+    """Form the update's micro-batches by tokens instead of rows: each holds at most ``ppo_max_token_len_per_gpu``
+    real tokens (prompt + response; a longer row alone), balanced, and every dp rank runs as many as the rank
+    that needs the most (``workers/micro_batches.py``). ``ppo_micro_batch_size_per_gpu`` is then unused here.
+    The gradient does not depend on the split (except under ``loss_agg_mode=token-mean-local``)."""
+    ppo_max_token_len_per_gpu: int = 16384
+    """The token budget of one micro-batch on one rank under ``use_dynamic_bsz``."""
     ppo_epochs: int = 1
     """Passes over each step's batch."""
+    recompute_old_log_prob: str = "auto"
+    """Step 2, the log-probs the PPO ratio divides by. ``true``: a teacher-forced pass of the training layout
+    recomputes them. ``false``: the rollout engine's own (``rollout_log_probs``) serve. ``auto``: the rollout's
+    where they are the same numbers as the training forward, which is the built-in engine computing in the
+    training dtype (no ``fsdp_config.param_dtype`` other than ``model.dtype``), when no rollout correction
+    compares the two and the estimator needs nothing more of the pass (``sum_pi_squared``); a recompute
+    otherwise, so always under vLLM (other kernels). Either way the update logs
+    ``rollout/log_prob_gap_max``, the largest gap between the rollout's log-probs and its own first forward
+    (under the weights that sampled), and ``actor/entropy`` from that forward."""
     shuffle: bool = False
     """Shuffle rows between mini-batches each epoch."""
     entropy_coeff: float = 0.0
@@ -136,7 +175,10 @@ class ActorConfig:
 
     def problems(self) -> list[str]:
         """Broken rules of this section; batch sizes and tp are checked with the layout (``core/parallel_dims.py``)."""
-        return at_least(self, 1, "ppo_epochs") + at_least(self, 0, "kl_loss_coef")
+        out = at_least(self, 1, "ppo_epochs", "ppo_max_token_len_per_gpu") + at_least(self, 0, "kl_loss_coef")
+        if str(self.recompute_old_log_prob).lower() not in RECOMPUTE_SETTINGS:
+            out.append(f"recompute_old_log_prob={self.recompute_old_log_prob!r}; allowed: {', '.join(RECOMPUTE_SETTINGS)}")
+        return out
 
 
 @dataclass
@@ -153,6 +195,13 @@ class RolloutConfig:
     """Keep the k most likely tokens (0 disables)."""
     response_length: int = 8
     """Maximum new tokens per response."""
+    log_prob_use_dynamic_bsz: Optional[bool] = None
+    """Token-budget micro-batches (as ``actor.use_dynamic_bsz``) for the no-grad log-prob passes: the actor's
+    ``old_log_probs`` and the reference's ``ref_log_probs``. None: ``actor.use_dynamic_bsz``. Off, they take
+    ``actor.ppo_micro_batch_size_per_gpu`` rows."""
+    log_prob_max_token_len_per_gpu: Optional[int] = None
+    """Their token budget per micro-batch on one rank (no activations are kept, so it can exceed the update's).
+    None: ``actor.ppo_max_token_len_per_gpu``."""
     tensor_model_parallel_size: int = 1
     """Tensor-parallel degree q of the rollout layout: the ranks form groups of q consecutive ranks, each
     group holding one copy of the policy split Megatron-style and decoding the same prompts (rollout
@@ -188,6 +237,7 @@ class RolloutConfig:
             + within(self, "top_p", 0.0, 1.0, low_open=True)
             + at_least(self, 0, "top_k")
             + at_least(self, 1, "response_length")
+            + at_least(self, 1, "log_prob_max_token_len_per_gpu", optional=True)
             + within(self, "gpu_memory_utilization", 0.0, 1.0, low_open=True)
         )
 
@@ -218,6 +268,14 @@ class CriticConfig:
     """Clip range of the value loss around the old values."""
     ppo_micro_batch_size_per_gpu: int = 16
     """Rows per critic forward/backward pass on one rank."""
+    use_dynamic_bsz: bool = False
+    """Token-budget micro-batches for the critic, as ``actor.use_dynamic_bsz``: ``ppo_max_token_len_per_gpu``
+    for the update, ``forward_max_token_len_per_gpu`` for the values pass."""
+    ppo_max_token_len_per_gpu: int = 16384
+    """The token budget of one update micro-batch on one rank under ``use_dynamic_bsz``."""
+    forward_max_token_len_per_gpu: Optional[int] = None
+    """The token budget of one values-pass micro-batch (no grad) under ``use_dynamic_bsz``; None:
+    ``ppo_max_token_len_per_gpu``."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Critic optimizer."""
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
@@ -225,7 +283,8 @@ class CriticConfig:
 
     def problems(self) -> list[str]:
         """Broken rules of this section; the micro-batch is checked with the layout (``core/parallel_dims.py``)."""
-        return greater_than(self, 0, "cliprange_value")
+        return greater_than(self, 0, "cliprange_value") + at_least(self, 1, "ppo_max_token_len_per_gpu") \
+            + at_least(self, 1, "forward_max_token_len_per_gpu", optional=True)
 
 
 @dataclass

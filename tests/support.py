@@ -1,5 +1,6 @@
 """Helpers shared by tests (importable as ``support``: setup.cfg puts tests/ on sys.path)."""
 
+import json
 import os
 import sys
 
@@ -41,8 +42,9 @@ def rollout_batch(rows=8, prompt=4, response=5, seed=0):
 
 
 
-def fsdp_update_rank(rank, world, port, mode, micro, out_dir):
-    """One rank of a dp=``world`` FSDP2 PPO update; rank 0 saves the full parameters."""
+def fsdp_update_rank(rank, world, port, mode, micro, out_dir, mini_batches=1, reshard_after_forward=True):
+    """One rank of a dp=``world`` FSDP2 PPO update (``mini_batches`` optimizer steps); rank 0 saves the full
+    parameters."""
     from torch.distributed.device_mesh import init_device_mesh
 
     from hybridflow.configs.schema import ActorConfig
@@ -54,12 +56,12 @@ def fsdp_update_rank(rank, world, port, mode, micro, out_dir):
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
-        model = shard_model(tiny_model(), mesh)
+        model = shard_model(tiny_model(), mesh, reshard_after_forward=reshard_after_forward)
         data = torch.load(os.path.join(out_dir, "data.pt"), weights_only=False)
         shard = data.chunk(world)[rank]
         actor = PPOActor(
             model, torch.optim.SGD(model.parameters(), lr=0.5), ActorConfig(ppo_micro_batch_size_per_gpu=micro),
-            loss_agg_mode=mode, rows_per_mini_batch=len(shard), dp_group=mesh.get_group(),
+            loss_agg_mode=mode, rows_per_mini_batch=len(shard) // mini_batches, dp_group=mesh.get_group(),
         )
         actor.update_policy(shard, temperature=1.0)
         params = full_parameters(model)
@@ -131,3 +133,34 @@ def gsm8k_parquet(path, rows):
         })
     pq.write_table(pa.Table.from_pylist(records), path)
     return str(path)
+
+
+def small_config(tmp_path, **overrides):
+    """The trainer's config for a 3-step job on the tiny model (4 prompts x 4 samples, 4-token responses),
+    checked as the command checks it; ``overrides`` are dotted keys."""
+    from omegaconf import OmegaConf
+
+    from hybridflow.configs.schema import PPOConfig
+    from hybridflow.trainer.config_checks import check_config
+
+    cfg = OmegaConf.structured(PPOConfig)
+    base = {
+        "data.synthetic_dir": str(tmp_path / "data"),
+        "data.train_batch_size": 4,
+        "data.val_batch_size": 64,
+        "actor_rollout_ref.actor.ppo_mini_batch_size": 2,
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
+        "actor_rollout_ref.rollout.n": 4,
+        "actor_rollout_ref.rollout.response_length": 4,
+        "trainer.total_training_steps": 3,
+        "trainer.test_freq": 0,
+    }
+    for key, value in {**base, **overrides}.items():
+        OmegaConf.update(cfg, key, value)
+    config = OmegaConf.to_object(cfg)
+    check_config(config)
+    return config
+
+
+def read_metrics(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -4,7 +4,7 @@ Every column an estimator may declare has one provider: the trainer reads an
 :class:`InputPlan` once and each stage does its part when the plan says so,
 never because of the estimator's name::
 
-    uid, old_log_probs     always there (steps 1 and 2)
+    uid, old_log_probs     always there (steps 1 and 2; recomputed, or the rollout's own: recompute_old_log_prob)
     values                 step 5, the critic (built because the estimator needs one)
     sum_pi_squared         step 2, the actor's forward also returns it
     reward_baselines       step 4, one greedy response per prompt, scored (ReMax)
@@ -45,6 +45,8 @@ class InputPlan:
     """Step 4: a greedy response per prompt, scored, as ``reward_baselines``."""
     reward_components: tuple[str, ...] = ()
     """Step 4: these verifier result fields, in order, as ``reward_components``."""
+    recompute_old_log_prob: bool = True
+    """Step 2: a teacher-forced pass computes ``old_log_probs``; False: the rollout's ``rollout_log_probs`` serve."""
 
     @classmethod
     def for_estimator(cls, estimator: AdvantageEstimator, config: Any) -> InputPlan:
@@ -54,7 +56,21 @@ class InputPlan:
             sum_pi_squared=SUM_PI_SQUARED in columns,
             greedy_baseline=REWARD_BASELINES in columns,
             reward_components=tuple(config.reward.component_keys) if REWARD_COMPONENTS in columns else (),
+            recompute_old_log_prob=recompute_old_log_prob(config, needs_pass=SUM_PI_SQUARED in columns),
         )
+
+
+def recompute_old_log_prob(config: Any, *, needs_pass: bool) -> bool:
+    """``actor.recompute_old_log_prob`` resolved: ``auto`` recomputes unless the rollout's log-probs are the
+    training forward's numbers (the built-in engine in the training dtype) and nothing else needs the pass
+    (a rollout correction comparing the two, an estimator's ``sum_pi_squared``: ``needs_pass``)."""
+    arr = config.actor_rollout_ref
+    setting = str(arr.actor.recompute_old_log_prob).lower()
+    if setting != "auto":
+        return setting == "true"
+    compute_dtype = arr.actor.fsdp_config.param_dtype or arr.model.dtype
+    same_numbers = arr.rollout.name == "builtin" and compute_dtype == arr.model.dtype
+    return needs_pass or config.algorithm.rollout_correction.rollout_is is not None or not same_numbers
 
 
 def input_problems(estimator: AdvantageEstimator, config: Any) -> list[str]:
@@ -68,6 +84,13 @@ def input_problems(estimator: AdvantageEstimator, config: Any) -> list[str]:
         if need.column == REWARD_COMPONENTS and not config.reward.component_keys:
             problems.append(f"algorithm.adv_estimator={name!r} needs reward components: set reward.component_keys to "
                             "the verifier result fields to use, e.g. '[format/score,math/score]' with a weighted route")
+    if str(config.actor_rollout_ref.actor.recompute_old_log_prob).lower() == "false":
+        needs = [f"algorithm.adv_estimator={name!r} needs sum_pi_squared"] if SUM_PI_SQUARED in {
+            n.column for n in estimator.needs} else []
+        if config.algorithm.rollout_correction.rollout_is is not None:
+            needs.append("algorithm.rollout_correction compares the training and the rollout log-probs")
+        problems += [f"actor_rollout_ref.actor.recompute_old_log_prob=false, but {why}, which the training pass "
+                     "computes: set it to auto or true" for why in needs]
     return problems
 
 

@@ -118,7 +118,7 @@ def _fsdp(theirs: str, ours: str) -> tuple[ForeignKey, ...]:
         _v(f"{theirs}.fsdp_size", missing="FSDP2 shards over all data-parallel ranks (no hybrid sharding)"),
         _v(f"{theirs}.wrap_policy.*", missing="each decoder layer is its own FSDP2 unit"),
         *(_v(f"{theirs}.{k}", missing=FIXED_FSDP)
-          for k in ("offload_policy", "reshard_after_forward", "forward_prefetch", "use_orig_params")),
+          for k in ("offload_policy", "forward_prefetch", "use_orig_params")),
     )
 
 

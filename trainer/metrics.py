@@ -12,20 +12,12 @@ from hybridflow.core import DataProto
 from hybridflow.core.keys import (
     ADVANTAGES,
     ATTENTION_MASK,
-    OLD_LOG_PROBS,
     RESPONSE_MASK,
     RETURNS,
-    ROLLOUT_LOG_PROBS,
     TOKEN_LEVEL_REWARDS,
     TOKEN_LEVEL_SCORES,
     VALUES,
 )
-
-
-def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
-    """Mean of ``values`` over positions where ``mask`` is 1."""
-    mask = mask.float()
-    return float((values * mask).sum() / mask.sum().clamp(min=1))
 
 
 def _masked_stats(name: str, values: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
@@ -37,9 +29,6 @@ def _masked_stats(name: str, values: torch.Tensor, mask: torch.Tensor) -> dict[s
 
 def compute_data_metrics(batch: DataProto) -> dict[str, float]:
     """Scores, rewards, advantages, returns, values and lengths of one training batch.
-
-    ``rollout/log_prob_gap_max``: the largest difference between a response
-    token's log-prob under the rollout engine and under the training layout.
 
     ``score/accuracy`` is the share of responses whose verifier score is at
     least 1 (a fully verified answer).
@@ -62,11 +51,6 @@ def compute_data_metrics(batch: DataProto) -> dict[str, float]:
     for key in (ADVANTAGES, RETURNS, VALUES):
         if key in batch.batch:
             metrics.update(_masked_stats(key, batch.batch[key], mask))
-    if ROLLOUT_LOG_PROBS in batch.batch and OLD_LOG_PROBS in batch.batch:
-        # The rollout layout and the training layout hold the same weights, so this
-        # stays at float noise unless the weight sync is wrong or stale.
-        gap = (batch.batch[ROLLOUT_LOG_PROBS] - batch.batch[OLD_LOG_PROBS]).abs()
-        metrics["rollout/log_prob_gap_max"] = (gap * mask).max().item()
     return metrics
 
 

@@ -28,7 +28,6 @@ from hybridflow.core import DataProto
 from hybridflow.core.parallel_dims import ParallelDims
 from hybridflow.core.keys import (
     DATA_SOURCE,
-    ENTROPY,
     METRICS,
     OLD_LOG_PROBS,
     RESPONSE_MASK,
@@ -49,7 +48,7 @@ from hybridflow.trainer import checkpoint as ckpt
 from hybridflow.trainer.batch_hooks import BatchHooks
 from hybridflow.trainer.estimator_inputs import InputPlan, reward_components
 from hybridflow.trainer.kl_control import KLController, apply_kl_penalty
-from hybridflow.trainer.metrics import StageTimer, compute_data_metrics, masked_mean, throughput_metrics
+from hybridflow.trainer.metrics import StageTimer, compute_data_metrics, throughput_metrics
 from hybridflow.trainer.prompt_loader import PromptLoader, PromptSet
 from hybridflow.trainer.tracking import GENERATION_COLUMNS, RunInfo, Tracking, generation_rows
 
@@ -205,12 +204,10 @@ class PPOTrainer:
         prompts.non_tensor_batch[UID] = np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)
         prompts.meta_info.update(n=self.config.actor_rollout_ref.rollout.n, greedy=False, seed=self._seed())
         with timer("gen"):  # 1. rollout: n responses per prompt, with the current weights
-            batch = self.memory(metrics, "gen", self.actor.generate_sequences(prompts))
+            batch = self.memory(metrics, "gen", self.generate(prompts))
             self.check_weight_version(batch)
-        with timer("old_log_prob"):  # 2. log-probs under the training layout (and what the estimator declared)
-            batch.meta_info["with_sum_pi_squared"] = self.inputs.sum_pi_squared
-            batch.union(self.memory(metrics, "old_log_prob", self.actor.compute_log_prob(batch)))
-            metrics["actor/entropy"] = masked_mean(batch.pop(batch_keys=[ENTROPY]).batch[ENTROPY], batch.batch[RESPONSE_MASK])
+        with timer("old_log_prob"):  # 2. log-probs under the training layout (or the rollout's, the same numbers)
+            self.old_log_probs(batch, metrics)
             metrics.update(self.correct_for_rollout(batch))
         if self.ref is not None:
             with timer("ref"):  # 3. reference log-probs for the KL terms
@@ -244,6 +241,14 @@ class PPOTrainer:
         metrics.update({"batch_hooks/rollout_batches": float(rollouts), "batch_hooks/topped_up": float(topped_up // n)})
         return batch
 
+    def generate(self, prompts: DataProto) -> DataProto:
+        """``meta_info["n"]`` responses per prompt from the actor's rollout, with the prompts' non-tensor
+        columns (data source, ground truth, uid, ...) repeated beside them: the workers get the token
+        columns only and never ship those back."""
+        out = self.actor.generate_sequences(prompts)
+        columns = prompts.select(batch_keys=[], meta_info_keys=[]).repeat(prompts.meta_info["n"], interleave=True)
+        return out.union(columns)
+
     @staticmethod
     def memory(metrics: dict[str, float], stage: str, out: Any) -> Any:
         """Move the peak memory a stage's ranks reported (``core/memory.py``) out of its result into
@@ -263,10 +268,20 @@ class PPOTrainer:
     def greedy_baseline(self, prompts: DataProto, batch: DataProto) -> dict[str, float]:
         """``reward_baselines``: each prompt's greedy response, scored, repeated over its n samples (ReMax)."""
         greedy = DataProto(dict(prompts.batch), dict(prompts.non_tensor_batch), {**prompts.meta_info, "n": 1, "greedy": True})
-        scores, _ = self.reward_fn(self.actor.generate_sequences(greedy), self.tokenizer)
+        scores, _ = self.reward_fn(self.generate(greedy), self.tokenizer)
         baseline = scores.sum(-1).repeat_interleave(self.config.actor_rollout_ref.rollout.n)
         batch.batch[REWARD_BASELINES] = baseline
         return {"reward/greedy_baseline/mean": baseline.mean().item()}
+
+    def old_log_probs(self, batch: DataProto, metrics: dict[str, float]) -> None:
+        """``old_log_probs`` (and what the estimator declared of the pass): recomputed by the actor under the
+        training layout, or, where ``actor.recompute_old_log_prob`` resolved so (``trainer/estimator_inputs.py``),
+        the rollout's own log-probs, which are the same numbers: no pass at all."""
+        if not self.inputs.recompute_old_log_prob:
+            batch.batch[OLD_LOG_PROBS] = batch.batch[ROLLOUT_LOG_PROBS]
+            return
+        batch.meta_info["with_sum_pi_squared"] = self.inputs.sum_pi_squared
+        batch.union(self.memory(metrics, "old_log_prob", self.actor.compute_log_prob(batch)))
 
     def correct_for_rollout(self, batch: DataProto) -> dict[str, float]:
         """``rollout_is_weights`` between the training and the rollout policy (``algorithm.rollout_correction``);
@@ -326,7 +341,7 @@ class PPOTrainer:
         for start in range(0, len(indices), self.config.data.val_batch_size):
             prompts = self.val_prompts.batch(indices[start : start + self.config.data.val_batch_size], self.pad_id)
             prompts.meta_info.update(n=1, greedy=greedy, seed=self._seed() + start)
-            out = self.actor.generate_sequences(prompts)
+            out = self.generate(prompts)
             token_scores, _ = self.reward_fn(out, self.tokenizer)
             scores.append(token_scores.sum(-1))
             sources.extend(out.non_tensor_batch[DATA_SOURCE].tolist())

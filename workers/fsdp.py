@@ -42,7 +42,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 from hybridflow.configs.schema import FSDPConfig
 
 __all__ = [
-    "data_parallel_group", "decoder_layers", "full_parameters", "mixed_precision", "shard_model", "shard_role",
+    "data_parallel_group", "decoder_layers", "full_parameters", "mixed_precision", "reshard", "shard_model", "shard_role",
     "sharded_parameters",
     "tensor_parallelize",
 ]
@@ -104,12 +104,21 @@ def mixed_precision(param_dtype: torch.dtype | None, reduce_dtype: torch.dtype |
     return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
 
 
-def shard_model(model: nn.Module, mesh: DeviceMesh, *, mp_policy: MixedPrecisionPolicy | None = None) -> nn.Module:
+def shard_model(
+    model: nn.Module, mesh: DeviceMesh, *, mp_policy: MixedPrecisionPolicy | None = None, reshard_after_forward: bool = True
+) -> nn.Module:
     """Shard ``model`` in place; returns it.
 
     ``mesh``: 1-D (data parallel: FSDP2 over all its ranks) or 2-D with dims
     ``("dp", "tp")`` (tensor parallel over ``tp``, then FSDP2 over ``dp``).
     ``mp_policy``: FSDP2 mixed precision (:func:`mixed_precision`; None: none).
+    ``reshard_after_forward=False`` keeps each layer's parameters gathered
+    from its forward to its backward (one all-gather per layer and
+    micro-batch instead of two), and after a no-grad forward until the next
+    backward or :func:`reshard`, so the micro-batches of a log-prob pass
+    all-gather once; the full model sits on every rank meanwhile. (Keeping
+    them past the backward too, ``set_reshard_after_backward(False)``, gave
+    wrong updates in a two-step test here, torch 2.13: not used.)
     """
     mp_policy = mp_policy or MixedPrecisionPolicy()
     if mesh.ndim == 2 and mesh.mesh_dim_names == ("dp", "tp"):
@@ -123,9 +132,16 @@ def shard_model(model: nn.Module, mesh: DeviceMesh, *, mp_policy: MixedPrecision
             f"got dims {mesh.mesh_dim_names}"
         )
     for layer in decoder_layers(model):
-        fully_shard(layer, mesh=dp_mesh, mp_policy=mp_policy)
-    fully_shard(model, mesh=dp_mesh, mp_policy=mp_policy)
+        fully_shard(layer, mesh=dp_mesh, mp_policy=mp_policy, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=dp_mesh, mp_policy=mp_policy, reshard_after_forward=reshard_after_forward)
     return model
+
+
+def reshard(model: nn.Module) -> None:
+    """Free the gathered copies of every FSDP2 unit's parameters (a no-op where they are sharded)."""
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
 
 
 def enable_activation_checkpointing(model: nn.Module) -> nn.Module:
@@ -147,7 +163,7 @@ def shard_role(model: nn.Module, mesh: DeviceMesh, fsdp_config: FSDPConfig, *, g
         enable_activation_checkpointing(model)
     dtypes = [getattr(torch, name) if name else None for name in (fsdp_config.param_dtype, fsdp_config.reduce_dtype)]
     policy = mixed_precision(*dtypes) if fsdp_config.param_dtype else None
-    return shard_model(model, mesh, mp_policy=policy)
+    return shard_model(model, mesh, mp_policy=policy, reshard_after_forward=fsdp_config.reshard_after_forward)
 
 
 def data_parallel_group(mesh: DeviceMesh) -> ProcessGroup:
@@ -163,9 +179,7 @@ def sharded_parameters(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
     first, so the plan sees the persistent sharded DTensors, which the
     optimizer updates in place.
     """
-    for module in model.modules():
-        if isinstance(module, FSDPModule):
-            module.reshard()
+    reshard(model)
     return list(model.named_parameters())
 
 

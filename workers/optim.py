@@ -11,9 +11,12 @@ from hybridflow.configs.schema import OptimConfig
 def build_optimizer(
     model: nn.Module, config: OptimConfig
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
-    """AdamW over the trainable parameters, with linear warm-up to ``lr`` then constant."""
+    """AdamW over the trainable parameters (the kernel ``config.implementation`` names), with linear
+    warm-up to ``lr`` then constant."""
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=config.lr, betas=tuple(config.betas), weight_decay=config.weight_decay)
+    kernel = {"fused": {"fused": True}, "foreach": {"foreach": True}, "for_loop": {"foreach": False}}[config.implementation]
+    optimizer = torch.optim.AdamW(
+        params, lr=config.lr, betas=tuple(config.betas), weight_decay=config.weight_decay, **kernel)
     warmup = max(0, config.warmup_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0

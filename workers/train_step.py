@@ -21,6 +21,7 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
 from hybridflow.core import DataProto
+from hybridflow.workers.fsdp import reshard
 
 logger = logging.getLogger(__name__)
 
@@ -106,6 +107,7 @@ def optimizer_step(
         for key, value in micro_metrics.items():
             metrics[key] += value * len(micro) / rows
     grad_norm = clip_grad_norm(model, grad_clip)
+    reshard(model)  # parameters a no-grad pass left gathered (reshard_after_forward=False) would be stale after it
     if math.isfinite(grad_norm):
         optimizer.step()
         if scheduler is not None:

@@ -8,37 +8,11 @@ import json
 import math
 
 import pytest
-from omegaconf import OmegaConf
 
-from hybridflow.configs.schema import PPOConfig
-from hybridflow.trainer.config_checks import check_config
 from hybridflow.trainer.main import build_and_fit
+from support import read_metrics, small_config
 
 pytestmark = pytest.mark.slow
-
-
-def small_config(tmp_path, **overrides):
-    cfg = OmegaConf.structured(PPOConfig)
-    base = {
-        "data.synthetic_dir": str(tmp_path / "data"),
-        "data.train_batch_size": 4,
-        "data.val_batch_size": 64,
-        "actor_rollout_ref.actor.ppo_mini_batch_size": 2,
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
-        "actor_rollout_ref.rollout.n": 4,
-        "actor_rollout_ref.rollout.response_length": 4,
-        "trainer.total_training_steps": 3,
-        "trainer.test_freq": 0,
-    }
-    for key, value in {**base, **overrides}.items():
-        OmegaConf.update(cfg, key, value)
-    config = OmegaConf.to_object(cfg)
-    check_config(config)
-    return config
-
-
-def read_metrics(run_dir):
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.parametrize(
@@ -61,7 +35,8 @@ def test_estimator_trains_end_to_end(ray_session, tmp_path, estimator, monkeypat
                       "    return sum(c.isdigit() for c in solution_str) / max(len(solution_str), 1)\n")
     config = small_config(tmp_path, **{
         "reward.custom_reward_function.path": str(reward),
-        "algorithm.adv_estimator": estimator, "trainer.logger": ["jsonl", "wandb"],
+        # W&B (offline) costs seconds a run: one estimator shows it
+        "algorithm.adv_estimator": estimator, "trainer.logger": ["jsonl", "wandb"] if estimator == "grpo" else ["jsonl"],
         "data.train_batch_size": 2, "actor_rollout_ref.actor.ppo_epochs": 2,
     })
     summary = build_and_fit(config, tmp_path / "run")
@@ -78,8 +53,9 @@ def test_estimator_trains_end_to_end(ray_session, tmp_path, estimator, monkeypat
         assert len({m["critic/param_norm"] for m in steps}) == 3
     else:
         assert "critic/vf_loss" not in steps[0]
-    [offline_run] = (tmp_path / "run" / "wandb").glob("offline-run-*")  # W&B without an account
-    assert b"actor/pg_loss" in next(offline_run.glob("run-*.wandb")).read_bytes()
+    if estimator == "grpo":
+        [offline_run] = (tmp_path / "run" / "wandb").glob("offline-run-*")  # W&B without an account
+        assert b"actor/pg_loss" in next(offline_run.glob("run-*.wandb")).read_bytes()
 
 
 def test_kl_terms_build_a_reference_and_are_logged(ray_session, tmp_path):

@@ -45,3 +45,27 @@ def test_dp2_fsdp_update_equals_dp1(tmp_path, mode):
         assert torch.allclose(sharded[name], param, atol=1e-5), name
         changed |= not torch.equal(param, before[name])
     assert changed
+
+
+@pytest.mark.slow
+def test_parameters_kept_gathered_update_like_dp1_over_two_optimizer_steps(tmp_path):
+    """reshard_after_forward=False: the gathered copies live across micro-batches, and the optimizer step
+    must not leave them stale (the second mini-batch's forward would then use the old weights)."""
+    data = rollout_batch(rows=8)
+    base = tiny_model()
+    single = copy.deepcopy(base)
+    reference = PPOActor(
+        single, torch.optim.SGD(single.parameters(), lr=0.5), ActorConfig(ppo_micro_batch_size_per_gpu=8),
+        loss_agg_mode="token-mean", rows_per_mini_batch=4,
+    )
+    data.union(reference.compute_log_prob(data, temperature=1.0))
+    torch.save(data, tmp_path / "data.pt")
+    # dp rank r holds rows 4r..4r+3 and steps on 2 of them at a time, one row per micro-batch; the single
+    # process steps on the same rows: (0, 1, 4, 5), then (2, 3, 6, 7)
+    reference.update_policy(data[[0, 1, 4, 5, 2, 3, 6, 7]], temperature=1.0)
+
+    mp.start_processes(fsdp_update_rank, args=(2, free_port(), "token-mean", 1, str(tmp_path), 2, False), nprocs=2,
+                       start_method="spawn")
+    sharded = torch.load(tmp_path / "params.pt")
+    for name, param in single.named_parameters():
+        assert torch.allclose(sharded[name], param, atol=1e-5), name

@@ -38,6 +38,7 @@ from hybridflow.core.keys import (
     REF_LOG_PROBS,
     RESPONSE_MASK,
     ROLLOUT_IS_WEIGHTS,
+    ROLLOUT_LOG_PROBS,
     SUM_PI_SQUARED,
 )
 from hybridflow.losses import agg_loss, kl_penalty
@@ -46,6 +47,11 @@ from hybridflow.workers.log_probs import response_log_probs
 from hybridflow.workers.micro_batches import MicroBatching, restore_order
 from hybridflow.workers.packing import probe_packing
 from hybridflow.workers.train_step import global_counts, mean_metrics, optimizer_step, parameter_norm
+
+
+GAP = "rollout/log_prob_gap_max"
+"""The largest |log pi_train - log pi_rollout| of a sampled token, over the first optimizer step's rows (all
+ranks): float noise when the rollout holds the training weights (the weight sync is checked every step)."""
 
 
 class PPOActor:
@@ -132,7 +138,8 @@ class PPOActor:
             self.rows_per_mini_batch, epochs=self.config.ppo_epochs, shuffle=self.config.shuffle, seed=shuffle_seed
         )
         steps = []
-        for mini in mini_batches:
+        for index, mini in enumerate(mini_batches):
+            probe = index == 0  # the first optimizer step's forwards still see the weights that sampled
             num_tokens, num_seqs = global_counts(mini.batch[RESPONSE_MASK], self.dp_group)
             counts = {"num_tokens": num_tokens, "num_seqs": num_seqs}
             local_tokens, local_seqs = global_counts(mini.batch[RESPONSE_MASK], None)
@@ -141,26 +148,38 @@ class PPOActor:
             micro_batches, _ = self.update_batching.split(mini, self.dp_group)
             step = optimizer_step(
                 micro_batches,
-                lambda micro: self._micro_batch_loss(micro, temperature, counts, local, diagnostics),
+                lambda micro: self._micro_batch_loss(micro, temperature, counts, local, diagnostics, probe),
                 self.model,
                 self.optimizer,
                 grad_clip=self.config.optim.grad_clip,
                 loss_scale=self.dp_size,  # FSDP averages over ranks; we want the sum
                 scheduler=self.scheduler,
             )
+            if probe and GAP in diagnostics:
+                diagnostics[GAP] = self._max_over_ranks(diagnostics[GAP])
             steps.append({**step, **diagnostics})
         metrics = mean_metrics(steps)
         metrics["actor/param_norm"] = parameter_norm(self.model)
         return metrics
 
+    def _max_over_ranks(self, value: float) -> float:
+        if self.dp_group is None or self.dp_size == 1:
+            return value
+        device = next(self.model.parameters()).device  # NCCL reduces device tensors only
+        out = torch.tensor([value], dtype=torch.float64, device=device)
+        dist.all_reduce(out, op=dist.ReduceOp.MAX, group=self.dp_group)
+        return out.item()
+
     def _micro_batch_loss(
         self, micro: DataProto, temperature: float, counts: dict[str, float], local: dict[str, float],
-        diagnostics: dict[str, float],
+        diagnostics: dict[str, float], probe: bool = False,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """The micro-batch's share of the global loss (``counts``: the global mini-batch's); its share of the rank's
-        mini-batch diagnostics (``local``: the rank's counts) is added to ``diagnostics``."""
+        mini-batch diagnostics (``local``: the rank's counts) is added to ``diagnostics``. With ``probe`` (the
+        first optimizer step, whose forwards see the weights that sampled) also ``actor/entropy`` of the policy
+        and ``rollout/log_prob_gap_max`` against the rollout's own log-probs."""
         mask = micro.batch[RESPONSE_MASK].float()
-        need_entropy = self.config.entropy_coeff != 0
+        need_entropy = self.config.entropy_coeff != 0 or probe
         log_probs, entropy, _ = response_log_probs(self.model, micro, temperature=temperature, with_entropy=need_entropy,
                                                    packing=self.packing)
         # rollout correction: importance weights pi_old / pi_rollout, when the driver computed them
@@ -170,7 +189,7 @@ class PPOActor:
             **self.config.policy_loss_options,
         )
         terms = {"pg_loss": (1.0, token_losses)}
-        if need_entropy:
+        if self.config.entropy_coeff != 0:
             terms["entropy"] = (-self.config.entropy_coeff, entropy)
         if self.config.use_kl_loss:
             kl = kl_penalty(log_probs, micro.batch[REF_LOG_PROBS], self.config.kl_loss_type)
@@ -186,4 +205,15 @@ class PPOActor:
             weight = float(mask.sum()) / local["num_tokens"]
             for key, value in loss_metrics.items():
                 diagnostics[f"actor/{key}"] += float(value) * weight
+            if probe:
+                self._probe(micro, log_probs, entropy, mask, local, diagnostics)
         return loss, {}
+
+    def _probe(self, micro: DataProto, log_probs: torch.Tensor, entropy: torch.Tensor, mask: torch.Tensor,
+               local: dict[str, float], diagnostics: dict[str, float]) -> None:
+        """The rollout policy's entropy (unless a loss term reports it) and its log-prob gap to this forward."""
+        if self.config.entropy_coeff == 0:
+            diagnostics["actor/entropy"] += agg_loss(entropy, mask, "token-mean", num_tokens=local["num_tokens"]).item()
+        if ROLLOUT_LOG_PROBS in micro.batch:
+            gap = ((log_probs - micro.batch[ROLLOUT_LOG_PROBS]).abs() * mask).max().item()
+            diagnostics[GAP] = max(diagnostics[GAP], gap)

@@ -29,6 +29,7 @@ import torch
 
 from hybridflow.configs.schema import PPOConfig
 from hybridflow.core import DP_COMPUTE_METRIC, DP_COMPUTE_PROTO, ONE_TO_ALL, DataProto, Worker, register
+from hybridflow.core.keys import ACTOR_UPDATE_INPUTS, FORWARD_INPUTS, SEQUENCE_COLUMNS
 from hybridflow.core.parallel_dims import ParallelDims
 from hybridflow.core.reshard import plan_reshard
 from hybridflow.workers.actor.ppo_actor import PPOActor
@@ -171,9 +172,10 @@ class ActorRolloutWorker(Worker):
             stats = {"reshard/seconds": run.seconds, "reshard/peak_extra_bytes": float(run.peak_extra_bytes)}
         return stats
 
-    @register(dispatch=DP_COMPUTE_PROTO, mesh=ROLLOUT_MESH)
+    @register(dispatch=DP_COMPUTE_PROTO, mesh=ROLLOUT_MESH, reads=SEQUENCE_COLUMNS)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """``meta_info``: ``n``, ``greedy``, ``seed``. Returns n responses per prompt, adjacent.
+        """``meta_info``: ``n``, ``greedy``, ``seed``. Returns n responses per prompt, adjacent: the rollout
+        columns only (the driver adds the prompts' non-tensor columns back, ``trainer/ppo_trainer.py``).
 
         Every rank of a rollout tp group gets the same prompts (the rollout
         mesh's data-parallel layout) and samples the same tokens.
@@ -198,18 +200,19 @@ class ActorRolloutWorker(Worker):
             self.rollout_version = -1
         return out
 
-    @register(dispatch=DP_COMPUTE_PROTO)
+    @register(dispatch=DP_COMPUTE_PROTO, reads=FORWARD_INPUTS)
     def compute_log_prob(self, data: DataProto) -> DataProto:
-        """``old_log_probs`` (the importance ratio's denominator) and ``entropy``, under the training layout;
-        also ``sum_pi_squared`` when ``meta_info["with_sum_pi_squared"]`` (an estimator declared it)."""
+        """``old_log_probs`` (the importance ratio's denominator) under the training layout; also
+        ``sum_pi_squared`` when ``meta_info["with_sum_pi_squared"]`` (an estimator declared it). The entropy
+        comes from the update's first forward (``actor/entropy``), which sees the same weights."""
         temperature = self.config.actor_rollout_ref.rollout.temperature
         with self.offload.on_device(params=True):
             return self.actor.compute_log_prob(
-                data, temperature=temperature, with_entropy=True,
+                data, temperature=temperature, with_entropy=False,
                 with_sum_pi_squared=bool(data.meta_info.get("with_sum_pi_squared", False)),
             )
 
-    @register(dispatch=DP_COMPUTE_METRIC)
+    @register(dispatch=DP_COMPUTE_METRIC, reads=ACTOR_UPDATE_INPUTS)
     def update_actor(self, data: DataProto) -> dict[str, float]:
         """PPO epochs over this rank's rows, then the weights move to the rollout layout.
 
