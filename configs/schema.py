@@ -449,6 +449,9 @@ class TrainerConfig:
     """Ranks per node: GPUs, or CPU processes when ``device=cpu``."""
     device: str = "cpu"
     """``cpu`` (gloo) or ``cuda`` (nccl)."""
+    cpu_threads_per_rank: int = 1
+    """torch threads of each rank when ``device=cpu`` (GPU ranks keep torch's default). One is fastest
+    when the ranks fill the cores; a one-rank job on a 2-core machine runs best with 2."""
     ray_address: Optional[str] = None
     """Join this Ray cluster: ``auto`` (the cluster ``ray start`` recorded on this machine), ``host:port`` or
     ``ray://...``. None: ``RAY_ADDRESS`` if set, else a fresh local instance of this run's own, even when another
@@ -490,7 +493,7 @@ class TrainerConfig:
     def problems(self) -> list[str]:
         """Broken rules of this section; the resume path, devices and loggers are checked by the config check."""
         return (
-            at_least(self, 1, "total_epochs", "nnodes", "n_gpus_per_node")
+            at_least(self, 1, "total_epochs", "nnodes", "n_gpus_per_node", "cpu_threads_per_rank")
             + at_least(self, 1, "total_training_steps", optional=True)
             + at_least(self, 0, "test_freq", "save_freq", "max_ckpt_to_keep", "log_val_generations")
             + one_of(self, "device", DEVICES)

@@ -63,7 +63,7 @@ def build_and_fit(config: PPOConfig, run_dir: Path, facts: dict[str, Any] | None
     started it. ``facts``, when given, receives the Ray node and GCS address the
     run used and when it connected and let go (``job_status.json`` of a sweep job records them).
     """
-    from hybridflow.core import ColocatedWorkerGroup, RoleSpec, init_ray, shutdown
+    from hybridflow.core import ColocatedWorkerGroup, GroupOptions, RoleSpec, init_ray, shutdown
     from hybridflow.core.parallel_dims import ParallelDims
     from hybridflow.data.loading import load_rows
     from hybridflow.trainer.ppo_trainer import PPOTrainer, needs_critic, needs_reference, resolve_loss_agg_mode
@@ -99,7 +99,8 @@ def build_and_fit(config: PPOConfig, run_dir: Path, facts: dict[str, Any] | None
         if dims.use_critic:
             roles["critic"] = RoleSpec(CriticWorker, kwargs={"config": config, "dims": dims})
         pool = _resource_pool(config)
-        with ColocatedWorkerGroup(pool, roles) as group, _reward_manager(config) as reward_manager:
+        options = GroupOptions(cpu_torch_threads=config.trainer.cpu_threads_per_rank)
+        with ColocatedWorkerGroup(pool, roles, options) as group, _reward_manager(config) as reward_manager:
             handles = {name: group[name] for name in roles}
             for handle in handles.values():
                 handle.init_model()
