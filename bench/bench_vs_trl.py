@@ -20,9 +20,10 @@ top-k/top-p), the same response length, AdamW at the same constant learning
 rate, gradient clipping at 1.0, no KL term, one PPO epoch of two mini-batches
 of 8 prompts (64 rows) per step with clip ratio 0.2 and a token-mean loss, and
 the same verifier (hybridflow's ``arithmetic`` ``compute_score``, called from
-TRL's reward function). hybridflow runs its default layout, 2 CPU ranks with
-one torch thread each on a local Ray instance; TRL runs in one process with 2
-torch threads. Each trainer runs in its own child process, one after the other.
+TRL's reward function). hybridflow runs one rank with 2 torch threads on a
+local Ray instance (``--hybridflow-ranks 2 --hybridflow-threads 1`` for its
+default layout); TRL runs in one process with 2 torch threads. Each trainer
+runs in its own child process, one after the other, once per seed.
 
 One "step" below is one batch of 16 prompts x 8 samples: for hybridflow one
 trainer step, for TRL two optimizer steps (``steps_per_generation=2``; TRL
@@ -107,6 +108,7 @@ def run_hybridflow(args: argparse.Namespace, data: dict[str, str]) -> dict:
         f"trainer.seed={args.seed}",
         "trainer.logger=[jsonl]",
         f"trainer.n_gpus_per_node={args.hybridflow_ranks}",
+        f"trainer.cpu_threads_per_rank={args.hybridflow_threads}",
     ]
     if args.hybridflow_micro_batch:
         overrides.append(f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={args.hybridflow_micro_batch}")
@@ -127,7 +129,7 @@ def run_hybridflow(args: argparse.Namespace, data: dict[str, str]) -> dict:
     tokens = [r["response_length/mean"] * rows_per_step for r in steps]
     return {
         "name": "hybridflow",
-        "layout": f"{args.hybridflow_ranks} rank(s) x 1 torch thread (local Ray, FSDP2 over gloo), "
+        "layout": f"{args.hybridflow_ranks} rank(s) x {args.hybridflow_threads} torch thread(s) (local Ray, FSDP2 over gloo), "
         f"micro-batch {config.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu} rows",
         "steps": len(steps),
         **step_stats(seconds, tokens, args.warmup),
@@ -394,8 +396,12 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated; both trainers run once per seed")
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)  # a child's seed
     parser.add_argument("--trl-threads", type=int, default=2)
-    parser.add_argument("--hybridflow-ranks", type=int, default=2, help="CPU ranks (one torch thread each)")
-    parser.add_argument("--hybridflow-micro-batch", type=int, help="rows per forward/backward on a rank (default: the config's 16)")
+    # 1 rank x 2 threads is hybridflow's fastest layout for this 3M model on 2 cores (docs/benchmarks.md:
+    # 0.78 s a step against 0.93 s for 2 ranks x 1 thread), and it is TRL's layout too
+    parser.add_argument("--hybridflow-ranks", type=int, default=1, help="CPU ranks")
+    parser.add_argument("--hybridflow-threads", type=int, default=2, help="torch threads per rank")
+    parser.add_argument("--hybridflow-micro-batch", type=int, default=64,
+                        help="rows per forward/backward on a rank (64: a whole mini-batch, as TRL's)")
     parser.add_argument("--out", help="also write the Markdown block to this file")
     parser.add_argument("--child", choices=["hybridflow", "trl"], help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
@@ -419,7 +425,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             data = generate_synthetic(f"{tmp}/data", seed=seed)  # once per seed, for both trainers
             results = []
-            for name, threads in (("hybridflow", "1"), ("trl", str(args.trl_threads))):
+            for name, threads in (("hybridflow", str(args.hybridflow_threads)), ("trl", str(args.trl_threads))):
                 result_path = Path(tmp) / f"{name}.json"
                 env = {**os.environ, "OMP_NUM_THREADS": threads, "TOKENIZERS_PARALLELISM": "false"}
                 cmd = [sys.executable, __file__, *argv, "--seed", str(seed), "--child", name, "--data", json.dumps(data),

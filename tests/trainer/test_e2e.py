@@ -65,6 +65,9 @@ def test_kl_terms_build_a_reference_and_are_logged(ray_session, tmp_path):
         "algorithm.use_kl_in_reward": True,
         "algorithm.kl_ctrl.type": "adaptive",
         "actor_rollout_ref.actor.policy_loss": "gspo",
+        # one mini-batch a step, so step 1's KL is measured before any update (a second mini-batch would see
+        # weights AdamW moved by a full lr on gradients of float noise)
+        "actor_rollout_ref.actor.ppo_mini_batch_size": 4,
     })
     build_and_fit(config, tmp_path / "run")
     steps = read_metrics(tmp_path / "run")

@@ -20,11 +20,12 @@ def config(estimator, **reward):
     return cfg
 
 
+# the default config's built-in engine in fp32 reuses the rollout's log-probs, unless the estimator needs the pass
 @pytest.mark.parametrize("name,plan", [
-    ("grpo", InputPlan()),
-    ("remax", InputPlan(greedy_baseline=True)),
-    ("optimal_token_baseline", InputPlan(sum_pi_squared=True)),
-    ("gdpo", InputPlan(reward_components=("a/score", "b/score"))),
+    ("grpo", InputPlan(recompute_old_log_prob=False)),
+    ("remax", InputPlan(greedy_baseline=True, recompute_old_log_prob=False)),
+    ("optimal_token_baseline", InputPlan(sum_pi_squared=True, recompute_old_log_prob=True)),
+    ("gdpo", InputPlan(reward_components=("a/score", "b/score"), recompute_old_log_prob=False)),
 ])
 def test_the_plan_follows_the_declaration(name, plan):
     cfg = config(name, component_keys=["a/score", "b/score"])

@@ -77,6 +77,7 @@ def test_validation_decodes_as_rollout_val_greedy_says(val_greedy):
     trainer = SimpleNamespace(config=config, actor=actor, val_prompts=FakePrompts(), pad_id=0, tokenizer=None,
                               reward_fn=lambda out, tok: (next(scores), {}), global_step=4,
                               _seed=lambda: 3 * 100_003 + 4)
+    trainer.generate = lambda prompts: PPOTrainer.generate(trainer, prompts)
     metrics = PPOTrainer.validate(trainer)
     assert [c["greedy"] for c in actor.calls] == [val_greedy] * 3
     assert [c["n"] for c in actor.calls] == [1, 1, 1]

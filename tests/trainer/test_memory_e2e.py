@@ -31,7 +31,9 @@ def run(tmp_path, name, **overrides):
                        "actor_rollout_ref.actor.ppo_mini_batch_size": 2, "actor_rollout_ref.rollout.n": 4,
                        "actor_rollout_ref.rollout.response_length": 4, "trainer.total_training_steps": 5,
                        "trainer.test_freq": 0, "algorithm.adv_estimator": "gae",
-                       "actor_rollout_ref.actor.use_kl_loss": True, **overrides}.items():
+                       "actor_rollout_ref.actor.use_kl_loss": True,
+                       # the old-log-prob pass runs (and offloads) only when it recomputes
+                       "actor_rollout_ref.actor.recompute_old_log_prob": "true", **overrides}.items():
         OmegaConf.update(cfg, key, value)
     config = OmegaConf.to_object(cfg)
     check_config(config)
