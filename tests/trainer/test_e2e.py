@@ -15,9 +15,9 @@ from support import read_metrics, small_config
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize(
-    "estimator", ["grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gae"]
-)
+# one group-relative, one leave-one-out and one critic estimator through the whole loop (each run is ~30 s on
+# 2 cores); every estimator's formula is checked in tests/estimators and by the contract kit
+@pytest.mark.parametrize("estimator", ["grpo", "rloo", "gae"])
 def test_estimator_trains_end_to_end(ray_session, tmp_path, estimator, monkeypatch):
     """Three steps of the whole loop per estimator, and every update moves the policy the right way.
 
