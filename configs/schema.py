@@ -147,7 +147,8 @@ class ActorConfig:
     recompute_old_log_prob: str = "auto"
     """Step 2, the log-probs the PPO ratio divides by. ``true``: a teacher-forced pass of the training layout
     recomputes them. ``false``: the rollout engine's own (``rollout_log_probs``) serve. ``auto``: the rollout's
-    where they are the same numbers as the training forward, which is the built-in engine computing in the
+    where they are the training forward's numbers (up to float rounding: ~1e-7 in fp32 against the packed
+    forward), which is the built-in engine computing in the
     training dtype (no ``fsdp_config.param_dtype`` other than ``model.dtype``), when no rollout correction
     compares the two and the estimator needs nothing more of the pass (``sum_pi_squared``); a recompute
     otherwise, so always under vLLM (other kernels). Either way the update logs

@@ -23,7 +23,8 @@ from contextlib import contextmanager
 
 import torch
 from torch import nn
-from torch.distributed.fsdp import FSDPModule
+
+from hybridflow.workers.fsdp import reshard
 
 __all__ = ["StateOffloader", "drop_storages", "restore_storages"]
 
@@ -96,9 +97,7 @@ class StateOffloader:
             if what in self._away or not self.enabled[what]:
                 continue
             if what == "params":
-                for module in self.model.modules():
-                    if isinstance(module, FSDPModule):
-                        module.reshard()
+                reshard(self.model)  # the sharded parameters are what stays; gathered copies are freed
             self._away[what] = _Offloaded(_storages(self._tensors(what)))
 
     def load(self, *which: str) -> None:
