@@ -1,0 +1,485 @@
+"""An OpenAI-compatible HTTP server in front of the rollout: agent frameworks and vLLM clients sample the policy.
+
+::
+
+    HTTP clients (openai, CompletionsClient, curl)   the server's thread: its own asyncio loop
+        |  POST /v1/completions, /v1/chat/completions  -> parse, tokenize (text -> token ids)
+        v
+    one GenerationBatcher per sampling stream (greedy | the server's seed | a request's seed)
+        |  gathers concurrent requests for max_wait_s, then one left-padded batch
+        v
+    generate_fn (the rollout worker group's generate_sequences), one call at a time
+        -> token ids + per-token log-probs back to each request, decoded for ``text``
+
+**Which requests share a call.** An engine call has one ``greedy`` flag and one
+seed, so requests are grouped into streams, each with its own
+:class:`~hybridflow.agents.batcher.GenerationBatcher`: ``temperature: 0`` is
+greedy (one stream, seeds do not matter); a sampled request with ``seed: s``
+goes in stream ``s``; a sampled request without a seed in the server's own
+stream (the constructor's ``seed``). As in the direct rollout, a stream's
+call ``k`` is seeded ``seed + k``: a server-mode rollout samples the same
+tokens as the direct :class:`GenerationBatcher` of the same seed whenever the
+calls batch the same way, and the first request of seed ``s`` samples exactly
+what ``RolloutEngine.generate(..., seed=s)`` does for its prompt. A later
+request with the same seed continues the stream (it is not OpenAI's "same
+seed, same answer"). The most recent ``MAX_SEED_STREAMS`` seeds are kept.
+Streams, and the ``stop_token_ids`` sets within one (the batcher's rule),
+never mix in one call; calls run one at a time.
+
+**Sampling settings are the trainer's.** Only ``temperature`` 0 versus
+anything else matters: a sampled request is sampled at the rollout's
+temperature / top-p / top-k, whatever it asks (``top_p`` and the other
+sampling fields are ignored). Log-probs are the rollout's
+(``log_softmax(logits / rollout temperature)`` of the sampled token, what the
+trainer's importance ratio uses; temperature 1 when greedy), and only the
+sampled token's: ``top_logprobs`` is null (completions) or ``[]`` (chat).
+
+**Fields** (vLLM's extensions included, so a client of vLLM works unchanged):
+
+- ``/v1/completions``: ``prompt`` (a string, tokenized without special
+  tokens; a list of token ids; or a list of either), ``max_tokens``
+  (default ``default_max_tokens``), ``temperature``, ``seed``, ``n``,
+  ``stop_token_ids``, ``logprobs`` (an int: the choice gets
+  ``logprobs.tokens`` / ``token_logprobs``), ``return_token_ids`` (each
+  choice gets ``token_ids`` and ``prompt_token_ids``, where vLLM puts them).
+- ``/v1/chat/completions``: ``messages`` (rendered by the tokenizer's chat
+  template with the generation prompt; ``tools`` are passed to the template,
+  calls in the reply are not parsed), ``max_completion_tokens`` /
+  ``max_tokens``, ``temperature``, ``seed``, ``n``, ``stop_token_ids``,
+  ``logprobs`` (a bool: ``choices[i].logprobs.content``), ``return_token_ids``
+  (``token_ids`` on each choice, ``prompt_token_ids`` on the response).
+- Every choice carries ``weight_version`` (an extension: the policy weights
+  that sampled it). ``finish_reason`` is ``"stop"`` (EOS or a stop token,
+  kept in ``token_ids``) or ``"length"``.
+
+Not supported, answered with a 400: ``stream: true`` (the engine returns
+whole completions; a stream of one chunk would only pretend), ``stop``
+strings (use ``stop_token_ids``), ``echo``, ``suffix``. Bad input gets a 400
+with OpenAI's error body ``{"error": {"message", "type", "param", "code"}}``;
+an unknown route a 404 in the same shape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import logging
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from hybridflow.agents.batcher import GenerationBatcher
+from hybridflow.agents.client import Completion
+from hybridflow.core.data_proto import DataProto
+from hybridflow.workers.rollout.sampling import SamplingParams
+
+__all__ = ["MAX_SEED_STREAMS", "PolicyServer", "engine_generate_fn"]
+
+logger = logging.getLogger(__name__)
+
+MAX_SEED_STREAMS = 64
+"""Seeded streams the server remembers; the least recently used idle one is dropped beyond that."""
+
+_Stream = tuple[bool, int | None]  # (greedy, seed): None is the server's own stream
+
+
+def engine_generate_fn(engine: Any, sampling: SamplingParams | None = None) -> Callable[[DataProto], DataProto]:
+    """A ``generate_fn`` over a bare :class:`~hybridflow.workers.rollout.engine.RolloutEngine` (tests, benchmarks, a
+    server without Ray), called as the actor worker's ``generate_sequences`` calls it; weight version 0.
+
+    :param sampling: temperature / top-p / top-k of sampled requests (``max_new_tokens`` comes from each call).
+    """
+    sampling = sampling or SamplingParams()
+
+    def generate(prompts: DataProto) -> DataProto:
+        meta = prompts.meta_info
+        params = SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
+                                max_new_tokens=int(meta["max_new_tokens"]))
+        out = engine.generate(prompts, n=meta["n"], sampling=params, greedy=meta["greedy"], seed=meta["seed"],
+                              stop_token_ids=tuple(meta["stop_token_ids"]))
+        out.meta_info["weight_version"] = 0
+        return out
+
+    return generate
+
+
+class _BadRequest(Exception):
+    """Answered with a 400 (or ``status``) and OpenAI's error body."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400, code: str | None = None) -> None:
+        super().__init__(message)
+        self.param, self.status, self.code = param, status, code
+
+
+@dataclass(frozen=True)
+class _Sampling:
+    """What a request asks of the sampler, validated."""
+
+    max_tokens: int
+    greedy: bool
+    seed: int | None
+    n: int
+    stop_token_ids: tuple[int, ...]
+
+    @property
+    def stream(self) -> _Stream:
+        return (True, None) if self.greedy else (False, self.seed)
+
+
+class PolicyServer:
+    """Serves ``generate_fn`` over OpenAI's completions and chat completions APIs (see the module docstring).
+
+    :param generate_fn: the :class:`GenerationBatcher` contract (``DataProto -> DataProto``); called from the
+        server's threads, one call at a time.
+    :param tokenizer: an HF tokenizer: tokenizes string prompts, renders chat messages, decodes ``text``.
+    :param model_name: the one model ``/v1/models`` lists; a request naming another gets a 404.
+    :param host: interface to listen on; ``port`` 0 picks a free port.
+    :param max_wait_s: how long a request waits for others to share its call.
+    :param seed: the seed of unseeded sampled requests' stream.
+    :param eos_token_ids: the engine's EOS tokens (tells ``"stop"`` from ``"length"``); default the tokenizer's.
+    :param default_max_tokens: ``max_tokens`` of a request that gives none.
+    :param full_batch_size: a call goes without waiting ``max_wait_s`` once this many requests wait.
+    """
+
+    def __init__(
+        self, generate_fn: Callable[[DataProto], DataProto], tokenizer: Any, *, model_name: str = "hybridflow-policy",
+        host: str = "127.0.0.1", port: int = 0, max_wait_s: float = 0.005, seed: int = 0,
+        eos_token_ids: Sequence[int] | None = None, default_max_tokens: int = 16, full_batch_size: int = 256,
+    ) -> None:
+        self.tokenizer, self.model_name, self.host, self.port = tokenizer, model_name, host, port
+        self.max_wait_s, self.seed, self.default_max_tokens = max_wait_s, seed, default_max_tokens
+        self.full_batch_size = full_batch_size
+        eos = [tokenizer.eos_token_id] if eos_token_ids is None else list(eos_token_ids)
+        self.eos_token_ids = [int(t) for t in eos if t is not None]
+        pad = tokenizer.pad_token_id
+        self.pad_token_id = int(pad if pad is not None else self.eos_token_ids[0])
+        self.vocab_size = len(tokenizer)
+        self._generate_fn, self._engine_lock = generate_fn, threading.Lock()
+        self._streams: OrderedDict[_Stream, GenerationBatcher] = OrderedDict()
+        self._in_flight: dict[_Stream, int] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self.url: str | None = None
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self) -> str:
+        """Listen in a daemon thread; returns the base URL (``http://host:port/v1``)."""
+        if self._thread is not None:
+            raise RuntimeError("the policy server is already started")
+        ready: concurrent.futures.Future[int] = concurrent.futures.Future()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._serve, args=(ready,), name="policy-server", daemon=True)
+        self._thread.start()
+        try:
+            port = ready.result(timeout=60)
+        except BaseException:
+            self._thread.join()
+            self._thread = self._loop = None
+            raise
+        self.url = f"http://{self.host}:{port}/v1"
+        return self.url
+
+    def stop(self) -> None:
+        """Stop listening; requests still waiting fail. Idempotent."""
+        if self._thread is None:
+            return
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._thread = self._loop = self.url = None
+
+    def __enter__(self) -> PolicyServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _serve(self, ready: concurrent.futures.Future) -> None:
+        loop = self._loop
+        asyncio.set_event_loop(loop)
+        try:
+            runner = web.AppRunner(self._app(), shutdown_timeout=1.0)
+            loop.run_until_complete(runner.setup())
+            site = web.TCPSite(runner, self.host, self.port)
+            loop.run_until_complete(site.start())
+        except BaseException as exc:  # the caller of start() learns why
+            ready.set_exception(exc)
+            loop.close()
+            return
+        ready.set_result(runner.addresses[0][1])
+        loop.run_forever()  # until stop()
+        try:
+            for batcher in self._streams.values():
+                loop.run_until_complete(batcher.close())
+            self._streams.clear()
+            self._in_flight.clear()
+            loop.run_until_complete(runner.cleanup())
+            loop.run_until_complete(loop.shutdown_default_executor())  # a generate call in flight finishes
+        finally:
+            loop.close()
+
+    def _app(self) -> web.Application:
+        app = web.Application(middlewares=[_openai_errors], client_max_size=64 * 1024**2)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/chat/completions", self._chat_completions)
+        return app
+
+    # ------------------------------------------------------------ endpoints
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def _models(self, request: web.Request) -> web.Response:
+        card = {"id": self.model_name, "object": "model", "created": int(time.time()), "owned_by": "hybridflow"}
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def _completions(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        _reject_unsupported(body, "stop", "echo", "suffix")
+        prompts = self._prompts(body.get("prompt"))
+        sampling = self._sampling(body, body.get("max_tokens"), "max_tokens")
+        logprobs = _optional_int(body, "logprobs", minimum=0)
+        with_ids = _flag(body, "return_token_ids")
+        results = await asyncio.gather(*(self._sample(ids, sampling) for ids in prompts))
+        choices = []
+        for prompt_ids, completions in zip(prompts, results):
+            for completion in completions:
+                choice = {"index": len(choices), "text": self._text(completion),
+                          "finish_reason": completion.finish_reason, "stop_reason": None,
+                          "weight_version": completion.weight_version, "logprobs": None}
+                if logprobs is not None:
+                    choice["logprobs"] = {"tokens": self._token_strings(completion.token_ids),
+                                          "token_logprobs": completion.log_probs, "top_logprobs": None}
+                if with_ids:
+                    choice.update(token_ids=completion.token_ids, prompt_token_ids=prompt_ids)
+                choices.append(choice)
+        return web.json_response(self._response("cmpl", "text_completion", choices, prompts, results))
+
+    async def _chat_completions(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        _reject_unsupported(body, "stop")
+        prompt_ids = self._render(body)
+        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        sampling = self._sampling(body, max_tokens, "max_completion_tokens")
+        logprobs = _flag(body, "logprobs")
+        with_ids = _flag(body, "return_token_ids")
+        _optional_int(body, "top_logprobs", minimum=0)  # validated; alternatives are never returned
+        completions = await self._sample(prompt_ids, sampling)
+        choices = []
+        for completion in completions:
+            choice = {"index": len(choices), "message": {"role": "assistant", "content": self._text(completion)},
+                      "finish_reason": completion.finish_reason, "stop_reason": None,
+                      "weight_version": completion.weight_version, "logprobs": None}
+            if logprobs:
+                pieces = self._token_strings(completion.token_ids)
+                choice["logprobs"] = {"content": [
+                    {"token": piece, "logprob": lp, "bytes": list(piece.encode("utf-8")), "top_logprobs": []}
+                    for piece, lp in zip(pieces, completion.log_probs)
+                ]}
+            if with_ids:
+                choice["token_ids"] = completion.token_ids
+            choices.append(choice)
+        response = self._response("chatcmpl", "chat.completion", choices, [prompt_ids], [completions])
+        if with_ids:
+            response["prompt_token_ids"] = prompt_ids
+        return web.json_response(response)
+
+    # ------------------------------------------------------------ sampling
+    async def _sample(self, prompt_ids: list[int], sampling: _Sampling) -> list[Completion]:
+        """``n`` completions of one prompt from its stream's batcher (they share a call, being sent together)."""
+        key = sampling.stream
+        batcher = self._stream(key)
+        self._in_flight[key] = self._in_flight.get(key, 0) + sampling.n
+        try:
+            await self._forget_idle_seeds()  # after counting this request in, so its own stream stays
+            return list(await asyncio.gather(*(
+                batcher.generate(prompt_ids, max_tokens=sampling.max_tokens, stop_token_ids=sampling.stop_token_ids)
+                for _ in range(sampling.n)
+            )))
+        finally:
+            self._in_flight[key] -= sampling.n
+
+    def _stream(self, key: _Stream) -> GenerationBatcher:
+        batcher = self._streams.get(key)
+        if batcher is None:
+            greedy, seed = key
+            batcher = GenerationBatcher(self._locked_generate, self.pad_token_id, self.eos_token_ids, greedy=greedy,
+                                        seed=self.seed if seed is None else seed, max_wait_s=self.max_wait_s)
+            batcher.expect(self.full_batch_size)  # unknown clients: wait max_wait_s unless the batch is full
+            self._streams[key] = batcher
+        self._streams.move_to_end(key)
+        return batcher
+
+    async def _forget_idle_seeds(self) -> None:
+        seeded = [key for key in self._streams if key[1] is not None]  # least recently used first
+        for key in seeded[: max(0, len(seeded) - MAX_SEED_STREAMS)]:
+            if self._in_flight.get(key, 0) == 0:  # nothing waits on it, so closing it fails no request
+                self._in_flight.pop(key, None)
+                await self._streams.pop(key).close()
+
+    def _locked_generate(self, data: DataProto) -> DataProto:
+        with self._engine_lock:  # the streams' batchers call from several threads; the engine takes one call at a time
+            return self._generate_fn(data)
+
+    # ------------------------------------------------------------ parsing
+    async def _body(self, request: web.Request) -> dict[str, Any]:
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise _BadRequest(f"the request body is not JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise _BadRequest("the request body must be a JSON object")
+        model = body.get("model")
+        if model is not None and model != self.model_name:
+            raise _BadRequest(f"The model `{model}` does not exist; this server serves `{self.model_name}`.", "model",
+                              404, "model_not_found")
+        if body.get("stream"):
+            raise _BadRequest("stream is not supported: the server answers with whole completions", "stream")
+        return body
+
+    def _sampling(self, body: dict[str, Any], max_tokens: Any, max_tokens_name: str) -> _Sampling:
+        if max_tokens is None:
+            max_tokens = self.default_max_tokens
+        if not _is_int(max_tokens) or max_tokens < 1:
+            raise _BadRequest(f"`{max_tokens_name}` must be an integer >= 1, got {max_tokens!r}", max_tokens_name)
+        temperature = body.get("temperature")
+        if temperature is not None and (not _is_number(temperature) or temperature < 0):
+            raise _BadRequest(f"`temperature` must be a number >= 0, got {temperature!r}", "temperature")
+        seed = _optional_int(body, "seed")
+        n = _optional_int(body, "n", minimum=1)
+        stops = body.get("stop_token_ids")
+        return _Sampling(int(max_tokens), temperature == 0, seed, 1 if n is None else n,
+                         tuple(self._token_ids([] if stops is None else stops, "stop_token_ids", allow_empty=True)))
+
+    def _prompts(self, prompt: Any) -> list[list[int]]:
+        """``prompt`` as token-id lists: a string, a list of ids, or a list of strings or of id lists."""
+        if prompt is None:
+            raise _BadRequest("`prompt` is required", "prompt")
+        if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt)):
+            prompt = [prompt]
+        if not isinstance(prompt, list) or not prompt:
+            raise _BadRequest("`prompt` must be a string, a list of token ids, or a non-empty list of either", "prompt")
+        return [self._encode(p) if isinstance(p, str) else self._token_ids(p, "prompt") for p in prompt]
+
+    def _render(self, body: dict[str, Any]) -> list[int]:
+        """The chat template's tokens for ``messages`` (and ``tools``), ending in the assistant's generation prompt."""
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise _BadRequest("`messages` must be a non-empty list of messages", "messages")
+        messages = [_message(m, i) for i, m in enumerate(messages)]
+        tools = body.get("tools")
+        if tools is not None and not isinstance(tools, list):
+            raise _BadRequest("`tools` must be a list", "tools")
+        try:
+            text = self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
+        except Exception as exc:  # a template's own error (no template, a role it rejects) is the request's fault
+            raise _BadRequest(f"the chat template could not render the messages: {exc}", "messages") from None
+        return self._encode(text)
+
+    def _encode(self, text: str) -> list[int]:
+        # the chat template (or the caller) already wrote any BOS; adding special tokens would double it
+        ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        if not ids:
+            raise _BadRequest("the prompt has no tokens", "prompt")
+        return ids
+
+    def _token_ids(self, value: Any, name: str, *, allow_empty: bool = False) -> list[int]:
+        if not isinstance(value, list) or not all(_is_int(t) for t in value) or (not value and not allow_empty):
+            raise _BadRequest(f"`{name}` must be a {'' if allow_empty else 'non-empty '}list of token ids", name)
+        if any(not 0 <= t < self.vocab_size for t in value):
+            raise _BadRequest(f"`{name}` has token ids outside the vocabulary [0, {self.vocab_size})", name)
+        return [int(t) for t in value]
+
+    # ------------------------------------------------------------ responses
+    def _text(self, completion: Completion) -> str:
+        return self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+
+    def _token_strings(self, token_ids: list[int]) -> list[str]:
+        return [self.tokenizer.decode([t]) for t in token_ids]
+
+    def _response(self, prefix: str, kind: str, choices: list[dict], prompts: list[list[int]],
+                  results: list[list[Completion]]) -> dict[str, Any]:
+        prompt_tokens = sum(len(p) for p in prompts)
+        completion_tokens = sum(len(c.token_ids) for group in results for c in group)
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                 "total_tokens": prompt_tokens + completion_tokens}
+        return {"id": f"{prefix}-{uuid.uuid4().hex}", "object": kind, "created": int(time.time()),
+                "model": self.model_name, "choices": choices, "usage": usage}
+
+
+# ---------------------------------------------------------------- helpers
+@web.middleware
+async def _openai_errors(request: web.Request, handler: Callable) -> web.StreamResponse:
+    """Every error as OpenAI's body: 400 for bad input, aiohttp's status for a bad route, 500 otherwise."""
+    try:
+        return await handler(request)
+    except _BadRequest as exc:
+        return _error(exc.status, str(exc), "invalid_request_error", exc.param, exc.code)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return _error(exc.status, f"{exc.reason}: {request.method} {request.path}", "invalid_request_error")
+    except Exception as exc:  # a failed generate call: the client gets the reason, the log the traceback
+        logger.exception("policy server: %s %s failed", request.method, request.path)
+        return _error(500, f"{type(exc).__name__}: {exc}", "server_error")
+
+
+def _error(status: int, message: str, kind: str, param: str | None = None, code: str | None = None) -> web.Response:
+    return web.json_response({"error": {"message": message, "type": kind, "param": param, "code": code}}, status=status)
+
+
+def _reject_unsupported(body: dict[str, Any], *names: str) -> None:
+    for name in names:
+        if body.get(name):  # absent, null, false, "" and [] ask for nothing
+            hint = "; use stop_token_ids" if name == "stop" else ""
+            raise _BadRequest(f"`{name}` is not supported by this server{hint}", name)
+
+
+def _message(message: Any, index: int) -> dict[str, Any]:
+    """One chat message with its content as a string (text parts joined)."""
+    where = f"messages[{index}]"
+    if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+        raise _BadRequest(f"`{where}` must be an object with a string `role`", "messages")
+    content = message.get("content")
+    if isinstance(content, list):
+        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+            raise _BadRequest(f"`{where}.content`: only text parts are supported", "messages")
+        content = "".join(p["text"] for p in content)
+    elif content is not None and not isinstance(content, str):
+        raise _BadRequest(f"`{where}.content` must be a string, a list of text parts or null", "messages")
+    return {**message, "content": content}
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _optional_int(body: dict[str, Any], name: str, minimum: int | None = None) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not _is_int(value) or (minimum is not None and value < minimum):
+        bound = "" if minimum is None else f" >= {minimum}"
+        raise _BadRequest(f"`{name}` must be an integer{bound}, got {value!r}", name)
+    return value
+
+
+def _flag(body: dict[str, Any], name: str) -> bool:
+    value = body.get(name)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise _BadRequest(f"`{name}` must be true or false, got {value!r}", name)
+    return value

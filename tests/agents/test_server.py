@@ -1,0 +1,305 @@
+"""The OpenAI-compatible policy server and its HTTP client, against the engine called directly.
+
+A real (tiny, random) model serves; the reference numbers come from
+``RolloutEngine.generate`` on the same prompt ids, so every equality below
+is the server reproducing the engine through HTTP, the batcher and JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.error
+import urllib.request
+
+import openai
+import pytest
+import torch
+
+from hybridflow.agents.batcher import GenerationBatcher, left_pad
+from hybridflow.agents.http_client import CompletionsClient
+from hybridflow.agents.server import PolicyServer, engine_generate_fn
+from hybridflow.core.data_proto import DataProto
+from hybridflow.core.keys import ATTENTION_MASK, INPUT_IDS, RESPONSE_MASK, RESPONSES, ROLLOUT_LOG_PROBS
+from hybridflow.workers.models import load_model_and_tokenizer
+from hybridflow.workers.rollout import RolloutEngine, SamplingParams
+
+MODEL = "hybridflow-policy"
+
+
+@pytest.fixture(scope="module")
+def engine() -> RolloutEngine:
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model, tokenizer = load_model_and_tokenizer("builtin:tiny-qwen2", seed=0)
+    # Large weights make greedy outputs vary from token to token (the default init repeats one token).
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for weight in (p for p in model.parameters() if p.dim() > 1):
+            weight.normal_(0.0, 0.35, generator=gen)
+    return RolloutEngine(model, tokenizer)
+
+
+@pytest.fixture(scope="module")
+def calls() -> list[int]:
+    """The batch size of every generate call the server made."""
+    return []
+
+
+@pytest.fixture(scope="module")
+def server(engine, calls):
+    serve = engine_generate_fn(engine)
+
+    def counted(prompts: DataProto) -> DataProto:
+        calls.append(len(prompts))
+        return serve(prompts)
+
+    with PolicyServer(counted, engine.tokenizer, model_name=MODEL, max_wait_s=0.05) as running:
+        yield running
+
+
+def direct(engine: RolloutEngine, prompt_ids: list[int], max_tokens: int, *, greedy: bool = False,
+           seed: int | None = None, stops: tuple[int, ...] = ()) -> tuple[list[int], list[float]]:
+    """The engine's own tokens and log-probs for one prompt, no server in between."""
+    ids, mask = left_pad([prompt_ids], engine.pad_token_id)
+    out = engine.generate(DataProto.from_dict({INPUT_IDS: ids, ATTENTION_MASK: mask}),
+                          sampling=SamplingParams(max_new_tokens=max_tokens), greedy=greedy, seed=seed,
+                          stop_token_ids=stops)
+    length = int(out.batch[RESPONSE_MASK][0].sum())
+    return out.batch[RESPONSES][0, :length].tolist(), out.batch[ROLLOUT_LOG_PROBS][0, :length].tolist()
+
+
+def post(url: str, body: object, raw: bytes | None = None, method: str = "POST") -> tuple[int, dict]:
+    data = raw if raw is not None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data if method == "POST" else None, method=method,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def test_models_and_health(server):
+    client = openai.OpenAI(base_url=server.url, api_key="none")
+    assert [m.id for m in client.models.list()] == [MODEL]
+    with urllib.request.urlopen(server.url.removesuffix("/v1") + "/health", timeout=10) as response:
+        assert response.status == 200
+
+
+def test_seeded_sampled_completion_equals_the_engine(server, engine):
+    client = openai.OpenAI(base_url=server.url, api_key="none")
+    prompt = "max(3,8)="
+    out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=1.0, seed=1234, logprobs=1,
+                                    extra_body={"return_token_ids": True})
+    choice = out.choices[0]
+    prompt_ids = engine.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    assert choice.prompt_token_ids == prompt_ids  # a string prompt is tokenized without special tokens
+    tokens, log_probs = direct(engine, prompt_ids, 12, seed=1234)
+    assert choice.token_ids == tokens
+    assert choice.logprobs.token_logprobs == pytest.approx(log_probs, abs=1e-6)
+    assert choice.logprobs.tokens == [engine.tokenizer.decode([t]) for t in tokens]
+    assert choice.text == engine.tokenizer.decode(tokens, skip_special_tokens=True)
+    assert choice.finish_reason == ("stop" if tokens[-1] in engine.eos_token_ids else "length")
+    assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (len(prompt_ids), len(tokens))
+
+
+def test_concurrent_greedy_requests_are_batched_and_equal_the_engine(server, engine, calls):
+    prompts = [engine.tokenizer(t, add_special_tokens=False)["input_ids"]
+               for t in ["7", "max(1,2)=", "(12+4)*3=", "99", "1+1=", "max(3,8,1,5)=", "42", "8*8="]]
+
+    async def ask_all():
+        client = openai.AsyncOpenAI(base_url=server.url, api_key="none")
+        try:
+            return await asyncio.gather(*(
+                client.completions.create(model=MODEL, prompt=ids, max_tokens=6 + i, temperature=0, logprobs=0,
+                                          extra_body={"return_token_ids": True})
+                for i, ids in enumerate(prompts)
+            ))
+        finally:
+            await client.close()
+
+    before = len(calls)
+    answers = asyncio.run(ask_all())
+    assert len(calls) - before < len(prompts)  # the 8 requests shared calls
+    for i, (ids, answer) in enumerate(zip(prompts, answers)):
+        tokens, log_probs = direct(engine, ids, 6 + i, greedy=True)
+        assert answer.choices[0].token_ids == tokens
+        assert answer.choices[0].logprobs.token_logprobs == pytest.approx(log_probs, abs=1e-5)
+
+
+def test_chat_completion_renders_the_template_and_equals_the_engine(server, engine, calls):
+    tokenizer = engine.tokenizer
+    messages = [{"role": "system", "content": "answer"}, {"role": "user", "content": [{"type": "text", "text": "2+3?"}]}]
+    plain = [messages[0], {"role": "user", "content": "2+3?"}]
+    rendered = tokenizer(tokenizer.apply_chat_template(plain, add_generation_prompt=True, tokenize=False),
+                         add_special_tokens=False)["input_ids"]
+    templated = tokenizer.apply_chat_template(plain, add_generation_prompt=True, tokenize=True)
+    assert rendered == list(getattr(templated, "input_ids", templated))  # rendering then tokenizing adds nothing
+
+    async def chat_four():
+        client = openai.AsyncOpenAI(base_url=server.url, api_key="none")
+        try:
+            return await asyncio.gather(*(
+                client.chat.completions.create(model=MODEL, messages=messages, max_completion_tokens=10, temperature=0,
+                                               logprobs=True, extra_body={"return_token_ids": True})
+                for _ in range(4)
+            ))
+        finally:
+            await client.close()
+
+    before = len(calls)
+    answers = asyncio.run(chat_four())
+    assert len(calls) - before < 4
+    tokens, log_probs = direct(engine, rendered, 10, greedy=True)
+    for answer in answers:
+        choice = answer.choices[0]
+        assert answer.prompt_token_ids == rendered
+        assert choice.token_ids == tokens
+        assert choice.message.role == "assistant"
+        assert choice.message.content == tokenizer.decode(tokens, skip_special_tokens=True)
+        assert [c.logprob for c in choice.logprobs.content] == pytest.approx(log_probs, abs=1e-5)
+        assert [c.token for c in choice.logprobs.content] == [tokenizer.decode([t]) for t in tokens]
+        assert all(c.top_logprobs == [] and c.bytes == list(c.token.encode()) for c in choice.logprobs.content)
+
+
+def test_requests_wait_for_each_other_until_the_batch_is_full(engine):
+    sizes: list[int] = []
+    serve = engine_generate_fn(engine)
+
+    def counted(prompts: DataProto) -> DataProto:
+        sizes.append(len(prompts))
+        return serve(prompts)
+
+    async def four(url: str) -> list:
+        client = CompletionsClient(url, greedy=True)
+        try:
+            return await asyncio.gather(*(client.generate([5, 6 + i], max_tokens=3) for i in range(4)))
+        finally:
+            await client.close()
+
+    # a long wait: the four go together because the fourth fills the batch, not because time ran out
+    with PolicyServer(counted, engine.tokenizer, max_wait_s=30.0, full_batch_size=4) as server:
+        assert len(asyncio.run(asyncio.wait_for(four(server.url), timeout=20))) == 4
+    assert sizes == [4]
+
+
+def test_n_samples_share_one_call_seeded_like_the_engine(server, engine, calls):
+    prompt_ids = engine.tokenizer("1+2=", add_special_tokens=False)["input_ids"]
+    before = len(calls)
+    status, body = post(server.url + "/completions", {"prompt": prompt_ids, "max_tokens": 8, "n": 3, "seed": 77,
+                                                      "logprobs": 1, "return_token_ids": True})
+    assert status == 200 and calls[before:] == [3]
+    ids = torch.tensor([prompt_ids] * 3)
+    out = engine.generate(DataProto.from_dict({INPUT_IDS: ids, ATTENTION_MASK: torch.ones_like(ids)}),
+                          sampling=SamplingParams(max_new_tokens=8), seed=77)
+    for row, choice in enumerate(body["choices"]):
+        length = int(out.batch[RESPONSE_MASK][row].sum())
+        assert choice["index"] == row
+        assert choice["token_ids"] == out.batch[RESPONSES][row, :length].tolist()
+        expected = out.batch[ROLLOUT_LOG_PROBS][row, :length].tolist()
+        assert choice["logprobs"]["token_logprobs"] == pytest.approx(expected, abs=1e-6)
+    assert len({tuple(c["token_ids"]) for c in body["choices"]}) > 1  # three samples, not one repeated
+
+
+def test_completions_client_returns_what_the_batcher_does(server, engine):
+    prompt_ids = engine.tokenizer("max(9,4)=", add_special_tokens=False)["input_ids"]
+    greedy_ids, _ = direct(engine, prompt_ids, 12, greedy=True)
+    stop = greedy_ids[3]  # a stop token the greedy answer reaches
+
+    async def both(**sampling):
+        client = CompletionsClient(server.url, **sampling)
+        batcher = GenerationBatcher(engine_generate_fn(engine), engine.pad_token_id, engine.eos_token_ids, **sampling)
+        try:
+            over_http = await client.generate(prompt_ids, max_tokens=12, stop_token_ids=[stop])
+            direct_call = await batcher.generate(prompt_ids, max_tokens=12, stop_token_ids=[stop])
+        finally:
+            await client.close()
+            await batcher.close()
+        return over_http, direct_call
+
+    for sampling in ({"seed": 4321}, {"greedy": True}):
+        over_http, direct_call = asyncio.run(both(**sampling))
+        assert over_http.token_ids == direct_call.token_ids
+        assert over_http.log_probs == pytest.approx(direct_call.log_probs, abs=1e-6)
+        assert (over_http.finish_reason, over_http.weight_version) == (direct_call.finish_reason, 0)
+    assert over_http.token_ids == greedy_ids[: greedy_ids.index(stop) + 1] and over_http.finish_reason == "stop"
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param", "message"),
+    [
+        ("/completions", {"max_tokens": 4}, "prompt", "`prompt` is required"),
+        ("/completions", {"prompt": {"text": "1"}}, "prompt", "must be a string, a list of token ids"),
+        ("/completions", {"prompt": [1, "2"]}, "prompt", "list of token ids"),
+        ("/completions", {"prompt": [10**6]}, "prompt", "outside the vocabulary"),
+        ("/completions", {"prompt": "1", "max_tokens": 0}, "max_tokens", "integer >= 1"),
+        ("/completions", {"prompt": "1", "max_tokens": "4"}, "max_tokens", "integer >= 1"),
+        ("/completions", {"prompt": "1", "temperature": -1}, "temperature", ">= 0"),
+        ("/completions", {"prompt": "1", "n": 0}, "n", "integer >= 1"),
+        ("/completions", {"prompt": "1", "seed": 1.5}, "seed", "integer"),
+        ("/completions", {"prompt": "1", "stop_token_ids": 2}, "stop_token_ids", "list of token ids"),
+        ("/completions", {"prompt": "1", "stream": True}, "stream", "stream is not supported"),
+        ("/completions", {"prompt": "1", "stop": ["\n"]}, "stop", "use stop_token_ids"),
+        ("/completions", {"prompt": "1", "return_token_ids": "yes"}, "return_token_ids", "true or false"),
+        ("/chat/completions", {"max_tokens": 4}, "messages", "non-empty list"),
+        ("/chat/completions", {"messages": "hi"}, "messages", "non-empty list"),
+        ("/chat/completions", {"messages": [{"content": "hi"}]}, "messages", "string `role`"),
+        ("/chat/completions", {"messages": [{"role": "user", "content": 3}]}, "messages", "must be a string"),
+        ("/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "logprobs": 1}, "logprobs",
+         "true or false"),
+        ("/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": -2},
+         "max_completion_tokens", "integer >= 1"),
+        ("/completions", [1, 2], None, "must be a JSON object"),
+    ],
+)
+def test_bad_requests_get_a_400_with_the_reason(server, path, body, param, message):
+    status, answer = post(server.url + path, body)
+    assert status == 400
+    assert answer["error"]["type"] == "invalid_request_error" and answer["error"]["param"] == param
+    assert message in answer["error"]["message"]
+
+
+def test_errors_through_the_openai_client_and_other_statuses(server):
+    client = openai.OpenAI(base_url=server.url, api_key="none", max_retries=0)
+    with pytest.raises(openai.BadRequestError, match="integer >= 1"):
+        client.completions.create(model=MODEL, prompt="1", max_tokens=0)
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.completions.create(model="gpt-4", prompt="1")
+    assert post(server.url + "/completions", None, raw=b"{not json")[0] == 400
+    status, answer = post(server.url + "/nowhere", {})
+    assert status == 404 and "Not Found" in answer["error"]["message"]
+    assert post(server.url + "/completions", None, method="GET")[0] == 405
+
+
+def test_a_failing_generate_call_is_a_500_and_the_server_keeps_serving(engine):
+    failures = iter([RuntimeError("the rollout workers are gone")])
+
+    def flaky(prompts: DataProto) -> DataProto:
+        failure = next(failures, None)
+        if failure is not None:
+            raise failure
+        return engine_generate_fn(engine)(prompts)
+
+    with PolicyServer(flaky, engine.tokenizer) as server:
+        status, answer = post(server.url + "/completions", {"prompt": [5, 6], "max_tokens": 2})
+        assert status == 500 and "the rollout workers are gone" in answer["error"]["message"]
+        status, answer = post(server.url + "/completions", {"prompt": [5, 6], "max_tokens": 2})
+        assert status == 200 and answer["choices"][0]["finish_reason"] in ("stop", "length")
+    assert server.url is None
+
+
+def test_a_seed_names_a_stream_and_idle_old_streams_are_forgotten(engine, monkeypatch):
+    monkeypatch.setattr("hybridflow.agents.server.MAX_SEED_STREAMS", 2)
+
+    def ask(url: str, seed: int) -> list[int]:
+        status, body = post(url + "/completions", {"prompt": [5, 6, 7], "max_tokens": 10, "seed": seed,
+                                                   "return_token_ids": True})
+        assert status == 200
+        return body["choices"][0]["token_ids"]
+
+    with PolicyServer(engine_generate_fn(engine), engine.tokenizer) as server:
+        first = {seed: ask(server.url, seed) for seed in (11, 12, 13)}  # 11 is dropped when 13 arrives
+        assert ask(server.url, 13) != first[13]  # stream 13's second call: seed 14
+        assert ask(server.url, 13) == ask(server.url, 15)  # its third call (seed 15) is a fresh stream 15's first
+        assert ask(server.url, 11) == first[11]  # forgotten, so it starts again at 11
