@@ -19,6 +19,8 @@ from hybridflow.configs.rules import at_least, greater_than, one_of, within
 
 MODEL_DTYPES = ("float32", "bfloat16")  # the names workers.models.DTYPES maps (kept free of torch here)
 ROLLOUT_ENGINES = ("builtin", "vllm")
+ROLLOUT_MODES = ("direct", "server")
+SYNTHETIC_TASKS = ("arithmetic", "tool")
 KL_CONTROLLERS = ("fixed", "adaptive")
 DEVICES = ("cpu", "cuda")
 RESUME_MODES = ("auto", "disable")
@@ -183,6 +185,37 @@ class ActorConfig:
 
 
 @dataclass
+class AgentConfig:
+    tools: list[str] = field(default_factory=list)
+    """Tools the agent loop may call, by plugin name (built-ins: ``calculator``, ``python``, ``reveal``)."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """Options of the agent loop (``tool_calling``: ``format`` hermes|compact, ``max_turns``,
+    ``max_calls_per_turn``, ``default_tool``); ``hybridflow plugins`` lists each loop's options."""
+    tool_timeout_s: float = 5.0
+    """The longest one tool call may run; past it the observation is a timeout error (counted)."""
+    max_observation_chars: int = 512
+    """A tool's answer is cut to this many characters (counted as ``agent/tool_truncated``)."""
+
+    def problems(self) -> list[str]:
+        """Broken rules of this section; names are checked against the installed plugins by the config check."""
+        return greater_than(self, 0, "tool_timeout_s") + at_least(self, 1, "max_observation_chars")
+
+
+@dataclass
+class ServerConfig:
+    host: str = "127.0.0.1"
+    """Interface the OpenAI-compatible server listens on (``rollout.mode=server``)."""
+    port: int = 0
+    """Its port; 0 picks a free one (the URL is logged)."""
+    max_wait_s: float = 0.005
+    """How long a request waits for others to share its engine call."""
+
+    def problems(self) -> list[str]:
+        """Broken rules of this section."""
+        return within(self, "port", 0, 65535) + at_least(self, 0, "max_wait_s")
+
+
+@dataclass
 class RolloutConfig:
     name: str = "builtin"
     """Rollout engine: ``builtin`` (batched HF generation with a KV cache) or ``vllm`` (GPU, extra ``hybridflow[vllm]``)."""
@@ -229,11 +262,24 @@ class RolloutConfig:
     enable_sleep_mode: bool = True
     """``vllm`` only: while the actor trains, free the KV cache and offload the weights to CPU
     (``LLM.sleep(level=1)``); they are woken before the next weight push and generate."""
+    agent_loop: str = "single_turn"
+    """How a prompt becomes a trajectory, by plugin name: ``single_turn`` (one response) or ``tool_calling``
+    (multi-turn tool use, ``agents/tool_calling.py``). With a multi-turn loop ``response_length`` is the budget
+    of the whole conversation after the prompt, tool observations included; only the policy's tokens train."""
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    """Tools and options of the agent loop."""
+    mode: str = "direct"
+    """How agent loops reach the rollout workers: ``direct`` (batched calls from the driver) or ``server`` (an
+    OpenAI-compatible HTTP server the trainer starts in front of them, ``agents/server.py``; the loops are its
+    clients, as they would be of vLLM's own server)."""
+    server: ServerConfig = field(default_factory=ServerConfig)
+    """The server of ``mode=server``."""
 
     def problems(self) -> list[str]:
         """Broken rules of this section; n and tp are checked with the layout (``core/parallel_dims.py``)."""
         return (
             one_of(self, "name", ROLLOUT_ENGINES)
+            + one_of(self, "mode", ROLLOUT_MODES)
             + greater_than(self, 0, "temperature", "reshard_bucket_mb")
             + within(self, "top_p", 0.0, 1.0, low_open=True)
             + at_least(self, 0, "top_k")
@@ -421,6 +467,10 @@ class DataConfig:
     """Training parquet files in veRL's schema. Empty: the built-in synthetic task, generated on first use."""
     val_files: list[str] = field(default_factory=list)
     """Validation parquet files. Empty: the synthetic task's validation split."""
+    synthetic_task: str = "arithmetic"
+    """The built-in task generated when no files are given: ``arithmetic`` (``data/synthetic.py``) or ``tool``
+    (``data/synthetic_tool.py``, needs ``rollout.agent_loop=tool_calling`` with the ``reveal`` tool:
+    ``experiment=tool_use``)."""
     synthetic_dir: str = "outputs/synthetic_data"
     """Where the synthetic task is generated when no files are given (relative paths are
     resolved against the directory the command was started in)."""
@@ -435,7 +485,7 @@ class DataConfig:
 
     def problems(self) -> list[str]:
         """Broken rules of this section; the train batch is checked with the layout (``core/parallel_dims.py``)."""
-        return at_least(self, 1, "val_batch_size", "max_prompt_length")
+        return at_least(self, 1, "val_batch_size", "max_prompt_length") + one_of(self, "synthetic_task", SYNTHETIC_TASKS)
 
 
 @dataclass

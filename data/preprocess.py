@@ -5,6 +5,7 @@
     python -m hybridflow.data.preprocess gsm8k --input test-00000-of-00001.parquet --output data/gsm8k
     python -m hybridflow.data.preprocess math --input train.jsonl --output data/math --split train
     python -m hybridflow.data.preprocess synthetic --output data/synthetic --train-size 8192
+    python -m hybridflow.data.preprocess synthetic_tool --output data/synthetic_tool
 
 Input files are the datasets as a user downloads them, jsonl or parquet:
 GSM8K rows have ``question`` and ``answer`` (the reasoning, then
@@ -136,22 +137,24 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--split", help="split name (default: test if the file name says so, else train)")
         if name == "math":
             p.add_argument("--data-source", default="lighteval/MATH", help="data_source of the rows (routes the reward)")
-    p = sub.add_parser("synthetic", help="generate the synthetic arithmetic task")
-    p.add_argument("--output", required=True)
-    p.add_argument("--train-size", type=int)
-    p.add_argument("--val-size", type=int)
-    p.add_argument("--seed", type=int, default=0)
+    for name, task in (("synthetic", "the synthetic arithmetic task"), ("synthetic_tool", "the synthetic tool task")):
+        p = sub.add_parser(name, help=f"generate {task}")
+        p.add_argument("--output", required=True)
+        p.add_argument("--train-size", type=int)
+        p.add_argument("--val-size", type=int)
+        p.add_argument("--seed", type=int, default=0)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, str]:
     """Run the command line; returns split name -> written parquet path."""
     args = _parser().parse_args(argv)
-    if args.dataset == "synthetic":
-        from hybridflow.data.synthetic import generate_synthetic  # written alongside, imported only when asked
+    if args.dataset in ("synthetic", "synthetic_tool"):
+        from hybridflow.data import SYNTHETIC_GENERATORS  # written alongside, imported only when asked
 
+        _, generate = SYNTHETIC_GENERATORS["arithmetic" if args.dataset == "synthetic" else "tool"]
         sizes = {k: v for k, v in (("train_size", args.train_size), ("val_size", args.val_size)) if v is not None}
-        return generate_synthetic(args.output, seed=args.seed, **sizes)
+        return generate(args.output, seed=args.seed, **sizes)
     split = args.split or infer_split(args.input)
     records = read_records(args.input)
     if args.dataset == "gsm8k":

@@ -2,39 +2,46 @@
 
 Plugin authors need :data:`hookimpl` and the entry records
 (:class:`AdvantageEstimator`, :class:`RewardVerifier`,
-:class:`PolicyLoss`, :class:`BatchHook`); the framework uses
-:func:`get_estimator`, :func:`get_reward_verifier`,
-:func:`get_policy_loss` and :func:`get_batch_hook`.
+:class:`PolicyLoss`, :class:`BatchHook`, :class:`AgentLoop`, :class:`Tool`);
+the framework uses :func:`get_estimator`, :func:`get_reward_verifier`,
+:func:`get_policy_loss`, :func:`get_batch_hook`, :func:`get_agent_loop` and
+:func:`get_tool`.
 """
 
-from hybridflow.plugins.entries import AdvantageEstimator, BatchHook, EstimatorInput, PolicyLoss, RewardVerifier
+from hybridflow.plugins.entries import AdvantageEstimator, AgentLoop, BatchHook, EstimatorInput, PolicyLoss, RewardVerifier, Tool
 from hybridflow.plugins.hookspecs import hookimpl
 from hybridflow.plugins.manager import (
     PluginConflictError,
     PluginManager,
     UnknownNameError,
+    get_agent_loop,
     get_batch_hook,
     get_estimator,
     get_plugin_manager,
     get_policy_loss,
     get_reward_verifier,
+    get_tool,
     reset_plugin_manager,
 )
 
 __all__ = [
     "AdvantageEstimator",
+    "AgentLoop",
     "BatchHook",
     "EstimatorInput",
     "PluginConflictError",
     "PluginManager",
     "PolicyLoss",
     "RewardVerifier",
+    "Tool",
     "UnknownNameError",
+    "get_agent_loop",
     "get_batch_hook",
     "get_estimator",
     "get_plugin_manager",
     "get_policy_loss",
     "get_reward_verifier",
+    "get_tool",
     "hookimpl",
     "reset_plugin_manager",
 ]

@@ -264,3 +264,73 @@ class BatchHook(PluginEntry):
         super().__post_init__()
         if self.stage not in HOOK_STAGES:
             raise ValueError(f"batch hook {self.name!r}: stage {self.stage!r}; allowed: {', '.join(HOOK_STAGES)}")
+
+
+@dataclass(frozen=True)
+class AgentLoop(PluginEntry):
+    """An agent loop, resolved by ``actor_rollout_ref.rollout.agent_loop``: how one prompt becomes a trajectory.
+
+    ``async fn(request, client, tools, **options) -> Trajectory`` receives an
+    :class:`hybridflow.agents.AgentRequest` (the prompt's token ids, its row's
+    fields, the tokenizer and the trajectory's token budget), a
+    :class:`hybridflow.agents.PolicyClient` to sample from the policy and a
+    :class:`hybridflow.agents.ToolBox` of the configured tools, and returns a
+    :class:`hybridflow.agents.Trajectory`: the conversation's tokens after the
+    prompt, with a loss mask that is 1 only on tokens the policy sampled.
+    Many loops run at once on one event loop; the client batches their
+    generations. Its keyword-only parameters with defaults are its options
+    (``rollout.agent.options``).
+
+    ``single_generate`` declares that the loop is exactly one generation of
+    the prompt (``single_turn``): the driver then samples all ``n`` responses
+    of a batch in one engine call whose prefill the samples share, instead of
+    running the loop once per sample.
+    """
+
+    kind: ClassVar[str] = "agent loop"
+
+    single_generate: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not inspect.iscoroutinefunction(self.fn):
+            raise TypeError(f"agent loop {self.name!r}: fn must be an async function (async def)")
+
+
+@dataclass(frozen=True)
+class Tool(PluginEntry):
+    """A tool an agent loop may call, resolved by name from ``rollout.agent.tools``.
+
+    ``fn(arguments, state) -> str`` gets the call's arguments (a dict, already
+    checked against ``parameters``) and ``state``, the row's
+    ``extra_info["tools_kwargs"][name]`` (what this prompt's instance of the
+    tool knows, e.g. a hidden value; an empty dict when absent), and returns
+    the observation text. It runs in a thread of the driver with the
+    configured timeout: a tool that raises, hangs or returns something that is
+    not a string becomes an error observation, never a failed step. A tool
+    that runs model-written code must run it in a sandbox
+    (:func:`hybridflow.rewards.sandbox.run_python`), as ``python`` does.
+
+    ``parameters`` is the JSON schema of the arguments (an ``object`` schema
+    with ``properties`` and ``required``), shown to models in the OpenAI
+    ``tools`` format by :meth:`openai_schema`.
+    """
+
+    kind: ClassVar[str] = "tool"
+
+    description: str = ""
+    parameters: Mapping[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}, "required": []})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        schema = self.parameters
+        if not isinstance(schema, Mapping) or schema.get("type") != "object":
+            raise ValueError(f"tool {self.name!r}: parameters must be a JSON object schema ({{'type': 'object', ...}})")
+        unknown = set(schema.get("required", ())) - set(schema.get("properties", {}))
+        if unknown:
+            raise ValueError(f"tool {self.name!r}: required parameters {sorted(unknown)} are not in its properties")
+
+    def openai_schema(self) -> dict[str, Any]:
+        """The tool in the OpenAI ``tools`` format (what a chat template renders for the model)."""
+        return {"type": "function", "function": {"name": self.name, "description": self.description or self.summary,
+                                                 "parameters": dict(self.parameters)}}

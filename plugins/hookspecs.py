@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import pluggy
 
-from hybridflow.plugins.entries import AdvantageEstimator, BatchHook, PolicyLoss, RewardVerifier
+from hybridflow.plugins.entries import AdvantageEstimator, AgentLoop, BatchHook, PolicyLoss, RewardVerifier, Tool
 
 PROJECT_NAME = "hybridflow"
 
@@ -102,4 +102,36 @@ def hybridflow_register_batch_hooks(register: Callable[[BatchHook], None]) -> No
     config names it in ``algorithm.batch_hooks``; see :class:`BatchHook` for
     what it receives at each stage and what it may change. A hook must not
     start processes or touch the worker groups: it sees the batch only.
+    """
+
+
+@hookspec
+def hybridflow_register_agent_loops(register: Callable[[AgentLoop], None]) -> None:
+    """Register agent loops: how a prompt becomes a (possibly multi-turn) trajectory.
+
+    :param register: call ``register(AgentLoop(...))`` once for each loop
+        the plugin provides.
+
+    Called once per process (the driver's), the first time a loop is looked
+    up; the returned value is ignored. The same rules as
+    :func:`hybridflow_register_estimators` apply. A loop runs only when
+    ``actor_rollout_ref.rollout.agent_loop`` names it; see :class:`AgentLoop`
+    for what it receives and must return (above all the loss mask: 1 on the
+    tokens the policy sampled, 0 on everything else).
+    """
+
+
+@hookspec
+def hybridflow_register_tools(register: Callable[[Tool], None]) -> None:
+    """Register tools that agent loops may call.
+
+    :param register: call ``register(Tool(...))`` once for each tool the
+        plugin provides.
+
+    Called once per process (the driver's), the first time a tool is looked
+    up; the returned value is ignored. The same rules as
+    :func:`hybridflow_register_estimators` apply. A tool is offered to the
+    policy only when ``rollout.agent.tools`` lists it; its function receives
+    model-written arguments, so it must treat them as untrusted (see
+    :class:`Tool`).
     """

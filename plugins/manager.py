@@ -6,7 +6,7 @@ with pluggy. ``HYBRIDFLOW_DISABLE_PLUGIN_AUTOLOAD=1`` keeps only the entry
 points of the ``hybridflow`` distribution itself, for hermetic tests, in the
 way ``PYTEST_DISABLE_PLUGIN_AUTOLOAD`` does for pytest.
 
-Each kind of registry (estimators, reward verifiers, policy losses, batch hooks) is filled lazily, the
+Each kind of registry (estimators, reward verifiers, policy losses, batch hooks, agent loops, tools) is filled lazily, the
 first time a name of that kind is looked up, by calling every plugin's
 register hook with a callback that records who registered what.
 """
@@ -25,7 +25,7 @@ from typing import Any
 import pluggy
 
 from hybridflow.plugins import hookspecs
-from hybridflow.plugins.entries import AdvantageEstimator, BatchHook, PolicyLoss, RewardVerifier
+from hybridflow.plugins.entries import AdvantageEstimator, AgentLoop, BatchHook, PolicyLoss, RewardVerifier, Tool
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +48,9 @@ ESTIMATORS = RegistryKind("estimator", "estimators", "hybridflow_register_estima
 REWARD_VERIFIERS = RegistryKind("reward verifier", "reward verifiers", "hybridflow_register_reward_verifiers", RewardVerifier)
 POLICY_LOSSES = RegistryKind("policy loss", "policy losses", "hybridflow_register_policy_losses", PolicyLoss)
 BATCH_HOOKS = RegistryKind("batch hook", "batch hooks", "hybridflow_register_batch_hooks", BatchHook)
-KINDS = (ESTIMATORS, REWARD_VERIFIERS, POLICY_LOSSES, BATCH_HOOKS)
+AGENT_LOOPS = RegistryKind("agent loop", "agent loops", "hybridflow_register_agent_loops", AgentLoop)
+TOOLS = RegistryKind("tool", "tools", "hybridflow_register_tools", Tool)
+KINDS = (ESTIMATORS, REWARD_VERIFIERS, POLICY_LOSSES, BATCH_HOOKS, AGENT_LOOPS, TOOLS)
 
 
 @dataclass(frozen=True)
@@ -252,3 +254,13 @@ def get_policy_loss(name: str) -> PolicyLoss:
 def get_batch_hook(name: str) -> BatchHook:
     """The batch hook registered as ``name``; errors as :func:`get_estimator`."""
     return get_plugin_manager().registry(BATCH_HOOKS).get(name)
+
+
+def get_agent_loop(name: str) -> AgentLoop:
+    """The agent loop registered as ``name``; errors as :func:`get_estimator`."""
+    return get_plugin_manager().registry(AGENT_LOOPS).get(name)
+
+
+def get_tool(name: str) -> Tool:
+    """The tool registered as ``name``; errors as :func:`get_estimator`."""
+    return get_plugin_manager().registry(TOOLS).get(name)

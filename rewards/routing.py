@@ -39,6 +39,7 @@ DEFAULT_ROUTES: dict[str, str] = {
     "taco": "code",
     "code": "code",
     "synthetic/arithmetic": "arithmetic",  # hybridflow.data.synthetic
+    "synthetic/tool": "tool_task",  # hybridflow.data.synthetic_tool
 }
 """Routes every manager starts from (veRL's defaults, by data_source)."""
 

@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from hybridflow.core.parallel_dims import ParallelDims
 from hybridflow.losses import KL_PENALTIES, LOSS_AGG_MODES
-from hybridflow.plugins import UnknownNameError, get_estimator, get_policy_loss, get_reward_verifier
+from hybridflow.plugins import UnknownNameError, get_agent_loop, get_estimator, get_policy_loss, get_reward_verifier, get_tool
 from hybridflow.trainer.batch_hooks import hook_problems
 from hybridflow.trainer.estimator_inputs import input_problems
 from hybridflow.trainer.tracking import SINKS
@@ -66,6 +66,28 @@ def _plugin_problems(cfg: Any) -> Iterator[str]:
     if estimator.needs_critic and cfg.critic.enable is False:
         yield f"critic.enable=False but estimator {algo.adv_estimator!r} needs a critic (set it to null or true)"
     yield from input_problems(estimator, cfg)
+    yield from _agent_problems(rollout)
+
+
+def _agent_problems(rollout: Any) -> Iterator[str]:
+    """The agent loop and its tools are installed; its options are its own."""
+    key = "actor_rollout_ref.rollout"
+    for name in rollout.agent.tools:
+        try:
+            get_tool(name)
+        except UnknownNameError as err:
+            yield f"{key}.agent.tools: {err}"
+    try:
+        loop = get_agent_loop(rollout.agent_loop)
+    except UnknownNameError as err:
+        yield f"{key}.agent_loop: {err}"
+        return
+    unknown = set(rollout.agent.options) - set(loop.options)
+    if unknown:
+        yield f"{key}.agent.options has {sorted(unknown)}; agent loop {rollout.agent_loop!r} takes {loop.options}"
+    if loop.single_generate and rollout.mode == "server":
+        yield (f"{key}.mode=server serves agent loops, but {rollout.agent_loop!r} is one generation per prompt "
+               "(set rollout.agent_loop to a multi-turn loop, or mode=direct)")
 
 
 def _reward_problems(reward: Any, response_length: int) -> Iterator[str]:

@@ -35,18 +35,19 @@ register_configs()
 
 
 def resolve_data_files(config: PPOConfig) -> tuple[list[str], list[str]]:
-    """Absolute train and validation files; generate the synthetic task when none are given.
+    """Absolute train and validation files; generate the synthetic task (``data.synthetic_task``) when none are given.
 
-    The task is generated into ``<data.synthetic_dir>/seed<trainer.seed>``: its
+    The task is generated into ``<data.synthetic_dir>/<task prefix>seed<trainer.seed>``: its
     split depends on the seed, and jobs of a parallel sweep share the directory.
     """
     data = config.data
     val = [to_absolute_path(f) for f in data.val_files]
     if data.train_files:
         return [to_absolute_path(f) for f in data.train_files], val or [to_absolute_path(f) for f in data.train_files]
-    from hybridflow.data.synthetic import generate_synthetic
+    from hybridflow.data import SYNTHETIC_GENERATORS
 
-    target = Path(to_absolute_path(data.synthetic_dir)) / f"seed{config.trainer.seed}"
+    prefix, generate_synthetic = SYNTHETIC_GENERATORS[data.synthetic_task]
+    target = Path(to_absolute_path(data.synthetic_dir)) / f"{prefix}seed{config.trainer.seed}"
     target.mkdir(parents=True, exist_ok=True)
     # write privately, then rename into place (atomic): a job of a parallel
     # sweep never reads a file that another job is still writing

@@ -31,13 +31,15 @@ def compute_data_metrics(batch: DataProto) -> dict[str, float]:
     """Scores, rewards, advantages, returns, values and lengths of one training batch.
 
     ``score/accuracy`` is the share of responses whose verifier score is at
-    least 1 (a fully verified answer).
+    least 1 (a fully verified answer). Response lengths count the tokens the
+    policy sampled (``response_mask``); with an agent loop, the tool
+    observations between its turns are in ``agent/observation_tokens/mean``.
     """
     mask = batch.batch[RESPONSE_MASK].float()
     scores = batch.batch[TOKEN_LEVEL_SCORES].sum(-1)
-    response_length = mask.sum(-1)
+    response_length = mask.sum(-1)  # the policy's tokens: a multi-turn trajectory's observations are not counted
     max_length = mask.shape[1]
-    prompt_length = batch.batch[ATTENTION_MASK].sum(-1) - response_length
+    prompt_length = batch.batch[ATTENTION_MASK][:, : batch.batch[ATTENTION_MASK].shape[1] - max_length].sum(-1)
     metrics = {
         "score/mean": scores.mean().item(),
         "score/accuracy": (scores >= 1.0).float().mean().item(),

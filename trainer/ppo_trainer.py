@@ -24,6 +24,7 @@ import torch
 from tqdm import tqdm
 
 from hybridflow.configs.schema import PPOConfig
+from hybridflow.agents.runner import AGENT_METRICS_PREFIX
 from hybridflow.core import DataProto
 from hybridflow.core.parallel_dims import ParallelDims
 from hybridflow.core.keys import (
@@ -45,6 +46,7 @@ from hybridflow.estimators import compute_advantage
 from hybridflow.plugins import get_estimator
 from hybridflow.losses.rollout_correction import rollout_correction
 from hybridflow.trainer import checkpoint as ckpt
+from hybridflow.trainer.agent_rollout import agent_rollout_for
 from hybridflow.trainer.batch_hooks import BatchHooks
 from hybridflow.trainer.estimator_inputs import InputPlan, reward_components
 from hybridflow.trainer.kl_control import KLController, apply_kl_penalty
@@ -97,8 +99,11 @@ class PPOTrainer:
         self.reward_fn, self.tokenizer = reward_fn, tokenizer
         self.run_dir = Path(run_dir)
         self.world_size = dims.world_size
-        pad_id = int(self.actor.tokenizer_info()[0]["pad_token_id"])
+        info = self.actor.tokenizer_info()[0]
+        pad_id = int(info["pad_token_id"])
         self.pad_id = pad_id
+        # a multi-turn agent loop runs here, on the driver; None for one generation per prompt (the default)
+        self.agents = agent_rollout_for(config, self.actor, tokenizer, pad_id, list(info.get("eos_token_ids", [info["eos_token_id"]])))
         self.loader = PromptLoader(
             train_prompts, config.data.train_batch_size, pad_id, shuffle=config.data.shuffle, seed=config.trainer.seed
         )
@@ -131,6 +136,8 @@ class PPOTrainer:
             raise
         finally:
             self.tracking.close()
+            if self.agents is not None:
+                self.agents.close()
         summary.steps = self.global_step
         summary.val_after = {k: v for k, v in summary.last_metrics.items() if k.startswith("val/")}
         summary.wall_time_s = time.perf_counter() - start
@@ -206,6 +213,7 @@ class PPOTrainer:
         with timer("gen"):  # 1. rollout: n responses per prompt, with the current weights
             batch = self.memory(metrics, "gen", self.generate(prompts))
             self.check_weight_version(batch)
+            metrics.update(agent_metrics(batch))
         with timer("old_log_prob"):  # 2. log-probs under the training layout (or the rollout's, the same numbers)
             self.old_log_probs(batch, metrics)
             metrics.update(self.correct_for_rollout(batch))
@@ -244,7 +252,10 @@ class PPOTrainer:
     def generate(self, prompts: DataProto) -> DataProto:
         """``meta_info["n"]`` responses per prompt from the actor's rollout, with the prompts' non-tensor
         columns (data source, ground truth, uid, ...) repeated beside them: the workers get the token
-        columns only and never ship those back."""
+        columns only and never ship those back. With a multi-turn agent loop, its trajectories
+        (``trainer/agent_rollout.py``), in the same layout."""
+        if self.agents is not None:
+            return self.agents.generate(prompts)
         out = self.actor.generate_sequences(prompts)
         columns = prompts.select(batch_keys=[], meta_info_keys=[]).repeat(prompts.meta_info["n"], interleave=True)
         return out.union(columns)
@@ -431,6 +442,15 @@ def run_info(config: PPOConfig, run_dir: Path) -> RunInfo:
         group=config.trainer.run_group,
         config={**asdict(config), "installed_plugins": plugins},
     )
+
+
+def agent_metrics(batch: DataProto) -> dict[str, float]:
+    """The ``agent/*`` metrics an agent rollout left in the batch's ``meta_info`` (taken out of it)."""
+    found = batch.meta_info.get(METRICS, {})
+    taken = {key: found.pop(key) for key in [k for k in found if k.startswith(AGENT_METRICS_PREFIX)]}
+    if METRICS in batch.meta_info and not found:
+        batch.meta_info.pop(METRICS)
+    return taken
 
 
 def _mean_over_ranks(per_rank: list[dict[str, float]]) -> dict[str, float]:

@@ -12,7 +12,9 @@ text (digits, ``+ - * % = ( ) ,``, space, ``?`` and the letters of
 ``max``/``min``), 32 tokens in all with the special tokens ``<pad>``,
 ``<bos>``, ``<eos>``, ``<unk>`` and the role markers ``<|system|>``,
 ``<|user|>``, ``<|assistant|>``. Its chat template renders
-``<bos><|user|>CONTENT<|assistant|>``; any other character maps to ``<unk>``.
+``<bos><|user|>CONTENT<|assistant|>``, and a ``tool`` message (an agent
+loop's observation) under the ``<|system|>`` marker, which the tiny
+vocabulary has; any other character maps to ``<unk>``.
 Prompts are padded on the left, as the rollout engine expects.
 """
 
@@ -58,7 +60,7 @@ CHARACTERS = tuple("0123456789+-*%=(), ?aimnx")  # 25 + 7 specials = 32
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
     "{% for message in messages %}"
-    "<|{{ message['role'] }}|>{{ message['content'] }}"
+    "{% if message['role'] == 'tool' %}<|system|>{% else %}<|{{ message['role'] }}|>{% endif %}{{ message['content'] }}"
     "{% if message['role'] == 'assistant' %}{{ eos_token }}{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"

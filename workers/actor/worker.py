@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -139,9 +140,10 @@ class ActorRolloutWorker(Worker):
         self.engine.sleep()
 
     @register(dispatch=ONE_TO_ALL)
-    def tokenizer_info(self) -> dict[str, int]:
-        """The pad and EOS token ids the driver pads prompts with."""
-        return {"pad_token_id": self.engine.pad_token_id, "eos_token_id": self.engine.eos_token_ids[0]}
+    def tokenizer_info(self) -> dict[str, Any]:
+        """The pad token id the driver pads prompts with, the engine's first EOS id and all of them."""
+        return {"pad_token_id": self.engine.pad_token_id, "eos_token_id": self.engine.eos_token_ids[0],
+                "eos_token_ids": list(self.engine.eos_token_ids)}
 
     def _sync_rollout_weights(self) -> dict[str, float]:
         """Move the current training weights into the rollout layout if they changed (collective).
@@ -174,7 +176,8 @@ class ActorRolloutWorker(Worker):
 
     @register(dispatch=DP_COMPUTE_PROTO, mesh=ROLLOUT_MESH, reads=SEQUENCE_COLUMNS)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """``meta_info``: ``n``, ``greedy``, ``seed``. Returns n responses per prompt, adjacent: the rollout
+        """``meta_info``: ``n``, ``greedy``, ``seed``; optionally ``max_new_tokens`` (at most ``rollout.response_length``,
+        the default) and ``stop_token_ids`` (an agent loop's turn). Returns n responses per prompt, adjacent: the rollout
         columns only (the driver adds the prompts' non-tensor columns back, ``trainer/ppo_trainer.py``).
 
         Every rank of a rollout tp group gets the same prompts (the rollout
@@ -187,11 +190,12 @@ class ActorRolloutWorker(Worker):
             self.engine.wake_up(["kv_cache"])
         rollout = self.config.actor_rollout_ref.rollout
         meta = prompts.meta_info
-        sampling = SamplingParams(
-            temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k, max_new_tokens=rollout.response_length
-        )
+        # an agent loop's turn asks for what is left of the trajectory's budget, never more than response_length
+        steps = min(int(meta.get("max_new_tokens", rollout.response_length)), rollout.response_length)
+        sampling = SamplingParams(temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k, max_new_tokens=steps)
         seed = meta["seed"] * 1_000_003 + self.dp_layout(ROLLOUT_MESH).dp_rank
-        out = self.engine.generate(prompts, n=meta["n"], sampling=sampling, greedy=meta["greedy"], seed=seed)
+        out = self.engine.generate(prompts, n=meta["n"], sampling=sampling, greedy=meta["greedy"], seed=seed,
+                                   stop_token_ids=tuple(meta.get("stop_token_ids", ())))
         out.meta_info["weight_version"] = self.rollout_version
         if self.use_vllm:
             self.engine.sleep()

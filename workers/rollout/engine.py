@@ -143,6 +143,7 @@ class RolloutEngine:
         sampling: SamplingParams | None = None,
         greedy: bool = False,
         seed: int | None = None,
+        stop_token_ids: tuple[int, ...] = (),
     ) -> DataProto:
         """Generate ``n`` responses for each prompt row.
 
@@ -154,6 +155,8 @@ class RolloutEngine:
         :param greedy: argmax decoding (validation); sampling settings other
             than ``max_new_tokens`` are ignored and the n samples are equal.
         :param seed: seeds the sampling generator: equal seeds, equal outputs.
+        :param stop_token_ids: more tokens that end a response in this call,
+            kept in it like EOS (an agent loop's end-of-tool-call token).
         :returns: B*n rows with ``prompts`` (P), ``responses``,
             ``response_mask`` (1 up to and including EOS), ``rollout_log_probs``
             (T, zero past the end), ``input_ids``, ``attention_mask`` and
@@ -170,6 +173,7 @@ class RolloutEngine:
         generator = None
         if seed is not None and not greedy:
             generator = torch.Generator(device=device).manual_seed(seed)
+        stops = tuple(dict.fromkeys((*self.eos_token_ids, *(int(t) for t in stop_token_ids))))
         # Greedy samples of one prompt are identical: decode each prompt once.
         expand = 1 if greedy else n
         start = time.perf_counter()
@@ -178,7 +182,7 @@ class RolloutEngine:
         try:
             with torch.no_grad():
                 chunks = [
-                    self._decode(input_ids[rows], attention_mask[rows], positions[rows], expand, sampling, greedy, generator)
+                    self._decode(input_ids[rows], attention_mask[rows], positions[rows], expand, sampling, greedy, generator, stops)
                     for rows in self._prompt_chunks(input_ids.shape, expand, sampling.max_new_tokens)
                 ]
                 responses, log_probs, lengths = (torch.cat(parts) for parts in zip(*chunks))
@@ -233,13 +237,13 @@ class RolloutEngine:
         live = torch.ones(total, dtype=torch.bool, device=input_ids.device)
         return cache, _DecodeState(rows, live, rep(attention_mask), rep(positions[:, -1]) + 1, rep(logits))
 
-    def _decode(self, input_ids, attention_mask, positions, n, sampling, greedy, generator):
+    def _decode(self, input_ids, attention_mask, positions, n, sampling, greedy, generator, stops):
         """Run prefill and the decode loop; returns responses, log-probs (B*n, T) and lengths (B*n,)."""
         total, steps, device = input_ids.shape[0] * n, sampling.max_new_tokens, input_ids.device
         responses = torch.full((total, steps), self.pad_token_id, dtype=torch.long, device=device)
         log_probs = torch.zeros((total, steps), dtype=torch.float32, device=device)
         lengths = torch.full((total,), steps, dtype=torch.long, device=device)
-        eos = torch.tensor(self.eos_token_ids, device=device)
+        eos = torch.tensor(stops, device=device)
         cache, state = self._prefill(input_ids, attention_mask, positions, n, steps)
         finished_resident = 0  # finished rows still in the cache
         for t in range(steps):

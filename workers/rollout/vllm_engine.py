@@ -447,6 +447,7 @@ class VLLMRolloutEngine:
         sampling: SamplingParams | None = None,
         greedy: bool = False,
         seed: int | None = None,
+        stop_token_ids: tuple[int, ...] = (),
     ) -> DataProto:
         """Generate ``n`` responses per prompt; arguments and returned columns as ``RolloutEngine.generate``.
 
@@ -468,8 +469,9 @@ class VLLMRolloutEngine:
         sampling = sampling or SamplingParams()
         token_lists = unpad_prompts(prompts.batch[INPUT_IDS], prompts.batch[ATTENTION_MASK])
         params_cls, prompt_cls = self._vllm_types()
+        stops = {"stop_token_ids": [int(t) for t in stop_token_ids]} if stop_token_ids else {}
         params = [
-            params_cls(**vllm_sampling_kwargs(sampling, n, greedy, None if seed is None else seed + i * n))
+            params_cls(**vllm_sampling_kwargs(sampling, n, greedy, None if seed is None else seed + i * n), **stops)
             for i in range(len(token_lists))
         ]
         requests = [prompt_cls(prompt_token_ids=ids) for ids in token_lists]
