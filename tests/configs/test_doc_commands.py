@@ -74,6 +74,7 @@ def test_override_sets_expand_sweeps():
 # The guides' commands use the plugins the guides have the reader install: load them from their files.
 GUIDE_PLUGINS = [ROOT / "templates/estimator-plugin/hybridflow_my_estimator.py",
                  ROOT / "templates/reward-plugin/hybridflow_my_reward.py",
+                 ROOT / "templates/agent-plugin/hybridflow_my_agent.py",
                  ROOT / "examples/estimator-plugin/hybridflow_group_median.py"]
 
 

@@ -29,6 +29,7 @@ class Template:
     plugin: str  # the entry-point name
     listing: str  # the line `hybridflow plugins` prints for what it registered
     verbose: str  # the start of its `hybridflow plugins --verbose` line
+    more: tuple[str, ...] = ()  # the starts of the lines after those, for a plugin that registers two kinds
 
 
 ESTIMATOR = Template(
@@ -39,6 +40,12 @@ REWARD = Template(
     "reward-plugin", "hybridflow-my-reward", "hybridflow_my_reward", "my_reward",
     "    reward verifiers: my_reward", "        my_reward(tolerance=4.0): ",
 )  # fmt: skip
+AGENT = Template(
+    "agent-plugin", "hybridflow-my-agent", "hybridflow_my_agent", "my_agent",
+    "    agent loops: my_agent",
+    "        my_agent(format='hermes', default_tool='', max_think_tokens=0): Think, call at most one tool, then answer",
+    ("    tools: my_lookup", "        my_lookup(): Look up a key in this prompt's table"),
+)  # fmt: skip
 
 
 def run(*args, cwd=None):
@@ -46,7 +53,7 @@ def run(*args, cwd=None):
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300, cwd=cwd, env=env)
 
 
-@pytest.fixture(params=[ESTIMATOR, REWARD], ids=lambda t: t.folder)
+@pytest.fixture(params=[ESTIMATOR, REWARD, AGENT], ids=lambda t: t.folder)
 def installed(request, tmp_path, monkeypatch):
     template: Template = request.param
     monkeypatch.delenv("HYBRIDFLOW_DISABLE_PLUGIN_AUTOLOAD", raising=False)
@@ -77,9 +84,10 @@ def test_template_installs_passes_its_tests_and_is_listed(installed):
     assert listing.returncode == 0, listing.stderr
     lines = listing.stdout.splitlines()
     header = lines.index(f"{template.plugin}  ({template.distribution} 0.1.0)")
-    block = lines[header + 1 : header + 4]
+    block = lines[header + 1 : header + 4 + len(template.more)]
     assert block[1] == template.listing, block
     assert block[2].startswith(template.verbose), block
+    assert all(line.startswith(start) for line, start in zip(block[3:], template.more, strict=True)), block
 
 
 def test_template_tests_fail_clearly_when_not_installed(tmp_path):
