@@ -57,7 +57,8 @@ LOSS = "+actor_rollout_ref.actor.policy_loss_options"
 NO_SP = "no sequence parallelism: each sequence lives on one rank"
 NO_LORA = "full-parameter training only (no LoRA)"
 NO_COSINE = "the schedule is a linear warm-up to lr (optim.warmup_steps), then constant; no decay"
-NO_MULTI_TURN = "single-turn generation only: no tools, interactions or agent loop"
+NO_MULTI_TURN = ("multi-turn rollouts are agent-loop plugins (rollout.agent_loop=tool_calling, rollout.agent.tools, "
+                 "rollout.agent.options; docs/writing-an-agent.md); interactions and this setting have no counterpart")
 NO_RM = ("no reward-model worker: rewards come from verifier plugins routed by data_source "
          "(reward.route; docs/writing-a-reward.md)")
 NO_VLLM_ARG = ("vLLM's engine arguments other than gpu_memory_utilization, enforce_eager and enable_sleep_mode are "
@@ -176,8 +177,6 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
     _v(f"{R}.log_prob_micro_batch_size", f"{A}.ppo_micro_batch_size_per_gpu",
        note="the actor computes the old log-probs in its own micro-batches, per rank"),
     _v(f"{R}.prompt_length", "data.max_prompt_length={value}", example="32"),
-    _v(f"{R}.mode", by_value={"sync": ()}, note="generation is one synchronous call per step on the training ranks",
-       missing="no asynchronous rollout server: generation is one synchronous call per step"),
     _v(f"{R}.dtype", f"{M}.dtype", note="the rollout runs in the policy's dtype"),
     _v(f"{R}.free_cache_engine", R + ".enable_sleep_mode={value}", example="true",
        note="vllm only: frees the KV cache and offloads the weights while the actor trains"),
@@ -186,8 +185,15 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
     *(_v(f"{R}.val_kwargs.{k}", missing="sampled validation (rollout.val_greedy=false) uses the training temperature, "
          "top_p and top_k") for k in ("temperature", "top_p", "top_k")),
     _v(f"{R}.val_kwargs.n", by_value={"1": ()}, missing="validation draws one response per prompt"),
+    _v(f"{R}.multi_turn.enable", by_value={"true": (f"{R}.agent_loop=tool_calling",), "false": (f"{R}.agent_loop=single_turn",)}),
+    _v(f"{R}.multi_turn.max_assistant_turns", f"+{R}.agent.options={{max_turns:{{value}}}}",
+       example="4", checked_with=(f"{R}.agent_loop=tool_calling",)),
+    _v(f"{R}.multi_turn.tool_config_path", f"{R}.agent.tools",
+       note="tools are plugins, listed by name (built-ins: calculator, python, reveal; docs/writing-an-agent.md)"),
     _v(f"{R}.multi_turn.*", missing=NO_MULTI_TURN),
-    _v(f"{R}.agent.*", missing=NO_MULTI_TURN),
+    # veRL's agent-loop workers: here the loops are coroutines on the driver, resolved by name
+    _v(f"{R}.agent.num_workers", missing="agent loops run as coroutines on the driver, not in agent-loop workers"),
+    _v(f"{R}.agent.agent_loop_config_path", f"{R}.agent_loop", note="agent loops are plugins named by rollout.agent_loop"),
     *(_v(f"{R}.{k}", missing=NO_VLLM_ARG) for k in ("max_num_batched_tokens", "max_num_seqs", "max_model_len",
                                                   "enable_chunked_prefill", "enable_prefix_caching", "engine_kwargs",
                                                   "engine_kwargs.*")),
@@ -429,7 +435,9 @@ TRL_NAMES: tuple[ForeignKey, ...] = (
     _t("sapo_temperature_neg", LOSS + ".tau_neg={value}", example="1.05", checked_with=(f"{A}.policy_loss=sapo",)),
     _t("log_completions", "trainer.log_val_generations",
        note="validation prompts with their responses and scores; training completions are not logged"),
-    _t("max_tool_calling_iterations", missing=NO_MULTI_TURN),
+    _t("max_tool_calling_iterations", f"+{R}.agent.options={{max_turns:{{value}}}}",
+       note="generations per trajectory, the last one answering", example="4",
+       checked_with=(f"{R}.agent_loop=tool_calling",)),
     _t("chat_template_kwargs", missing="the chat template is applied without extra arguments"),
     # TrainingArguments fields that GRPO runs set
     _t("num_train_epochs", "trainer.total_epochs={value}"),
