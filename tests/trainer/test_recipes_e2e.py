@@ -45,15 +45,17 @@ def test_dapo_is_an_experiment_and_a_hook_with_dynamic_sampling_active(ray_sessi
     assert "dapo" not in source and "dynamic_sampling" not in source
 
 
-@pytest.mark.parametrize("overrides,metric", [
-    (["algorithm.adv_estimator=remax"], "reward/greedy_baseline/mean"),
-    (["algorithm.adv_estimator=optimal_token_baseline"], "advantages/mean"),
+@pytest.mark.parametrize("overrides,metrics", [
+    # a greedy baseline (remax) and rollout correction in one job: two declared inputs, one run
+    (["algorithm.adv_estimator=remax", "algorithm.rollout_correction.rollout_is=token"],
+     ["reward/greedy_baseline/mean", "rollout_corr/rollout_is_mean"]),
+    (["algorithm.adv_estimator=optimal_token_baseline"], ["advantages/mean"]),
     (["algorithm.adv_estimator=gdpo", "+reward.route={synthetic/arithmetic:{arithmetic:0.9,format:0.1}}",
-      "reward.component_keys=[arithmetic/score,format/score]"], "advantages/mean"),
-    (["algorithm.rollout_correction.rollout_is=token"], "rollout_corr/rollout_is_mean"),
+      "reward.component_keys=[arithmetic/score,format/score]"], ["advantages/mean"]),
 ])
-def test_declared_inputs_are_provided(ray_session, tmp_path, overrides, metric):
+def test_declared_inputs_are_provided(ray_session, tmp_path, overrides, metrics):
     steps = run(tmp_path, *overrides, steps=2)
-    assert all(metric in m for m in steps)
-    if metric.startswith("rollout_corr"):  # the built-in engine samples with the training weights: w = 1
-        assert all(abs(m[metric] - 1.0) < 1e-4 for m in steps)
+    for metric in metrics:
+        assert all(metric in m for m in steps), metric
+        if metric.startswith("rollout_corr"):  # the built-in engine samples with the training weights: w = 1
+            assert all(abs(m[metric] - 1.0) < 1e-4 for m in steps)

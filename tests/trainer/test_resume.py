@@ -48,7 +48,8 @@ def metrics(run_dir):
     return {m["step"]: m for m in lines}
 
 
-@pytest.mark.parametrize("stop_at,estimator", [(2, "grpo"), (3, "grpo"), (2, "gae")])
+# stopped after step 2 of 5: three steps to reproduce, with the critic's state (gae) and without (grpo)
+@pytest.mark.parametrize("stop_at,estimator", [(2, "grpo"), (2, "gae")])
 def test_resumed_run_equals_uninterrupted_run(ray_session, tmp_path, stop_at, estimator):
     files = generate_synthetic(str(tmp_path / "data"), train_size=12, val_size=8, seed=0)
     straight = build_and_fit(config(files, 5, "disable", estimator), tmp_path / "straight")
