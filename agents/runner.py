@@ -10,7 +10,8 @@
 
 Row ``i*n + j`` is prompt ``i``'s sample ``j``, as the single-generation
 rollout lays them out, so the rest of the step (uids, groups, rewards) is
-unchanged. The batch's ``meta_info`` carries the oldest ``weight_version``
+unchanged; each row's ``extra_info`` gains the loop's ``num_turns`` and
+``tool_calls`` (the verifier's to read, as veRL passes ``num_turns``). The batch's ``meta_info`` carries the oldest ``weight_version``
 any turn was sampled with and the ``agent/*`` metrics
 (:func:`trajectory_metrics`).
 """
@@ -28,7 +29,7 @@ from hybridflow.agents.request import AgentRequest
 from hybridflow.agents.toolbox import ToolBox
 from hybridflow.agents.trajectory import Trajectory, assemble_trajectories
 from hybridflow.core.data_proto import DataProto
-from hybridflow.core.keys import ATTENTION_MASK, INPUT_IDS, METRICS
+from hybridflow.core.keys import ATTENTION_MASK, EXTRA_INFO, INPUT_IDS, METRICS
 from hybridflow.plugins.entries import AgentLoop
 
 __all__ = ["AGENT_METRICS_PREFIX", "AgentRunner", "trajectory_metrics"]
@@ -64,6 +65,7 @@ class AgentRunner:
         requests = [self._request(rows, i) for i in range(len(rows))]
         trajectories, client_metrics = asyncio.run(self._run_all(requests, client_for))
         out = assemble_trajectories(rows, trajectories, self.response_length, self.pad_token_id)
+        out.non_tensor_batch[EXTRA_INFO] = with_trajectory_counts(rows.non_tensor_batch.get(EXTRA_INFO), trajectories)
         versions = set().union(*(t.weight_versions for t in trajectories))
         if versions:
             out.meta_info["weight_version"] = min(versions)
@@ -104,6 +106,16 @@ class AgentRunner:
             close = getattr(client, "close", None)
             if close is not None:
                 await close()
+
+
+def with_trajectory_counts(extra_infos: Any, trajectories: Sequence[Trajectory]) -> np.ndarray:
+    """Each row's ``extra_info`` (a new dict: the n samples of a prompt shared one) plus ``num_turns`` and
+    ``tool_calls``, counted by the loop, so a verifier can tell a real call from text that looks like one."""
+    out = np.empty(len(trajectories), dtype=object)
+    for i, trajectory in enumerate(trajectories):
+        extra = extra_infos[i] if extra_infos is not None and isinstance(extra_infos[i], Mapping) else {}
+        out[i] = {**extra, "num_turns": trajectory.turns, "tool_calls": trajectory.tool_calls}
+    return out
 
 
 def _plain(value: Any) -> Any:

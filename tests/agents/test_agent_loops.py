@@ -108,11 +108,16 @@ def test_a_tool_call_trajectory_masks_the_observation(policy):
 
 
 def test_the_verifier_scores_the_answer_after_the_last_call():
-    assert compute_score("synthetic/tool", "?7", "7") == {"score": 1.0, "called": 1.0}
-    assert compute_score("synthetic/tool", "?5", "7") == {"score": pytest.approx(0.1), "called": 1.0}
-    assert compute_score("synthetic/tool", "7", "7") == {"score": 1.0, "called": 0.0}
-    assert compute_score("synthetic/tool", "5", "7") == {"score": 0.0, "called": 0.0}
-    assert compute_score("synthetic/tool", "7?", "7")["score"] == pytest.approx(0.1)  # no answer after the call
+    called, not_called = {"tool_calls": 1}, {"tool_calls": 0}
+    assert compute_score("synthetic/tool", "?7", "7", called) == {"score": 1.0, "called": 1.0}
+    assert compute_score("synthetic/tool", "?5", "7", called) == {"score": pytest.approx(0.1), "called": 1.0}
+    assert compute_score("synthetic/tool", "7", "7", not_called) == {"score": 1.0, "called": 0.0}
+    assert compute_score("synthetic/tool", "5", "7", not_called) == {"score": 0.0, "called": 0.0}
+    assert compute_score("synthetic/tool", "7?", "7", called)["score"] == 0.0  # a call, but no answer after it
+    assert compute_score("synthetic/tool", "?", "7", called)["score"] == 0.0
+    # a "?" the loop did not run as a call (malformed, or on the last turn) earns no bonus: the text cannot claim one
+    assert compute_score("synthetic/tool", "5?", "7", not_called)["score"] == 0.0
+    assert compute_score("synthetic/tool", "?5", "7", None)["score"] == 0.0
 
 
 def test_the_budget_is_never_exceeded(policy):
@@ -224,6 +229,10 @@ def test_concurrent_loops_share_engine_calls(policy):
     assert sum(calls) == round(out.meta_info["metrics"]["agent/turns/mean"] * 16)  # every turn generated once
     assert len(calls) == 1 + (sum(calls) > 16)  # and the second turns, too, went as one call
     assert out.meta_info["weight_version"] == 3
+    extra = out.non_tensor_batch["extra_info"]
+    assert len({id(e) for e in extra}) == 16  # one dict per sample, not shared by a prompt's n
+    assert sum(e["tool_calls"] for e in extra) == round(out.meta_info["metrics"]["agent/tool_calls/mean"] * 16)
+    assert all(e["tools_kwargs"] == {"reveal": {"value": h}} for e, h in zip(extra, [7] * 4 + [5] * 4 + [9] * 4 + [6] * 4))
     assert list(out.non_tensor_batch["uid"]) == [str(i) for i in range(4) for _ in range(4)]
     real = out.batch["attention_mask"][:, -8:]
     assert torch.all(out.batch["response_mask"] <= real)  # the loss mask lies inside the real tokens
