@@ -38,9 +38,11 @@ async def tool_calling(
     max_calls_per_turn: int = 4,
     default_tool: str = "",
 ) -> Trajectory:
-    """Multi-turn tool use: ``format`` is ``hermes`` or ``compact``; ``max_turns`` generations at most;
-    ``max_calls_per_turn`` calls run per turn (more are answered with an error); ``default_tool`` is what
-    a bare ``?`` calls in the compact format."""
+    """Generate, run the turn's tool calls, show their results, until a turn without calls.
+
+    ``format`` is ``hermes`` or ``compact``; ``max_turns`` generations at most; ``max_calls_per_turn``
+    calls run per turn (more are answered with an error); ``default_tool`` is what a bare ``?`` calls
+    in the compact format."""
     if format not in FORMATS:
         raise ValueError(f"tool_calling: unknown format {format!r}; allowed: {', '.join(FORMATS)}")
     fmt, tokenizer = FORMATS[format], request.tokenizer

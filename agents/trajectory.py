@@ -48,7 +48,8 @@ class Trajectory:
     """Generations made."""
     tool_calls: int = 0
     tool_errors: int = 0
-    """Calls whose observation is an error (unknown tool, bad arguments, raised, timed out, not text)."""
+    """Error observations: calls that failed (unknown tool, bad arguments, raised, timed out, not text) and
+    calls that could not be run (malformed, or past a loop's per-turn limit)."""
     tool_timeouts: int = 0
     tool_truncated: int = 0
     """Observations cut to the configured length."""

@@ -1,7 +1,7 @@
 """Server-mode generation against direct generation: what HTTP and JSON cost an agent rollout.
 
     python bench/bench_server.py [--model builtin:small-qwen2] [--requests 64] [--max-tokens 48]
-                                 [--repeats 5] [--threads 1] [--max-wait-s 0.005 0.2]
+                                 [--repeats 5] [--threads 1] [--max-wait-s 0.005 0.02 0.05]
 
 Both modes send the same ``--requests`` concurrent requests (chat-formatted
 ``max(...)=`` prompts of 2 to 6 digits, as ``bench_rollout.py``) to the same
@@ -11,7 +11,7 @@ engine, sampled at temperature 1 up to ``--max-tokens`` tokens or EOS:
 - server: a :class:`PolicyServer` in front of the same engine and one
   :class:`CompletionsClient` per rollout, every request a POST of token ids
   (``rollout.mode=server``), one server for each ``--max-wait-s`` (how long
-  a request waits for others; 0.005 is the trainer's default); server
+  a batch waits for a gap in arrivals; 0.05 is the trainer's default); server
   start-up is not timed.
 
 Each repeat gives every mode the same fresh seed, so when a server's
@@ -85,8 +85,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--max-wait-s", type=float, nargs="+", default=[0.005, 0.2],
-                        help="the server's batching wait, one server each (0.005: rollout.server.max_wait_s's default)")
+    parser.add_argument("--max-wait-s", type=float, nargs="+", default=[0.005, 0.02, 0.05],
+                        help="the server's batching wait, one server each (0.05: rollout.server.max_wait_s's default)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(args.threads)

@@ -150,9 +150,11 @@ def test_stale_rollout_weights_are_an_error_unless_allowed(caplog):
     PPOTrainer.check_weight_version(driver(False), DataProto.from_dict({}, meta_info={"weight_version": 3}))
 
 
-@pytest.mark.parametrize("actor_tp,rollout_tp", [(2, 4), (2, 1)])
+# TP 1 (a full copy per rank) as the rollout side of a 2 x 2 mesh is checked at the reshard level
+# (tests/core/test_reshard.py::test_dp2_tp2_to_rollout_tp_1_4): one e2e run of the fatter groups here
+@pytest.mark.parametrize("actor_tp,rollout_tp", [(2, 4)])
 def test_four_ranks_train_on_dp_x_tp_and_generate_on_another_tp(ray_session, tmp_path, actor_tp, rollout_tp):
-    """Training mesh (2 dp x 2 tp) to rollout TP 4 (fatter groups) and TP 1 (a full copy per rank)."""
+    """Training mesh (2 dp x 2 tp) to rollout TP 4 (fatter groups)."""
     config = small_config(tmp_path, **{
         "trainer.n_gpus_per_node": 4,
         "actor_rollout_ref.actor.tensor_model_parallel_size": actor_tp,
