@@ -25,23 +25,12 @@ import torch
 
 from hybridflow.agents.client import Completion
 from hybridflow.core.data_proto import DataProto
-from hybridflow.core.keys import ATTENTION_MASK, INPUT_IDS, RESPONSE_MASK, RESPONSES, ROLLOUT_LOG_PROBS
+from hybridflow.core.keys import ATTENTION_MASK, INPUT_IDS, POSITION_IDS, RESPONSE_MASK, RESPONSES, ROLLOUT_LOG_PROBS
+from hybridflow.core.rollout_batch import left_pad
 
-__all__ = ["BatcherStats", "GenerationBatcher", "left_pad"]
+__all__ = ["BatcherStats", "GenerationBatcher"]
 
 logger = logging.getLogger(__name__)
-
-
-def left_pad(token_lists: Sequence[Sequence[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``input_ids`` and ``attention_mask`` (B, longest) of token lists, padded on the left."""
-    width = max(len(ids) for ids in token_lists)
-    ids = torch.full((len(token_lists), width), pad_token_id, dtype=torch.long)
-    mask = torch.zeros((len(token_lists), width), dtype=torch.long)
-    for i, row in enumerate(token_lists):
-        if row:
-            ids[i, width - len(row) :] = torch.tensor(list(row), dtype=torch.long)
-            mask[i, width - len(row) :] = 1
-    return ids, mask
 
 
 @dataclass
@@ -174,12 +163,13 @@ class GenerationBatcher:
                     request.future.set_result(completion)
 
     def _call(self, requests: list[_Request], stops: tuple[int, ...]) -> list[Completion]:
-        input_ids, attention_mask = left_pad([r.prompt_ids for r in requests], self.pad_token_id)
+        input_ids, attention_mask, positions = left_pad([r.prompt_ids for r in requests], self.pad_token_id)
         steps = max(r.max_tokens for r in requests)
         meta = {"n": 1, "greedy": self.greedy, "seed": self.seed + self.stats.calls, "max_new_tokens": steps,
                 "stop_token_ids": list(stops)}
         start = time.perf_counter()
-        out = self.generate_fn(DataProto.from_dict({INPUT_IDS: input_ids, ATTENTION_MASK: attention_mask}, meta_info=meta))
+        prompts = {INPUT_IDS: input_ids, ATTENTION_MASK: attention_mask, POSITION_IDS: positions}
+        out = self.generate_fn(DataProto.from_dict(prompts, meta_info=meta))
         self.stats.generate_s += time.perf_counter() - start
         self.stats.calls += 1
         self.stats.requests += len(requests)

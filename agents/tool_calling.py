@@ -82,10 +82,7 @@ async def _run_calls(calls, problems, tools: ToolBox, request: AgentRequest, tra
             trajectory.tool_errors += 1
             continue
         result = await tools.call(call, request.tools_state)
-        trajectory.tool_calls += 1
-        trajectory.tool_errors += int(result.failed)
-        trajectory.tool_timeouts += int(result.status == "timeout")
-        trajectory.tool_truncated += int(result.truncated)
+        trajectory.record_call(result)
         texts.append(result.text)
     return texts
 

@@ -23,7 +23,9 @@ from dataclasses import dataclass, field
 import torch
 
 from hybridflow.agents.client import Completion
+from hybridflow.agents.toolbox import ToolResult
 from hybridflow.core.data_proto import DataProto
+from hybridflow.core.rollout_batch import positions_from_mask
 from hybridflow.core.keys import (
     ATTENTION_MASK,
     INPUT_IDS,
@@ -65,6 +67,13 @@ class Trajectory:
         self.turns += 1
         if completion.weight_version is not None:
             self.weight_versions.add(completion.weight_version)
+
+    def record_call(self, result: ToolResult) -> None:
+        """Count one call the loop ran: a call, and an error, timeout or cut observation as it went."""
+        self.tool_calls += 1
+        self.tool_errors += int(result.failed)
+        self.tool_timeouts += int(result.status == "timeout")
+        self.tool_truncated += int(result.truncated)
 
     def add_observation(self, token_ids: Sequence[int]) -> None:
         """Append tokens the policy did not sample (loss mask 0, log-prob 0)."""
@@ -109,7 +118,7 @@ def assemble_trajectories(
     prompt_ids, prompt_mask = prompts.batch[INPUT_IDS], prompts.batch[ATTENTION_MASK]
     prompt_pos = prompts.batch.get(POSITION_IDS)
     if prompt_pos is None:
-        prompt_pos = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0) * prompt_mask
+        prompt_pos = positions_from_mask(prompt_mask)
     response_pos = prompt_pos[:, -1:] + 1 + torch.arange(response_length)[None, :]
     out = DataProto(dict(prompts.batch), dict(prompts.non_tensor_batch), dict(prompts.meta_info))
     mask_dtype = prompt_mask.dtype

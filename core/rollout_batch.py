@@ -1,4 +1,7 @@
-"""Concatenating rollouts generated separately, whose prompt and response widths differ.
+"""Left-padding prompts, and concatenating rollouts generated separately, whose prompt and response widths differ.
+
+:func:`left_pad` lays token lists out as the rollout engines expect them
+(padded on the left, position ids counting real tokens only).
 
 Each generation left-pads its prompts to its longest prompt and right-pads
 its responses to its longest response, so two rollouts of the same run can
@@ -21,9 +24,27 @@ import torch.nn.functional as F
 from hybridflow.core.data_proto import DataProto
 from hybridflow.core.keys import INPUT_IDS, PROMPT_COLUMNS, PROMPTS, RESPONSE_COLUMNS, RESPONSES, SEQUENCE_COLUMNS
 
-__all__ = ["concat_rollouts"]
+__all__ = ["concat_rollouts", "left_pad", "positions_from_mask"]
 
 _TOKEN_IDS = (PROMPTS, RESPONSES, INPUT_IDS)
+
+
+def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Position ids of left-padded rows: 0, 1, ... over real tokens, 0 on pads; (B, P) -> (B, P)."""
+    positions = attention_mask.long().cumsum(dim=-1) - 1
+    return positions.masked_fill(attention_mask == 0, 0)
+
+
+def left_pad(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask, position_ids), each (B, max_len), padded on the left."""
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for i, seq in enumerate(sequences):
+        if seq:
+            ids[i, width - len(seq) :] = torch.tensor(list(seq), dtype=torch.long)
+            mask[i, width - len(seq) :] = 1
+    return ids, mask, positions_from_mask(mask)
 
 
 def concat_rollouts(parts: Sequence[DataProto], pad_id: int) -> DataProto:

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 
 from hybridflow.core import DataProto
+from hybridflow.core.rollout_batch import left_pad
 from hybridflow.core.keys import (
     ATTENTION_MASK,
     DATA_SOURCE,
@@ -44,19 +44,6 @@ def render_prompt(prompt: Any, tokenizer: Any) -> str:
     if getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return "\n".join(m["content"] for m in messages)
-
-
-def left_pad(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(input_ids, attention_mask, position_ids), each (B, max_len), padded on the left."""
-    width = max(len(s) for s in sequences)
-    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(sequences), width), dtype=torch.long)
-    for i, seq in enumerate(sequences):
-        if seq:
-            ids[i, width - len(seq) :] = torch.tensor(seq, dtype=torch.long)
-            mask[i, width - len(seq) :] = 1
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    return ids, mask, positions
 
 
 @dataclass

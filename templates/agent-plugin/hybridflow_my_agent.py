@@ -105,10 +105,7 @@ async def _first_call(
         trajectory.tool_errors += 1
         return problems[0]
     result = await tools.call(calls[0], request.tools_state)
-    trajectory.tool_calls += 1
-    trajectory.tool_errors += int(result.failed)
-    trajectory.tool_timeouts += int(result.status == "timeout")
-    trajectory.tool_truncated += int(result.truncated)
+    trajectory.record_call(result)
     return result.text
 
 

@@ -14,10 +14,12 @@ import pytest
 import torch
 
 from hybridflow.agents import AgentRequest, AgentRunner, Completion, ToolBox, ToolCall
-from hybridflow.agents.batcher import GenerationBatcher, left_pad
+from hybridflow.agents.batcher import GenerationBatcher
+from hybridflow.core.rollout_batch import left_pad
 from hybridflow.agents.calculator import evaluate
 from hybridflow.agents.formats import FORMATS, observation_ids
 from hybridflow.agents.python_tool import run_code
+from hybridflow.agents.server import engine_generate_fn
 from hybridflow.agents.tool_calling import tool_calling
 from hybridflow.core import DataProto
 from hybridflow.data.synthetic_tool import make_tool_example
@@ -35,18 +37,17 @@ def policy():
     return RolloutEngine(model, tokenizer), tokenizer
 
 
-def engine_generate_fn(engine, calls):
-    """The actor worker's generate_sequences contract around an in-process engine."""
+def counted_generate_fn(engine, calls):
+    """The server's in-process generate_fn (the actor worker's contract), counting calls and reporting version 3."""
+    generate = engine_generate_fn(engine)
 
-    def generate(prompts):
-        meta = prompts.meta_info
+    def counted(prompts):
         calls.append(len(prompts))
-        out = engine.generate(prompts, n=meta["n"], sampling=SamplingParams(max_new_tokens=meta["max_new_tokens"]),
-                              greedy=meta["greedy"], seed=meta["seed"], stop_token_ids=tuple(meta["stop_token_ids"]))
+        out = generate(prompts)
         out.meta_info["weight_version"] = 3
         return out
 
-    return generate
+    return counted
 
 
 def chat_ids(tokenizer, messages):
@@ -58,7 +59,7 @@ def chat_ids(tokenizer, messages):
 def tool_prompts(tokenizer, hidden=(7, 5, 9, 6), n=2, greedy=False):
     rows = [make_tool_example([1, 2, 3], h, split="val", index=i) for i, h in enumerate(hidden)]
     ids = [chat_ids(tokenizer, r["prompt"]) for r in rows]
-    input_ids, mask = left_pad(ids, tokenizer.pad_token_id)
+    input_ids, mask, _ = left_pad(ids, tokenizer.pad_token_id)
     return DataProto.from_dict(
         {"input_ids": input_ids, "attention_mask": mask},
         non_tensors={"extra_info": np.array([r["extra_info"] for r in rows], dtype=object),
@@ -219,7 +220,7 @@ def test_concurrent_loops_share_engine_calls(policy):
     prompts = tool_prompts(tok, n=4)
 
     def client(count):
-        batcher = GenerationBatcher(engine_generate_fn(engine, calls), tok.pad_token_id, engine.eos_token_ids, seed=5,
+        batcher = GenerationBatcher(counted_generate_fn(engine, calls), tok.pad_token_id, engine.eos_token_ids, seed=5,
                                     max_wait_s=5.0)  # long: only "every loop is waiting" may send a batch
         batcher.expect(count)
         return batcher
@@ -244,7 +245,7 @@ def test_single_turn_through_the_runner_equals_the_engine(policy):
     runner = AgentRunner(get_agent_loop("single_turn"), {}, ToolBox([]), tok, 6, tok.pad_token_id)
 
     def client(count):
-        batcher = GenerationBatcher(engine_generate_fn(engine, []), tok.pad_token_id, engine.eos_token_ids, greedy=True)
+        batcher = GenerationBatcher(counted_generate_fn(engine, []), tok.pad_token_id, engine.eos_token_ids, greedy=True)
         batcher.expect(count)
         return batcher
 

@@ -16,7 +16,8 @@ import openai
 import pytest
 import torch
 
-from hybridflow.agents.batcher import GenerationBatcher, left_pad
+from hybridflow.agents.batcher import GenerationBatcher
+from hybridflow.core.rollout_batch import left_pad
 from hybridflow.agents.http_client import CompletionsClient
 from hybridflow.agents.server import PolicyServer, engine_generate_fn
 from hybridflow.core.data_proto import DataProto
@@ -61,7 +62,7 @@ def server(engine, calls):
 def direct(engine: RolloutEngine, prompt_ids: list[int], max_tokens: int, *, greedy: bool = False,
            seed: int | None = None, stops: tuple[int, ...] = ()) -> tuple[list[int], list[float]]:
     """The engine's own tokens and log-probs for one prompt, no server in between."""
-    ids, mask = left_pad([prompt_ids], engine.pad_token_id)
+    ids, mask, _ = left_pad([prompt_ids], engine.pad_token_id)
     out = engine.generate(DataProto.from_dict({INPUT_IDS: ids, ATTENTION_MASK: mask}),
                           sampling=SamplingParams(max_new_tokens=max_tokens), greedy=greedy, seed=seed,
                           stop_token_ids=stops)

@@ -77,10 +77,7 @@ async def calls_every_tool(request, client, tools):
     trajectory.add_generation(await client.generate(request.prompt_ids, max_tokens=2))
     for name in sorted(tools.tools):
         result = await tools.call(ToolCall(name, {}), request.tools_state)
-        trajectory.tool_calls += 1
-        trajectory.tool_errors += int(result.failed)
-        trajectory.tool_timeouts += int(result.status == "timeout")
-        trajectory.tool_truncated += int(result.truncated)
+        trajectory.record_call(result)
         trajectory.add_observation(observation_ids(request.tokenizer, [result.text[:1]]))
     left = request.max_response_tokens - len(trajectory)
     trajectory.add_generation(await client.generate(request.prompt_ids + trajectory.response_ids, max_tokens=left))

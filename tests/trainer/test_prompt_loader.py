@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from hybridflow.trainer.prompt_loader import PromptLoader, PromptSet, left_pad, render_prompt
+from hybridflow.core.rollout_batch import left_pad
+from hybridflow.trainer.prompt_loader import PromptLoader, PromptSet, render_prompt
 
 
 class CharTokenizer:

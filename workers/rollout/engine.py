@@ -45,6 +45,7 @@ from hybridflow.core.keys import (
     RESPONSES,
     ROLLOUT_LOG_PROBS,
 )
+from hybridflow.core.rollout_batch import positions_from_mask
 from hybridflow.workers.rollout.kv_cache import make_generation_cache
 from hybridflow.workers.rollout.sampling import SamplingParams, sample_next_tokens
 
@@ -75,12 +76,6 @@ class RolloutConfig:
     def __post_init__(self) -> None:
         if not 0.0 <= self.compact_fraction <= 1.0:
             raise ValueError(f"compact_fraction must be in [0, 1], got {self.compact_fraction}")
-
-
-def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Position ids of left-padded rows: 0, 1, ... over real tokens, 0 on pads; (B, P) -> (B, P)."""
-    positions = attention_mask.long().cumsum(dim=-1) - 1
-    return positions.masked_fill(attention_mask == 0, 0)
 
 
 @dataclass
