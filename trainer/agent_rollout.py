@@ -67,9 +67,9 @@ class AgentRollout:
             cfg = self.server_config
             self.server = PolicyServer(self.actor.generate_sequences, self.runner.tokenizer, host=cfg.host,
                                        port=cfg.port, max_wait_s=cfg.max_wait_s, eos_token_ids=self.eos_token_ids)
-            self.url = self.server.start()
-            logger.info("policy server: %s (OpenAI-compatible; rollout.mode=server)", self.url)
-        return self.url
+            self.server.start()
+            logger.info("policy server: %s (OpenAI-compatible; rollout.mode=server)", self.server.url)
+        return self.server.url
 
     def close(self) -> None:
         """Stop the server, if one was started."""

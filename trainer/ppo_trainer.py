@@ -103,7 +103,7 @@ class PPOTrainer:
         pad_id = int(info["pad_token_id"])
         self.pad_id = pad_id
         # a multi-turn agent loop runs here, on the driver; None for one generation per prompt (the default)
-        self.agents = agent_rollout_for(config, self.actor, tokenizer, pad_id, list(info.get("eos_token_ids", [info["eos_token_id"]])))
+        self.agents = agent_rollout_for(config, self.actor, tokenizer, pad_id, list(info["eos_token_ids"]))
         self.loader = PromptLoader(
             train_prompts, config.data.train_batch_size, pad_id, shuffle=config.data.shuffle, seed=config.trainer.seed
         )
