@@ -52,6 +52,13 @@ class ModelConfig:
     numbers as the padded pass, for less compute. Needs an attention implementation that keeps packed sequences
     apart (sdpa and eager; flash attention in a single packed row), which is probed when the model is built.
     False: prompts left-padded, responses right-padded, as generated."""
+    share_prompts: bool = True
+    """With ``use_remove_padding``: the rows of a micro-batch that share a prompt (GRPO's ``rollout.n``
+    samples) are packed as one prefix tree, the prompt once and each response after it under a tree attention
+    mask, so the prompt's tokens are computed once instead of ``n`` times; the same numbers as without (to
+    float rounding). Costs a (rows, C, C) mask per forward, C the longest prompt plus its responses: set false
+    for very long responses. Needs an attention that takes a 4-D mask (sdpa and eager; probed when the model is
+    built: flash attention packs without sharing, with a warning)."""
 
     def problems(self) -> list[str]:
         """Broken rules of this section (see ``configs/rules.py``); the directory's existence is checked by the config check."""

@@ -32,6 +32,18 @@ def ragged_batch(prompt_lens=PROMPT_LENS, response_lens=RESPONSE_LENS, seed=0):
     })
 
 
+def grouped_batch(groups=((2, 0, 1), (4, 3, 5, 6)), seed=0):
+    """``ragged_batch`` where the rows of each group take its first row's prompt (GRPO's samples of one prompt):
+    rows 0-2 share row 2's 20 prompt tokens, rows 3-6 row 4's 12; row 7 is alone. Responses stay ragged."""
+    batch = ragged_batch(seed=seed)
+    width = batch.batch["prompts"].shape[1]
+    for source, *members in groups:
+        for key in ("prompts", "input_ids", "attention_mask"):
+            batch.batch[key][members, :width] = batch.batch[key][source, :width].clone()
+    batch.batch["position_ids"] = (batch.batch["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+    return batch
+
+
 def tiny_critic(seed=0):
     """The value-model twin of ``support.tiny_model``: a Qwen2 token classifier with one output, float32."""
     torch.manual_seed(seed)

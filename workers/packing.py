@@ -25,9 +25,24 @@ where one row of all N tokens would cost N^2 under a mask. Flash attention
 reads packed sequences from the position ids of a single row only (its
 varlen path, linear in N): it gets ``one_row``.
 
+With ``share_prompts``, rows whose prompts are the same tokens (the ``n``
+samples of one prompt) form one unit, a prefix tree: the prompt once, then
+each row's response, every response at the position ids it has in its own
+row. A tree attention mask lets each response see the prompt and itself only,
+so each response gets what its own row computes, and the prompt's tokens are
+computed once instead of ``n`` times (their gradient sums the responses'
+contributions, as the rows' copies would)::
+
+    rows 0 and 1 share the prompt a b:   row 0: a b | c d     row 1: a b | e _
+    one unit:   a  b  c  d  e        positions  0  1  2  3  2
+    attends to: a: a   b: a b   c: a b c   d: a b c d   e: a b e
+    logit_index: 1 2 | 1   (b predicts c and e; c predicts d)
+
 :func:`probe_packing` finds which layout a model confines, by running it: an
 attention implementation without a mask function (a custom one) would
-silently attend across sequences, and is refused.
+silently attend across sequences, and is refused; one that does not take the
+tree mask (a 4-D mask, as transformers passes a custom one through) packs
+without sharing.
 
 The output at a packed slot (logits of an LM, the value head of the critic)
 belongs to the token after it, the first response token's to the prompt's
@@ -39,6 +54,7 @@ the ``(B, T)`` response layout, zero at the pads.
 from __future__ import annotations
 
 import inspect
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -49,12 +65,16 @@ from hybridflow.core.keys import ATTENTION_MASK, INPUT_IDS, POSITION_IDS, RESPON
 
 __all__ = ["PackedBatch", "Packing", "pack", "packed_forward", "probe_packing", "unpack"]
 
+logger = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class Packing:
-    """How a model's forwards are packed: rows of the longest sequence's length, or everything in ``one_row``."""
+    """How a model's forwards are packed: rows of the longest sequence's length, or everything in ``one_row``;
+    with ``share_prompts`` the rows of one prompt as one prefix tree (the module docstring)."""
 
     one_row: bool = False
+    share_prompts: bool = False
 
 
 @dataclass(frozen=True)
@@ -72,6 +92,9 @@ class PackedBatch:
     """(M,) those response tokens' ids."""
     response_keep: torch.Tensor
     """(B, T) bool: where the M real response tokens sit in the response columns."""
+    tree_mask: torch.Tensor | None = None
+    """(R, 1, C, C) bool, True where a slot may attend to another (``share_prompts``: causal within a tree,
+    a response branch seeing its prompt and itself); None: the model's own mask from the position ids."""
 
 
 def pack(batch: DataProto, packing: Packing = Packing()) -> PackedBatch:
@@ -95,28 +118,77 @@ def pack(batch: DataProto, packing: Packing = Packing()) -> PackedBatch:
     if bool((rank_in_row[:, -length:][keep[:, -length:]] == 0).any()):
         raise ValueError("packing needs a real prompt token before every response (a row's first real token "
                          "is a response token)")
-    lengths = keep.sum(-1)
-    bins, offsets, capacity = _fill_rows(lengths.tolist(), packing.one_row)
-    start = torch.tensor(bins, device=keep.device) * capacity + torch.tensor(offsets, device=keep.device)
-    slot = start[:, None] + rank_in_row  # (B, L): the flat packed slot of each real token
-    fill = torch.zeros(max(bins) + 1, dtype=torch.long, device=keep.device).index_add_(0, start.new_tensor(bins), lengths)
+    prompt_keep = keep[:, :-length]
+    groups = _prompt_groups(batch.batch[INPUT_IDS][:, :-length], prompt_keep, packing.share_prompts)
+    prompt_lengths, lengths = prompt_keep.sum(-1).tolist(), keep.sum(-1).tolist()
+    # a group's unit: its prompt once, then each member's response tokens (a row alone: the row itself)
+    before = [0] * len(lengths)  # per row: the response tokens of its group's earlier members
+    unit_of_row = [0] * len(lengths)
+    unit_lengths = []
+    for unit, members in enumerate(groups):
+        responses_so_far = 0
+        for i in members:
+            before[i], unit_of_row[i] = responses_so_far, unit
+            responses_so_far += lengths[i] - prompt_lengths[i]
+        unit_lengths.append(prompt_lengths[members[0]] + responses_so_far)
+    bins, offsets, capacity = _fill_rows(unit_lengths, packing.one_row)
+    unit_of_row = torch.tensor(unit_of_row, device=keep.device)
+    before = torch.tensor(before, device=keep.device)
+    unit_start = torch.tensor(bins, device=keep.device) * capacity + torch.tensor(offsets, device=keep.device)
+    is_response = torch.zeros_like(keep)
+    is_response[:, -length:] = True
+    # (B, L): the flat packed slot of each real token; a response token moves past the earlier members' responses
+    slot = unit_start[unit_of_row][:, None] + rank_in_row + before[:, None] * is_response
+    fill = torch.zeros(max(bins) + 1, dtype=torch.long, device=keep.device).index_add_(
+        0, torch.tensor(bins, device=keep.device), torch.tensor(unit_lengths, device=keep.device))
     tail = torch.arange(capacity, device=keep.device) - fill[:, None]  # position ids of each row's tail: 0, 1, ...
     input_ids = torch.zeros(tail.numel(), dtype=batch.batch[INPUT_IDS].dtype, device=keep.device)
-    input_ids[slot[keep]] = batch.batch[INPUT_IDS][keep]
+    input_ids[slot[keep]] = batch.batch[INPUT_IDS][keep]  # a shared prompt's slots get the same ids from each member
     position_ids = tail.flatten().clamp(min=0)
     position_ids[slot[keep]] = real_positions
     response_keep = keep[:, -length:]
+    tree_mask = None
+    if packing.share_prompts:
+        tree_mask = _tree_mask(slot, keep, is_response, unit_of_row, tail.shape)
     return PackedBatch(
         input_ids=input_ids.view(tail.shape),
         position_ids=position_ids.view(tail.shape),
-        logit_index=slot[:, -length:][response_keep] - 1,  # a response token is predicted one slot before it
+        logit_index=slot[:, -length - 1 : -1][response_keep],  # the slot of each response token's predecessor
         response_tokens=responses[response_keep],
         response_keep=response_keep,
+        tree_mask=tree_mask,
     )
 
 
+def _prompt_groups(prompts: torch.Tensor, prompt_keep: torch.Tensor, share: bool) -> list[list[int]]:
+    """The rows in groups of equal prompt tokens (first appearance order), or each row alone."""
+    if not share:
+        return [[i] for i in range(len(prompts))]
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, (ids, real) in enumerate(zip(prompts.tolist(), prompt_keep.tolist())):
+        groups.setdefault(tuple(t for t, r in zip(ids, real) if r), []).append(i)
+    return list(groups.values())
+
+
+def _tree_mask(slot: torch.Tensor, keep: torch.Tensor, is_response: torch.Tensor, unit_of_row: torch.Tensor,
+               shape: torch.Size) -> torch.Tensor:
+    """(R, 1, C, C) bool: slot q attends to slot k <= q of its own unit when k is a prompt slot or in q's own
+    response branch; a row's tail is one causal unit of its own."""
+    rows, capacity = shape
+    unit = torch.arange(rows, device=keep.device).repeat_interleave(capacity) + len(unit_of_row)  # tails
+    unit[slot[keep]] = unit_of_row[:, None].expand_as(slot)[keep]
+    branch = torch.zeros(rows * capacity, dtype=torch.long, device=keep.device)  # 0: prompt (or tail)
+    branch_of_row = torch.arange(1, len(slot) + 1, device=keep.device)[:, None].expand_as(slot)
+    branch[slot[keep & is_response]] = branch_of_row[keep & is_response]
+    unit, branch = unit.view(shape), branch.view(shape)
+    same_unit = unit[:, :, None] == unit[:, None, :]
+    visible_branch = (branch[:, None, :] == 0) | (branch[:, :, None] == branch[:, None, :])
+    causal = torch.ones(capacity, capacity, dtype=torch.bool, device=keep.device).tril()
+    return (same_unit & visible_branch & causal)[:, None]
+
+
 def _fill_rows(lengths: list[int], one_row: bool) -> tuple[list[int], list[int], int]:
-    """Each sequence's packed row and offset there, first fit, longest first, and the rows' capacity."""
+    """Each unit's packed row and offset there, first fit, longest first, and the rows' capacity."""
     capacity = sum(lengths) if one_row else max(lengths)
     bins, offsets, used = [0] * len(lengths), [0] * len(lengths), []
     for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
@@ -138,39 +210,83 @@ def packed_forward(model: nn.Module, packed: PackedBatch) -> torch.Tensor:
     """The model's output (logits, or the critic's values) at ``packed.logit_index``: (M, V) or (M, 1).
 
     A causal LM whose forward takes ``logits_to_keep`` (HF's; Qwen2, Llama, ...)
-    projects only those slots onto the vocabulary; other models compute every
+    projects only those slots onto the vocabulary (a shared prompt's last slot
+    once, however many responses it predicts); other models compute every
     slot and the response slots are picked out.
     """
-    kwargs = dict(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None, use_cache=False)
+    kwargs = dict(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False,
+                  attention_mask=None if packed.tree_mask is None else _mask_for(model, packed.tree_mask))
     if "logits_to_keep" not in inspect.signature(model.forward).parameters:
         return model(**kwargs).logits.flatten(0, 1)[packed.logit_index]
     wanted = torch.zeros(packed.input_ids.numel(), dtype=torch.bool, device=packed.input_ids.device)
     wanted[packed.logit_index] = True
-    logits = model(**kwargs, logits_to_keep=wanted.view(packed.input_ids.shape)).logits  # (M, V) in slot order
-    return logits[torch.argsort(torch.argsort(packed.logit_index))]  # in logit_index order
+    logits = model(**kwargs, logits_to_keep=wanted.view(packed.input_ids.shape)).logits  # (unique slots, V), in order
+    return logits[torch.searchsorted(wanted.nonzero().squeeze(-1), packed.logit_index)]  # in logit_index order
+
+
+def _mask_for(model: nn.Module, allowed: torch.Tensor) -> torch.Tensor:
+    """A 4-D attention mask as the model's attention takes it: bool (True: attend) for sdpa, otherwise
+    additive floats (0 or the dtype's minimum, as transformers' eager mask)."""
+    if getattr(model.config, "_attn_implementation", None) == "sdpa":
+        return allowed
+    dtype = next(model.parameters()).dtype
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)
 
 
 @torch.no_grad()
-def probe_packing(model: nn.Module) -> Packing:
+def probe_packing(model: nn.Module, *, share_prompts: bool = False) -> Packing:
     """The packing ``model`` confines: rows of several sequences if its attention keeps them apart, else one
-    row; ``ValueError`` if neither.
+    row; ``ValueError`` if neither. With ``share_prompts``, prompts are shared too when the model's attention
+    takes the tree mask and gives each branch what it computes for that branch alone (otherwise a warning,
+    and no sharing).
 
     Two packed inputs that differ only in one sequence must give the others the
     same outputs. An attention implementation that builds no block-diagonal
     mask from the position ids fails this; with the mask, the other sequence's
     keys get exactly zero weight, so the outputs agree to rounding whatever the
-    dtype. Runs four tiny forwards at most: under FSDP (each a collective)
+    dtype. Runs six tiny forwards at most: under FSDP (each a collective)
     every rank must call it, as the workers do when they build the model.
     """
     for packing in (Packing(one_row=False), Packing(one_row=True)):
         if _confines(model, rows=1 if packing.one_row else 2):
+            if share_prompts and _shares_prompts(model):
+                return Packing(one_row=packing.one_row, share_prompts=True)
+            if share_prompts:
+                logger.warning("%s with attention %r does not take the tree mask of shared prompts; packing "
+                               "without sharing them", type(model).__name__, _attention(model))
             return packing
-    implementation = getattr(model.config, "_attn_implementation", None)
     raise ValueError(
-        f"{type(model).__name__} with attention {implementation!r} attends across packed sequences (it builds "
+        f"{type(model).__name__} with attention {_attention(model)!r} attends across packed sequences (it builds "
         "no block-diagonal mask from restarting position ids); set actor_rollout_ref.model.use_remove_padding=false "
         "to run padded batches"
     )
+
+
+def _attention(model: nn.Module) -> str | None:
+    return getattr(model.config, "_attn_implementation", None)
+
+
+def _shares_prompts(model: nn.Module) -> bool:
+    """Whether two responses to one prompt, packed as a tree, get the outputs of their own unpacked rows."""
+    vocab = model.config.get_text_config().vocab_size
+    device = next(model.parameters()).device
+    rows = torch.tensor([[1, 2, 3, 4, 5], [1, 2, 3, 6, 7]], device=device) % vocab  # one prompt, two responses
+    batch = DataProto.from_dict({
+        INPUT_IDS: rows, ATTENTION_MASK: torch.ones_like(rows), RESPONSES: rows[:, 3:],
+        POSITION_IDS: torch.arange(5, device=device).expand(2, 5),
+    })
+    training = model.training
+    model.eval()
+    try:
+        tree = packed_forward(model, pack(batch, Packing(share_prompts=True))).float()
+        alone = model(input_ids=rows, position_ids=batch.batch[POSITION_IDS], use_cache=False).logits[:, 2:4]
+    except Exception as error:  # an attention that refuses a 4-D mask
+        logger.info("tree mask refused: %s", error)
+        return False
+    finally:
+        model.train(training)
+    alone = alone.flatten(0, 1).float()
+    return torch.allclose(tree, alone, rtol=1e-3, atol=1e-3 * float(alone.abs().max()) + 1e-6)
 
 
 def _confines(model: nn.Module, rows: int) -> bool:

@@ -41,7 +41,8 @@ class RefWorker(Worker):
             model_cfg.path, dtype=torch_dtype(model_cfg.dtype), seed=self.config.trainer.seed, mesh=self.device_mesh,
             device=self.device, shard=lambda module, mesh: shard_role(module.eval().requires_grad_(False), mesh, fsdp),
         )
-        self.packing = probe_packing(self.model) if model_cfg.use_remove_padding else None
+        self.packing = (probe_packing(self.model, share_prompts=model_cfg.share_prompts)
+                        if model_cfg.use_remove_padding else None)
         self.batching = MicroBatching(self.dims.ref.micro_batch_rows, log_prob_token_budget(arr))
         self.offload = StateOffloader(self.model, None, params=fsdp.param_offload, optimizer_state=False)
         self.offload.offload()

@@ -2,9 +2,10 @@
 
 Rows of very different lengths (1 to 20 prompt tokens, left-padded; 1 to 30
 response tokens, right-padded) in float32, packed in rows of the longest
-sequence and in one row: log-probs, entropies and sum_pi_squared of the actor
-and the reference, the critic's values, and the losses, gradients and
-parameters of one update agree within 1e-5.
+sequence, in one row, and with the rows of one prompt as a prefix tree
+(``grouped_batch``: groups of 3 and 4 rows sharing a prompt): log-probs,
+entropies and sum_pi_squared of the actor and the reference, the critic's
+values, and the losses, gradients and parameters of one update agree within 1e-5.
 """
 
 import copy
@@ -21,11 +22,11 @@ from hybridflow.workers.actor.ppo_actor import PPOActor
 from hybridflow.workers.critic.ppo_critic import PPOCritic, response_values
 from hybridflow.workers.log_probs import response_log_probs
 from hybridflow.workers.packing import Packing, pack, probe_packing, unpack
-from micro_batch_support import ragged_batch, tiny_critic
+from micro_batch_support import grouped_batch, ragged_batch, tiny_critic
 from support import tiny_model
 
 
-LAYOUTS = [Packing(), Packing(one_row=True)]
+LAYOUTS = [Packing(), Packing(one_row=True), Packing(share_prompts=True)]
 
 
 def with_attention(model, implementation):
@@ -51,6 +52,59 @@ def test_pack_lays_the_rows_end_to_end_as_the_docstring_draws():
     assert one_row.input_ids.tolist() == [[15, 16, 17, 18, 19, 20, 11, 12, 13, 21, 22]]
     assert one_row.position_ids.tolist() == [[0, 1, 2, 3, 4, 5, 0, 1, 2, 0, 1]]
     assert one_row.logit_index.tolist() == [7, 2, 3, 4, 9]
+
+
+def test_rows_of_one_prompt_pack_as_the_docstring_draws_their_tree():
+    # row 0: a b | c d    row 1: a b | e _    (a..e = 11..15): one unit, the prompt once
+    batch = DataProto.from_dict({
+        "input_ids": torch.tensor([[11, 12, 13, 14], [11, 12, 15, 0]]),
+        "attention_mask": torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]]),
+        "position_ids": torch.tensor([[0, 1, 2, 3], [0, 1, 2, 2]]),
+        "responses": torch.tensor([[13, 14], [15, 0]]),
+    })
+    packed = pack(batch, Packing(share_prompts=True))
+    assert packed.input_ids.tolist() == [[11, 12, 13, 14, 15]]
+    assert packed.position_ids.tolist() == [[0, 1, 2, 3, 2]]
+    assert packed.logit_index.tolist() == [1, 2, 1]  # b predicts c and e, c predicts d
+    assert packed.tree_mask[0, 0].long().tolist() == [
+        [1, 0, 0, 0, 0],  # a
+        [1, 1, 0, 0, 0],  # b
+        [1, 1, 1, 0, 0],  # c
+        [1, 1, 1, 1, 0],  # d
+        [1, 1, 0, 0, 1],  # e: the prompt and itself
+    ]
+    assert pack(batch).input_ids.numel() == 8  # unshared: two rows of 4
+
+
+def test_a_shared_prompt_is_packed_once_per_micro_batch():
+    batch = grouped_batch()
+    lengths = batch.batch["attention_mask"].sum(-1)
+    prompt = batch.batch["attention_mask"][:, :batch.batch["prompts"].shape[1]].sum(-1)
+    packed = pack(batch, Packing(share_prompts=True))
+    real = int(lengths.sum() - prompt[[0, 1, 3, 5, 6]].sum())  # every token, less the copies of rows 2 and 4's prompts
+    assert int((packed.position_ids > 0).sum() + (packed.position_ids == 0).sum()) == packed.input_ids.numel()
+    assert packed.input_ids.numel() < pack(batch).input_ids.numel()
+    assert int(packed.tree_mask[:, 0].diagonal(dim1=-2, dim2=-1).sum()) == packed.input_ids.numel()
+    units = packed.tree_mask[:, 0, :, :].any(-2).sum()  # every slot is seen by itself, at least
+    assert int(units) == packed.input_ids.numel()
+    assert real == 20 + 12 + int(lengths[7]) + int((lengths - prompt)[[0, 1, 2, 3, 4, 5, 6]].sum())
+
+
+def test_a_shared_prompt_keeps_its_responses_apart():
+    """Changing one response of a group changes none of its siblings' numbers; the prompt's own do not move."""
+    model, batch = tiny_model(), grouped_batch()
+    changed = batch.deepcopy()
+    width = batch.batch["responses"].shape[1]
+    real = changed.batch["response_mask"][0].bool()
+    changed.batch["responses"][0, real] = (changed.batch["responses"][0, real] + 5) % 21 + 3
+    changed.batch["input_ids"][:, -width:] = changed.batch["responses"]
+    with torch.no_grad():
+        (before, entropy), (after, changed_entropy) = (
+            response_log_probs(model, b, with_entropy=True, packing=Packing(share_prompts=True))[:2]
+            for b in (batch, changed))
+    assert torch.allclose(before[1:], after[1:], atol=1e-6) and torch.allclose(entropy[1:], changed_entropy[1:])
+    assert entropy[0, 0] == pytest.approx(changed_entropy[0, 0].item(), abs=1e-6)  # the shared prompt's last token
+    assert not torch.allclose(before[0], after[0], atol=1e-3)
 
 
 def test_pack_refuses_position_ids_that_do_not_restart_at_each_row():
@@ -94,6 +148,29 @@ def test_an_attention_without_the_packed_mask_is_refused():
     for implementation in ("sdpa", "eager"):
         assert probe_packing(with_attention(tiny_model(), implementation)) == Packing(one_row=False)
         assert probe_packing(with_attention(tiny_critic(), implementation)) == Packing(one_row=False)
+        for model in (tiny_model(), tiny_critic()):
+            assert probe_packing(with_attention(model, implementation), share_prompts=True) == Packing(share_prompts=True)
+
+
+def test_an_attention_blind_to_a_custom_mask_packs_without_sharing_prompts(caplog):
+    """An attention that uses only the masks transformers builds for it (not a 4-D mask passed in) would let the
+    responses of a tree see each other: the probe finds that and packs without the tree."""
+    def tagged_mask(*args, **kwargs):
+        mask = sdpa_mask(*args, **kwargs)
+        if mask is not None:
+            mask.built_here = True
+        return mask
+
+    def own_masks_only(module, query, key, value, attention_mask, **kwargs):
+        mask = attention_mask if getattr(attention_mask, "built_here", False) else None
+        return sdpa_attention_forward(module, query, key, value, mask, **kwargs)
+
+    AttentionInterface.register("own_masks_only_test", own_masks_only)
+    AttentionMaskInterface.register("own_masks_only_test", tagged_mask)
+    model = with_attention(tiny_model(), "own_masks_only_test")
+    assert probe_packing(model) == Packing()
+    assert probe_packing(model, share_prompts=True) == Packing()
+    assert "does not take the tree mask" in caplog.text
 
 
 def test_an_attention_that_confines_only_one_packed_row_gets_one_row():
@@ -110,7 +187,7 @@ def test_an_attention_that_confines_only_one_packed_row_gets_one_row():
 @pytest.mark.parametrize("packing", LAYOUTS)
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])
 def test_actor_log_probs_entropy_and_sum_pi_squared_equal_the_padded_pass(implementation, packing):
-    model, batch = with_attention(tiny_model(), implementation), ragged_batch()
+    model, batch = with_attention(tiny_model(), implementation), grouped_batch()
     real = batch.batch["response_mask"].bool()
     with torch.no_grad():
         padded, packed = (response_log_probs(model, batch, temperature=0.7, with_entropy=True, with_sum_pi_squared=True,
@@ -124,41 +201,43 @@ def test_actor_log_probs_entropy_and_sum_pi_squared_equal_the_padded_pass(implem
 def test_reference_log_probs_equal_the_padded_pass(packing):
     """As the reference worker scores: a frozen eval-mode model, the rollout temperature, micro-batches of 3."""
     model = tiny_model(seed=1).eval().requires_grad_(False)
-    batch = ragged_batch(seed=2)
+    batch = grouped_batch(seed=2)
     real = batch.batch["response_mask"].bool()
     padded, packed = (torch.cat([response_log_probs(model, micro, temperature=0.9, packing=layout).log_probs
                                  for micro in batch.split(3)]) for layout in (None, packing))
     assert torch.allclose(padded[real], packed[real], atol=1e-5)
 
 
-def make_actor(model, remove_padding, mode="token-mean", micro=3, **cfg):
+def make_actor(model, remove_padding, mode="token-mean", micro=3, share_prompts=False, **cfg):
     config = ActorConfig(ppo_micro_batch_size_per_gpu=micro, **cfg)
     return PPOActor(model, torch.optim.SGD(model.parameters(), lr=0.5), config, loss_agg_mode=mode,
-                    rows_per_mini_batch=8, use_remove_padding=remove_padding)
+                    rows_per_mini_batch=8, use_remove_padding=remove_padding, share_prompts=share_prompts)
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
 def test_actor_loss_gradients_and_update_equal_the_padded_ones(mode):
-    batch, base = ragged_batch(), tiny_model()
+    batch, base = grouped_batch(), tiny_model()
     batch.union(make_actor(base, False).compute_log_prob(batch, temperature=1.0))
     batch.batch["ref_log_probs"] = batch.batch["old_log_probs"] - 0.1 * batch.batch["response_mask"]
     models, metrics = [], []
-    for flag in (False, True):
+    for flag, share in ((False, False), (True, False), (True, True)):  # padded, packed, packed sharing prompts
         model = copy.deepcopy(base)
-        actor = make_actor(model, flag, mode, entropy_coeff=0.01, use_kl_loss=True, kl_loss_coef=0.5)
+        actor = make_actor(model, flag, mode, micro=4, share_prompts=share, entropy_coeff=0.01, use_kl_loss=True,
+                           kl_loss_coef=0.5)
         metrics.append(actor.update_policy(batch, temperature=1.0))
         models.append(model)
-    for key in ("actor/pg_loss", "actor/entropy", "actor/kl_loss", "actor/pg_clipfrac", "actor/ppo_kl",
-                "actor/grad_norm", "actor/surrogate_gain"):
-        assert metrics[1][key] == pytest.approx(metrics[0][key], abs=1e-5), key
+    for other in (1, 2):
+        for key in ("actor/pg_loss", "actor/entropy", "actor/kl_loss", "actor/pg_clipfrac", "actor/ppo_kl",
+                    "actor/grad_norm", "actor/surrogate_gain"):
+            assert metrics[other][key] == pytest.approx(metrics[0][key], abs=1e-5), key
+        for (name, a), b in zip(models[0].named_parameters(), models[other].parameters()):
+            assert torch.allclose(a.grad, b.grad, atol=1e-5), name  # the step's gradient (optimizer_step keeps it)
+            assert torch.allclose(a, b, atol=1e-5), name
     assert metrics[0]["actor/grad_norm"] > 0
-    for (name, a), b in zip(models[0].named_parameters(), models[1].parameters()):
-        assert torch.allclose(a.grad, b.grad, atol=1e-5), name  # the step's gradient (optimizer_step keeps it)
-        assert torch.allclose(a, b, atol=1e-5), name
 
 
 def test_critic_values_loss_gradients_and_update_equal_the_padded_ones():
-    batch, base = ragged_batch(), tiny_critic()
+    batch, base = grouped_batch(), tiny_critic()
     real = batch.batch["response_mask"].bool()
     with torch.no_grad():
         padded = response_values(base, batch)
@@ -166,20 +245,22 @@ def test_critic_values_loss_gradients_and_update_equal_the_padded_ones():
             packed = response_values(base, batch, packing=packing)
             assert torch.allclose(padded[real], packed[real], atol=1e-5) and (packed[~real] == 0).all()
 
-    def make(model, flag):
-        return PPOCritic(model, torch.optim.SGD(model.parameters(), lr=0.1), CriticConfig(ppo_micro_batch_size_per_gpu=3),
-                         rows_per_mini_batch=8, use_remove_padding=flag)
+    def make(model, flag, share):
+        return PPOCritic(model, torch.optim.SGD(model.parameters(), lr=0.1), CriticConfig(ppo_micro_batch_size_per_gpu=4),
+                         rows_per_mini_batch=8, use_remove_padding=flag, share_prompts=share)
 
-    batch.union(make(base, False).compute_values(batch))
+    batch.union(make(base, False, False).compute_values(batch))
     batch.batch["returns"] = torch.linspace(-1, 1, real.numel()).view(real.shape) * real
     models, metrics = [], []
-    for flag in (False, True):
+    for flag, share in ((False, False), (True, False), (True, True)):
         model = copy.deepcopy(base)
-        assert torch.allclose(make(model, flag).compute_values(batch).batch["values"], batch.batch["values"], atol=1e-5)
-        metrics.append(make(model, flag).update_critic(batch))
+        values = make(model, flag, share).compute_values(batch).batch["values"]
+        assert torch.allclose(values, batch.batch["values"], atol=1e-5)
+        metrics.append(make(model, flag, share).update_critic(batch))
         models.append(model)
-    for key in ("critic/vf_loss", "critic/vpred_mean", "critic/vf_clipfrac", "critic/grad_norm"):
-        assert metrics[1][key] == pytest.approx(metrics[0][key], abs=1e-5), key
-    for (name, a), b in zip(models[0].named_parameters(), models[1].parameters()):
-        assert torch.allclose(a.grad, b.grad, atol=1e-5), name
-        assert torch.allclose(a, b, atol=1e-5), name
+    for other in (1, 2):
+        for key in ("critic/vf_loss", "critic/vpred_mean", "critic/vf_clipfrac", "critic/grad_norm"):
+            assert metrics[other][key] == pytest.approx(metrics[0][key], abs=1e-5), key
+        for (name, a), b in zip(models[0].named_parameters(), models[other].parameters()):
+            assert torch.allclose(a.grad, b.grad, atol=1e-5), name
+            assert torch.allclose(a, b, atol=1e-5), name

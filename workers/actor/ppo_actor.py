@@ -67,6 +67,7 @@ class PPOActor:
         (``ppo_mini_batch_size * n / dp_size``).
     :param use_remove_padding: packed forwards (``model.use_remove_padding``), in
         the layout the model's attention confines (``probe_packing``: a collective under FSDP).
+    :param share_prompts: and the rows of one prompt packed as a prefix tree (``model.share_prompts``).
     :param log_prob_batching: the micro-batches of :meth:`compute_log_prob`
         (None: those of the update, ``config``'s rows or token budget).
     """
@@ -82,6 +83,7 @@ class PPOActor:
         dp_group: dist.ProcessGroup | None = None,
         scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
         use_remove_padding: bool = True,
+        share_prompts: bool = False,
         log_prob_batching: MicroBatching | None = None,
     ) -> None:
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
@@ -90,7 +92,7 @@ class PPOActor:
             config.ppo_micro_batch_size_per_gpu, config.ppo_max_token_len_per_gpu if config.use_dynamic_bsz else None
         )
         self.log_prob_batching = log_prob_batching or self.update_batching
-        self.packing = probe_packing(model) if use_remove_padding else None
+        self.packing = probe_packing(model, share_prompts=share_prompts) if use_remove_padding else None
         self.loss_agg_mode = loss_agg_mode
         self.rows_per_mini_batch = rows_per_mini_batch
         self.dp_group = dp_group

@@ -90,7 +90,7 @@ class ActorRolloutWorker(Worker):
         self.actor = PPOActor(
             self.model, self.optimizer, arr.actor, loss_agg_mode=self.loss_agg_mode,
             rows_per_mini_batch=self.dims.actor.rows_per_mini_batch, dp_group=dp_group, scheduler=self.scheduler,
-            use_remove_padding=arr.model.use_remove_padding,
+            use_remove_padding=arr.model.use_remove_padding, share_prompts=arr.model.share_prompts,
             log_prob_batching=MicroBatching(self.dims.actor.micro_batch_rows, log_prob_token_budget(arr)),
         )
         if self.use_vllm:

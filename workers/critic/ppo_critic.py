@@ -46,7 +46,8 @@ class PPOCritic:
     """Values and clipped value-loss updates of one rank's critic shard.
 
     ``use_remove_padding``: packed forwards (the policy's ``model.use_remove_padding``:
-    the critic has no model section), in the layout its attention confines (``probe_packing``).
+    the critic has no model section), in the layout its attention confines (``probe_packing``);
+    ``share_prompts``: the rows of one prompt as a prefix tree (``model.share_prompts``).
     """
 
     def __init__(
@@ -60,6 +61,7 @@ class PPOCritic:
         dp_group: dist.ProcessGroup | None = None,
         scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
         use_remove_padding: bool = True,
+        share_prompts: bool = False,
     ) -> None:
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.config = config
@@ -68,7 +70,7 @@ class PPOCritic:
         forward_budget = config.forward_max_token_len_per_gpu
         forward_budget = config.ppo_max_token_len_per_gpu if forward_budget is None else forward_budget
         self.forward_batching = MicroBatching(rows, forward_budget if dynamic else None)
-        self.packing = probe_packing(model) if use_remove_padding else None
+        self.packing = probe_packing(model, share_prompts=share_prompts) if use_remove_padding else None
         self.rows_per_mini_batch = rows_per_mini_batch
         self.ppo_epochs = ppo_epochs
         self.dp_group = dp_group

@@ -64,6 +64,7 @@ class CriticWorker(Worker):
             self.model, self.optimizer, cfg.critic, rows_per_mini_batch=self.dims.critic.rows_per_mini_batch,
             ppo_epochs=cfg.actor_rollout_ref.actor.ppo_epochs, dp_group=self.device_mesh.get_group(), scheduler=self.scheduler,
             use_remove_padding=cfg.actor_rollout_ref.model.use_remove_padding,
+            share_prompts=cfg.actor_rollout_ref.model.share_prompts,
         )
         self.offload.offload()
 
