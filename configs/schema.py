@@ -260,8 +260,15 @@ class RolloutConfig:
     """Validation decodes greedily (one response per prompt)."""
     gpu_memory_utilization: float = 0.5
     """Fraction of each GPU's memory the rollout may take. ``vllm``: the engine's weights, activations and KV
-    cache; ``builtin``: its KV cache (a larger batch is decoded in chunks that fit). The rest must hold the
-    actor's FSDP shards, gradients and optimizer state. No bound on a CPU."""
+    cache; ``builtin``: its KV cache (a larger batch shares the row slots that fit: ``refill``). The rest must
+    hold the actor's FSDP shards, gradients and optimizer state. No bound on a CPU."""
+    max_num_seqs: Optional[int] = None
+    """Rows a rank's engine decodes at once (vLLM's ``max_num_seqs``, passed to it). ``builtin``: a generation
+    with more rows shares this many row slots; None: every row at once (within ``gpu_memory_utilization``)."""
+    refill: bool = True
+    """``builtin``: when a generation has more rows than are decoded at once, a finished row's slot is refilled
+    with the next waiting prompt (continuous batching, ``workers/rollout/continuous.py``); False: consecutive
+    chunks of prompts, each decoded until its longest row ends. vLLM always batches continuously."""
     offload_weights: bool = False
     """``builtin``: free the rollout copy of the weights after each generation, so it takes no memory while the
     other stages run; the next generation allocates it again and moves the training weights in then (the move
@@ -295,6 +302,7 @@ class RolloutConfig:
             + at_least(self, 1, "response_length")
             + at_least(self, 1, "log_prob_max_token_len_per_gpu", optional=True)
             + within(self, "gpu_memory_utilization", 0.0, 1.0, low_open=True)
+            + at_least(self, 1, "max_num_seqs", optional=True)
         )
 
 

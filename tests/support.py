@@ -20,6 +20,20 @@ def tiny_model(seed=0):
     return Qwen2ForCausalLM(config).float()
 
 
+def spiky_model(name="tiny-qwen2"):
+    """A built-in model with large random weights, so greedy outputs vary from token to token (the default
+    0.02-std init repeats one token) and some tokens become likely EOS candidates; and its tokenizer."""
+    from hybridflow.workers.models import load_model_and_tokenizer
+
+    model, tokenizer = load_model_and_tokenizer(f"builtin:{name}", seed=0)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.35)
+    return model, tokenizer
+
+
 def rollout_batch(rows=8, prompt=4, response=5, seed=0):
     gen = torch.Generator().manual_seed(seed)
     prompt_len = torch.randint(2, prompt + 1, (rows,), generator=gen)

@@ -61,7 +61,8 @@ NO_MULTI_TURN = ("multi-turn rollouts are agent-loop plugins (rollout.agent_loop
                  "rollout.agent.options; docs/writing-an-agent.md); interactions and this setting have no counterpart")
 NO_RM = ("no reward-model worker: rewards come from verifier plugins routed by data_source "
          "(reward.route; docs/writing-a-reward.md)")
-NO_VLLM_ARG = ("vLLM's engine arguments other than gpu_memory_utilization, enforce_eager and enable_sleep_mode are "
+NO_VLLM_ARG = ("vLLM's engine arguments other than gpu_memory_utilization, max_num_seqs, enforce_eager and "
+               "enable_sleep_mode are "
                "fixed; its context is data.max_prompt_length + rollout.response_length")
 NO_SERVER = "vLLM runs inside the training workers; there is no separate vLLM server"
 ONE_BACKEND = "FSDP2 (with optional tensor parallelism) is the only training backend"
@@ -194,7 +195,7 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
     # veRL's agent-loop workers: here the loops are coroutines on the driver, resolved by name
     _v(f"{R}.agent.num_workers", missing="agent loops run as coroutines on the driver, not in agent-loop workers"),
     _v(f"{R}.agent.agent_loop_config_path", f"{R}.agent_loop", note="agent loops are plugins named by rollout.agent_loop"),
-    *(_v(f"{R}.{k}", missing=NO_VLLM_ARG) for k in ("max_num_batched_tokens", "max_num_seqs", "max_model_len",
+    *(_v(f"{R}.{k}", missing=NO_VLLM_ARG) for k in ("max_num_batched_tokens", "max_model_len",
                                                   "enable_chunked_prefill", "enable_prefix_caching", "engine_kwargs",
                                                   "engine_kwargs.*")),
     _v(f"{R}.data_parallel_size", f"{R}.tensor_model_parallel_size",

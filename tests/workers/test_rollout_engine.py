@@ -17,22 +17,10 @@ from hybridflow.core.keys import (
     RESPONSES,
     ROLLOUT_LOG_PROBS,
 )
-from hybridflow.workers.models import load_model_and_tokenizer
 from hybridflow.workers.rollout import RolloutConfig, RolloutEngine, SamplingParams
+from support import spiky_model
 
 PROMPT_TEXTS = ["max(1,2)=", "7", "max(3,8,1,5)=", "(12+4)*3=", "99"]
-
-
-def _spiky_model(name: str):
-    """A built-in model with large random weights, so greedy outputs vary from token to token
-    (the default 0.02-std init repeats one token) and some tokens become likely EOS candidates."""
-    model, tokenizer = load_model_and_tokenizer(f"builtin:{name}", seed=0)
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.35)
-    return model, tokenizer
 
 
 def _prompts(tokenizer, texts=PROMPT_TEXTS, **non_tensors) -> DataProto:
@@ -76,7 +64,7 @@ def _lengths(out: DataProto) -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def qwen():
-    return _spiky_model("tiny-qwen2")
+    return spiky_model("tiny-qwen2")
 
 
 def _frequent_mid_token(responses: torch.Tensor) -> int:
@@ -93,7 +81,7 @@ def _frequent_mid_token(responses: torch.Tensor) -> int:
 @pytest.mark.parametrize("fraction", [0.0, 0.25])
 @pytest.mark.parametrize("name", ["tiny-qwen2", "tiny-llama"])
 def test_greedy_equals_hf_generate_with_left_padding_and_eos(name, fraction):
-    model, tokenizer = _spiky_model(name)
+    model, tokenizer = spiky_model(name)
     prompts = _prompts(tokenizer)
     steps = 12
     plain = _hf_responses(model, prompts, steps, eos=tokenizer.eos_token_id, pad=tokenizer.pad_token_id)

@@ -47,6 +47,7 @@ from hybridflow.workers.rollout.vllm_engine import (
     vllm_unavailable_reasons,
     vllm_weight_name,
 )
+from support import spiky_model
 from vllm_adapter_ranks import full_weights_rank
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
@@ -320,13 +321,7 @@ def test_outputs_to_dataproto_rejects(results, message):
 @pytest.fixture(scope="module")
 def spiky_qwen():
     """builtin:tiny-qwen2 with large random weights, so responses vary and some end early at EOS."""
-    model, tokenizer = load_model_and_tokenizer("builtin:tiny-qwen2", seed=0)
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.35)
-    return model, tokenizer
+    return spiky_model()
 
 
 def _as_request_outputs(out: DataProto, n: int, per_prompt: int) -> list[FakeRequestOutput]:

@@ -96,7 +96,9 @@ class ActorRolloutWorker(Worker):
         if self.use_vllm:
             self._init_vllm()
         else:
-            self.engine = RolloutEngine(rollout_model, tokenizer, EngineConfig(max_kv_cache_bytes=self._kv_budget()))
+            rollout = arr.rollout
+            self.engine = RolloutEngine(rollout_model, tokenizer, EngineConfig(
+                max_kv_cache_bytes=self._kv_budget(), max_num_seqs=rollout.max_num_seqs, refill=rollout.refill))
             self.reshard_plan = self._plan_reshard(rollout_model)
             self._sync_rollout_weights()
         self.offload.offload()  # with offloading on, the training state waits in host memory from here

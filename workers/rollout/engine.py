@@ -46,7 +46,8 @@ from hybridflow.core.keys import (
     ROLLOUT_LOG_PROBS,
 )
 from hybridflow.core.rollout_batch import positions_from_mask
-from hybridflow.workers.rollout.kv_cache import make_generation_cache
+from hybridflow.workers.rollout.continuous import decode_continuous
+from hybridflow.workers.rollout.kv_cache import make_generation_cache, preallocatable
 from hybridflow.workers.rollout.sampling import SamplingParams, sample_next_tokens
 
 __all__ = ["RolloutConfig", "RolloutEngine", "assemble_rollout", "positions_from_mask"]
@@ -69,13 +70,24 @@ class RolloutConfig:
     0.25 measured fastest on CPU (docs/benchmarks.md), 0 and 0.5 about 8% slower."""
 
     max_kv_cache_bytes: int | None = None
-    """The most memory the KV cache of one decode may take; a batch whose cache would be larger is decoded
-    in consecutive chunks of prompts that fit (same outputs for greedy decoding; sampled rows draw from one
-    generator in turn). None: no bound. The actor sets it from ``rollout.gpu_memory_utilization`` on CUDA."""
+    """The most memory the KV cache of one decode may take; a batch whose cache would be larger shares the
+    row slots that fit (``refill``) or is decoded in consecutive chunks of prompts that fit (same outputs
+    for greedy decoding either way). None: no bound. The actor sets it from ``rollout.gpu_memory_utilization``
+    on CUDA."""
+
+    max_num_seqs: int | None = None
+    """Rows decoded at once (vLLM's name); a call with more rows shares that many row slots. None: every row
+    of the call at once (within ``max_kv_cache_bytes``)."""
+    refill: bool = True
+    """When a call has more rows than are decoded at once (``max_num_seqs``, ``max_kv_cache_bytes``): refill a
+    finished row's slot with a waiting prompt (continuous batching, :mod:`hybridflow.workers.rollout.continuous`);
+    False: decode consecutive chunks of prompts, each until its longest row ends."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.compact_fraction <= 1.0:
             raise ValueError(f"compact_fraction must be in [0, 1], got {self.compact_fraction}")
+        if self.max_num_seqs is not None and self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1 or None, got {self.max_num_seqs}")
 
 
 @dataclass
@@ -176,11 +188,17 @@ class RolloutEngine:
         self.model.eval()
         try:
             with torch.no_grad():
-                chunks = [
-                    self._decode(input_ids[rows], attention_mask[rows], positions[rows], expand, sampling, greedy, generator, stops)
-                    for rows in self._prompt_chunks(input_ids.shape, expand, sampling.max_new_tokens)
-                ]
-                responses, log_probs, lengths = (torch.cat(parts) for parts in zip(*chunks))
+                slots = self._continuous_slots(input_ids.shape, expand, sampling.max_new_tokens)
+                if slots is not None:
+                    responses, log_probs, lengths, slot_share = decode_continuous(
+                        self, input_ids, attention_mask, positions, expand, sampling, greedy, generator, stops, slots)
+                else:
+                    chunks = [
+                        self._decode(input_ids[rows], attention_mask[rows], positions[rows], expand, sampling, greedy,
+                                     generator, stops)
+                        for rows in self._prompt_chunks(input_ids.shape, expand, sampling.max_new_tokens)
+                    ]
+                    responses, log_probs, lengths = (torch.cat(parts) for parts in zip(*chunks))
         finally:
             self.model.train(was_training)
         elapsed = time.perf_counter() - start
@@ -190,6 +208,8 @@ class RolloutEngine:
         tokens = int(lengths.sum()) // (n // expand)
         metrics = dict(out.meta_info.get(METRICS, {}))
         metrics.update({"rollout/generated_tokens": tokens, "rollout/generate_s": elapsed})
+        if slots is not None:
+            metrics["rollout/slot_utilization"] = slot_share  # mean share of the row slots decoding
         out.meta_info[METRICS] = metrics
         logger.debug("generated %d tokens for %d rows in %.3f s", tokens, len(out), elapsed)
         return out
@@ -202,15 +222,32 @@ class RolloutEngine:
         element = next(self.model.parameters()).element_size()
         return 2 * config.num_hidden_layers * kv_heads * head_dim * capacity * element
 
+    def _rows_at_once(self, width: int, capacity: int) -> int | None:
+        """The most rows decoded together (``max_num_seqs``, and the rows whose ``capacity``-position caches
+        fit ``max_kv_cache_bytes``); None: no bound."""
+        bounds = [self.config.max_num_seqs]
+        if self.config.max_kv_cache_bytes is not None:
+            bounds.append(self.config.max_kv_cache_bytes // self.kv_cache_bytes_per_row(capacity))
+        bounds = [b for b in bounds if b is not None]
+        return min(bounds) if bounds else None
+
     def _prompt_chunks(self, shape: torch.Size, n: int, steps: int) -> list[slice]:
-        """Consecutive prompt ranges whose caches fit ``max_kv_cache_bytes`` (one range when unbounded)."""
+        """Consecutive prompt ranges that are decoded together (one range when nothing bounds the rows)."""
         prompts, width = shape
-        budget = self.config.max_kv_cache_bytes
-        if budget is None:
-            return [slice(0, prompts)]
-        per_prompt = n * self.kv_cache_bytes_per_row(width + steps)
-        size = max(1, min(prompts, budget // per_prompt))
+        rows = self._rows_at_once(width, width + steps)
+        size = prompts if rows is None else max(1, min(prompts, rows // n))
         return [slice(i, i + size) for i in range(0, prompts, size)]
+
+    def _continuous_slots(self, shape: torch.Size, n: int, steps: int) -> int | None:
+        """Row slots for continuous batching when this call has more rows than are decoded at once (and
+        ``refill`` is on and the model's cache can hold slots); None: decode statically."""
+        prompts, width = shape
+        if not self.config.refill or not preallocatable(self.model.config):
+            return None
+        rows = self._rows_at_once(width, width + 2 * steps)  # continuous caches hold P + 2T positions
+        if rows is None or rows >= prompts * n:
+            return None
+        return max(rows, n)  # a prompt's samples are admitted together
 
     # ------------------------------------------------------------ decode loop
     def _forward(self, input_ids, attention_mask, position_ids, cache) -> torch.Tensor:

@@ -7,6 +7,13 @@ allocated on the first write; a step writes one slice in place and hands the
 attention a view of the filled part. Dropping finished rows
 (:meth:`PreallocatedLayer.batch_select_indices`) moves the kept rows to the
 front of the same buffers, copying only their filled part.
+
+For continuous batching (``workers/rollout/continuous.py``) the buffers are
+allocated for a fixed number of row slots, zero-filled (a slot's unused
+columns are masked out, and must be finite); :meth:`PreallocatedLayer.write_rows`
+puts a newly prefilled prompt's keys and values into free slots, right-aligned
+at the current length, and :meth:`PreallocatedLayer.trim_left` drops leading
+columns no resident row attends to any more.
 """
 
 from __future__ import annotations
@@ -15,27 +22,30 @@ import torch
 from transformers import PretrainedConfig
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
-__all__ = ["PreallocatedLayer", "make_generation_cache"]
+__all__ = ["PreallocatedLayer", "make_generation_cache", "preallocatable"]
 
 
 class PreallocatedLayer(DynamicLayer):
     """One attention layer's keys and values in buffers of shape (B, heads, capacity, head_dim)."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, row_slots: int | None = None) -> None:
         super().__init__()
         self.capacity = capacity
+        self.row_slots = row_slots  # None: as many rows as the first write (the static batch)
         self.length = 0
         self._key_buffer: torch.Tensor | None = None
         self._value_buffer: torch.Tensor | None = None
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device
-        self._key_buffer = self._allocate(key_states, key_states.shape[0])
-        self._value_buffer = self._allocate(value_states, value_states.shape[0])
+        rows = key_states.shape[0] if self.row_slots is None else self.row_slots
+        self._key_buffer = self._allocate(key_states, rows)
+        self._value_buffer = self._allocate(value_states, rows)
         self.is_initialized = True
 
     def _allocate(self, like: torch.Tensor, rows: int) -> torch.Tensor:
-        return like.new_empty((rows, like.shape[1], self.capacity, like.shape[3]))
+        shape = (rows, like.shape[1], self.capacity, like.shape[3])
+        return like.new_empty(shape) if self.row_slots is None else like.new_zeros(shape)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         """Write the new positions in place; return views of all filled positions."""
@@ -84,6 +94,30 @@ class PreallocatedLayer(DynamicLayer):
                 setattr(self, name, buffer[:kept])
             self._refresh_views()
 
+    def write_rows(self, slots: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, length: int) -> None:
+        """Put ``keys``/``values`` (k, heads, p, head_dim) of k new rows into row ``slots``, right-aligned at
+        ``length`` positions (columns ``length - p`` to ``length``; the columns before are zeroed)."""
+        if not self.is_initialized:
+            self.lazy_initialization(keys, values)
+        width = keys.shape[2]
+        if width > length or length > self.capacity:
+            raise RuntimeError(f"cannot place {width} positions at length {length} (capacity {self.capacity})")
+        slots = slots.to(self.device)
+        for buffer, new in ((self._key_buffer, keys), (self._value_buffer, values)):
+            buffer[slots, :, : length - width] = 0
+            buffer[slots, :, length - width : length] = new
+        self.length = length
+        self._refresh_views()
+
+    def trim_left(self, columns: int) -> None:
+        """Drop the first ``columns`` positions of every row (no resident row attends to them)."""
+        if columns <= 0:
+            return
+        for buffer in (self._key_buffer, self._value_buffer):
+            buffer[:, :, : self.length - columns] = buffer[:, :, columns : self.length].clone()
+        self.length -= columns
+        self._refresh_views()
+
     def crop(self, tokens_to_remove: int) -> None:
         if tokens_to_remove > 0:
             raise ValueError("crop takes a negative count of positions to remove")
@@ -97,12 +131,20 @@ class PreallocatedLayer(DynamicLayer):
         self.is_initialized = False
 
 
-def make_generation_cache(config: PretrainedConfig, capacity: int) -> Cache:
-    """A cache for ``capacity`` positions: preallocated layers when every layer is full attention,
-    else transformers' ``DynamicCache`` (sliding-window and linear-attention layers keep their own
-    cache classes)."""
+def preallocatable(config: PretrainedConfig) -> bool:
+    """Whether every decoder layer is full attention (the layers :class:`PreallocatedLayer` serves)."""
     text_config = config.get_text_config(decoder=True)
     layer_types = getattr(text_config, "layer_types", None) or ["full_attention"] * text_config.num_hidden_layers
-    if any(kind != "full_attention" for kind in layer_types):
+    return all(kind == "full_attention" for kind in layer_types)
+
+
+def make_generation_cache(config: PretrainedConfig, capacity: int, row_slots: int | None = None) -> Cache:
+    """A cache for ``capacity`` positions (and ``row_slots`` rows, for continuous batching): preallocated
+    layers when every layer is full attention, else transformers' ``DynamicCache`` (sliding-window and
+    linear-attention layers keep their own cache classes; no row slots)."""
+    if not preallocatable(config):
+        if row_slots is not None:
+            raise ValueError("row slots need a cache of full-attention layers")
         return DynamicCache(config=config)
-    return Cache(layers=[PreallocatedLayer(capacity) for _ in layer_types])
+    layers = config.get_text_config(decoder=True).num_hidden_layers
+    return Cache(layers=[PreallocatedLayer(capacity, row_slots) for _ in range(layers)])

@@ -158,7 +158,7 @@ def vllm_engine_kwargs(
     :param model_path: a local HF model directory (vLLM loads the config and
         tokenizer from it; ``builtin:`` models are not supported).
     :param rollout: ``actor_rollout_ref.rollout`` (``gpu_memory_utilization``,
-        ``enforce_eager``, ``enable_sleep_mode``).
+        ``max_num_seqs``, ``enforce_eager``, ``enable_sleep_mode``).
     :param tp_size: vLLM tensor-parallel size; the ranks of one group must be
         consecutive (vLLM's external launcher groups ranks that way).
     :param seed: engine seed, equal on every rank of a tp group (they must
@@ -193,6 +193,7 @@ def vllm_engine_kwargs(
         "gpu_memory_utilization": rollout.gpu_memory_utilization,
         "enforce_eager": rollout.enforce_eager,
         "enable_sleep_mode": rollout.enable_sleep_mode,
+        **({} if rollout.max_num_seqs is None else {"max_num_seqs": rollout.max_num_seqs}),
         "load_format": load_format,
         "logprobs_mode": "processed_logprobs",
         # A prompt's n samples share its prefill through the prefix cache.
