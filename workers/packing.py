@@ -121,6 +121,7 @@ def pack(batch: DataProto, packing: Packing = Packing()) -> PackedBatch:
     prompt_keep = keep[:, :-length]
     groups = _prompt_groups(batch.batch[INPUT_IDS][:, :-length], prompt_keep, packing.share_prompts)
     prompt_lengths, lengths = prompt_keep.sum(-1).tolist(), keep.sum(-1).tolist()
+    groups = _bounded_trees(groups, prompt_lengths, lengths)
     # a group's unit: its prompt once, then each member's response tokens (a row alone: the row itself)
     before = [0] * len(lengths)  # per row: the response tokens of its group's earlier members
     unit_of_row = [0] * len(lengths)
@@ -168,6 +169,29 @@ def _prompt_groups(prompts: torch.Tensor, prompt_keep: torch.Tensor, share: bool
     for i, (ids, real) in enumerate(zip(prompts.tolist(), prompt_keep.tolist())):
         groups.setdefault(tuple(t for t, r in zip(ids, real) if r), []).append(i)
     return list(groups.values())
+
+
+TREE_SPAN = 4
+"""A prefix tree holds at most this many times the longest row's tokens: a packed row costs attention (and a
+mask) quadratic in its length, so a prompt with many long responses is cut into several trees."""
+
+
+def _bounded_trees(groups: list[list[int]], prompt_lengths: list[int], lengths: list[int]) -> list[list[int]]:
+    """Each group cut, in order, into trees of at most ``TREE_SPAN`` times the longest row's tokens (a row
+    alone may be longer): a packed row costs attention quadratic in its length."""
+    cap = TREE_SPAN * max(lengths)
+    out = []
+    for members in groups:
+        tree, size = [], prompt_lengths[members[0]]
+        for i in members:
+            grown = size + lengths[i] - prompt_lengths[i]
+            if tree and grown > cap:
+                out.append(tree)
+                tree, grown = [], lengths[i]
+            tree.append(i)
+            size = grown
+        out.append(tree)
+    return out
 
 
 def _tree_mask(slot: torch.Tensor, keep: torch.Tensor, is_response: torch.Tensor, unit_of_row: torch.Tensor,

@@ -90,6 +90,17 @@ def test_a_shared_prompt_is_packed_once_per_micro_batch():
     assert real == 20 + 12 + int(lengths[7]) + int((lengths - prompt)[[0, 1, 2, 3, 4, 5, 6]].sum())
 
 
+def test_a_prompt_with_many_long_responses_is_cut_into_several_trees():
+    """Six 30-token responses to one 1-token prompt: a tree may hold 4 x 31 tokens, so two trees (4 + 2)."""
+    batch = ragged_batch(prompt_lens=[1] * 6, response_lens=[30] * 6)
+    for key in ("prompts", "input_ids"):
+        batch.batch[key][:, 0] = 7
+    packed = pack(batch, Packing(share_prompts=True))
+    assert packed.input_ids.shape == (2, 1 + 4 * 30)  # rows as long as the longest tree
+    assert int(packed.tree_mask[:, 0].diagonal(dim1=-2, dim2=-1).sum()) == 2 * 121
+    assert packed.input_ids[:, 0].tolist() == [7, 7]  # each tree starts with its copy of the prompt
+
+
 def test_a_shared_prompt_keeps_its_responses_apart():
     """Changing one response of a group changes none of its siblings' numbers; the prompt's own do not move."""
     model, batch = tiny_model(), grouped_batch()
