@@ -21,6 +21,12 @@ def clean_env():
     return {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "WANDB_API_KEY", "WANDB_MODE")}
 
 
+def interruptible():
+    """Run the child with Ctrl-C's default action: a shell starts background jobs (``make test &``, CI runners)
+    with SIGINT ignored, the child would inherit that, and Python then installs no KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def wait_for_steps(metrics: Path, steps: int, proc: subprocess.Popen, timeout_s: float = 180) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -37,7 +43,8 @@ def test_ctrl_c_stops_with_the_step_and_the_checkpoint_and_a_log_gets_plain_prog
     log = (tmp_path / "log.txt").open("w")
     args = [*SMALL, "trainer.total_training_steps=500", "trainer.save_freq=2", f"hydra.run.dir={run}",
             f"data.synthetic_dir={tmp_path}/data"]
-    proc = subprocess.Popen([*TRAIN, *args], cwd=tmp_path, env=clean_env(), stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen([*TRAIN, *args], cwd=tmp_path, env=clean_env(), stdout=log, stderr=subprocess.STDOUT,
+                            preexec_fn=interruptible)
     try:
         wait_for_steps(run / "metrics.jsonl", 3, proc)
         proc.send_signal(signal.SIGINT)
