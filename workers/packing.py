@@ -121,20 +121,9 @@ def pack(batch: DataProto, packing: Packing = Packing()) -> PackedBatch:
     prompt_keep = keep[:, :-length]
     groups = _prompt_groups(batch.batch[INPUT_IDS][:, :-length], prompt_keep, packing.share_prompts)
     prompt_lengths, lengths = prompt_keep.sum(-1).tolist(), keep.sum(-1).tolist()
-    groups = _bounded_trees(groups, prompt_lengths, lengths)
-    # a group's unit: its prompt once, then each member's response tokens (a row alone: the row itself)
-    before = [0] * len(lengths)  # per row: the response tokens of its group's earlier members
-    unit_of_row = [0] * len(lengths)
-    unit_lengths = []
-    for unit, members in enumerate(groups):
-        responses_so_far = 0
-        for i in members:
-            before[i], unit_of_row[i] = responses_so_far, unit
-            responses_so_far += lengths[i] - prompt_lengths[i]
-        unit_lengths.append(prompt_lengths[members[0]] + responses_so_far)
+    unit_of_row, before, unit_lengths = _units(_bounded_trees(groups, prompt_lengths, lengths), prompt_lengths, lengths)
     bins, offsets, capacity = _fill_rows(unit_lengths, packing.one_row)
-    unit_of_row = torch.tensor(unit_of_row, device=keep.device)
-    before = torch.tensor(before, device=keep.device)
+    unit_of_row, before = torch.tensor(unit_of_row, device=keep.device), torch.tensor(before, device=keep.device)
     unit_start = torch.tensor(bins, device=keep.device) * capacity + torch.tensor(offsets, device=keep.device)
     is_response = torch.zeros_like(keep)
     is_response[:, -length:] = True
@@ -169,6 +158,20 @@ def _prompt_groups(prompts: torch.Tensor, prompt_keep: torch.Tensor, share: bool
     for i, (ids, real) in enumerate(zip(prompts.tolist(), prompt_keep.tolist())):
         groups.setdefault(tuple(t for t, r in zip(ids, real) if r), []).append(i)
     return list(groups.values())
+
+
+def _units(groups: list[list[int]], prompt_lengths: list[int], lengths: list[int]) -> tuple[list[int], list[int], list[int]]:
+    """A group's unit is its prompt once, then each member's response tokens (a row alone: the row itself).
+    Returns each row's unit, each row's count of response tokens its unit's earlier members hold, and each
+    unit's length."""
+    unit_of_row, before, unit_lengths = [0] * len(lengths), [0] * len(lengths), []
+    for unit, members in enumerate(groups):
+        responses_so_far = 0
+        for i in members:
+            unit_of_row[i], before[i] = unit, responses_so_far
+            responses_so_far += lengths[i] - prompt_lengths[i]
+        unit_lengths.append(prompt_lengths[members[0]] + responses_so_far)
+    return unit_of_row, before, unit_lengths
 
 
 TREE_SPAN = 4

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 COMPARED = ("score/mean", "actor/pg_loss", "actor/grad_norm", "actor/param_norm", "actor/ppo_kl", "critic/vf_loss")
 
 
-def config(files, steps, resume="auto", estimator="grpo"):
+def config(files, steps, resume="auto", estimator="grpo", test_freq=0):
     cfg = OmegaConf.structured(PPOConfig)
     for key, value in {
         "data.train_files": [files["train"]],
@@ -34,7 +34,7 @@ def config(files, steps, resume="auto", estimator="grpo"):
         "algorithm.adv_estimator": estimator,
         "trainer.total_epochs": 3,
         "trainer.total_training_steps": steps,
-        "trainer.test_freq": 0,
+        "trainer.test_freq": test_freq,
         "trainer.save_freq": 1,
         "trainer.max_ckpt_to_keep": 1,
         "trainer.resume_mode": resume,
@@ -49,31 +49,23 @@ def metrics(run_dir):
 
 
 # stopped after step 2 of 4 (mid-epoch: 3 steps an epoch), with the actor's and the critic's state (gae); two
-# steps to reproduce, the second across the epoch boundary (where the data order is drawn again)
+# steps to reproduce, the second across the epoch boundary (where the data order is drawn again). Validated
+# before training and every 2 steps: the stopped run validated and logged its last step, the resumed one must
+# not log it again.
 def test_resumed_run_equals_uninterrupted_run(ray_session, tmp_path, stop_at=2, estimator="gae"):
     files = generate_synthetic(str(tmp_path / "data"), train_size=12, val_size=8, seed=0)
-    straight = build_and_fit(config(files, 4, "disable", estimator), tmp_path / "straight")
+    straight = build_and_fit(config(files, 4, "disable", estimator, test_freq=2), tmp_path / "straight")
     assert straight.steps == 4
-    first = build_and_fit(config(files, stop_at, "disable", estimator), tmp_path / "resumed")
+    first = build_and_fit(config(files, stop_at, "disable", estimator, test_freq=2), tmp_path / "resumed")
     assert first.steps == stop_at
     assert [step for step, _ in list_checkpoints(tmp_path / "resumed" / "checkpoints")] == [stop_at]
-    second = build_and_fit(config(files, 4, "auto", estimator), tmp_path / "resumed")
+    second = build_and_fit(config(files, 4, "auto", estimator, test_freq=2), tmp_path / "resumed")
     assert second.steps == 4
     expected, got = metrics(tmp_path / "straight"), metrics(tmp_path / "resumed")
-    assert sorted(got) == [1, 2, 3, 4]  # each step logged once: resumed, not restarted
+    lines = [json.loads(line) for line in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == [0, 1, 2, 3, 4]  # each step logged once: resumed, not restarted
+    assert [m["step"] for m in lines if "val/accuracy" in m] == [0, 2, 4]
     for step in range(stop_at + 1, 5):
         for key in COMPARED:
             if key in expected[step]:
                 assert got[step][key] == pytest.approx(expected[step][key], rel=1e-5, abs=1e-7), (step, key)
-
-
-def test_a_resumed_run_logs_each_step_once(ray_session, tmp_path):
-    """The stopped run validated and logged its last step; the resumed one must not log it again."""
-    files = generate_synthetic(str(tmp_path / "data"), train_size=12, val_size=8, seed=0)
-    for steps, resume in ((1, "disable"), (2, "auto")):
-        cfg = config(files, steps, resume)
-        cfg.trainer.test_freq = 1
-        build_and_fit(cfg, tmp_path / "run")
-    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in lines] == [0, 1, 2]  # step 0: validation before training
-    assert all("val/accuracy" in m for m in lines)
