@@ -222,7 +222,7 @@ class RolloutEngine:
         element = next(self.model.parameters()).element_size()
         return 2 * config.num_hidden_layers * kv_heads * head_dim * capacity * element
 
-    def _rows_at_once(self, width: int, capacity: int) -> int | None:
+    def _rows_at_once(self, capacity: int) -> int | None:
         """The most rows decoded together (``max_num_seqs``, and the rows whose ``capacity``-position caches
         fit ``max_kv_cache_bytes``); None: no bound."""
         bounds = [self.config.max_num_seqs]
@@ -234,7 +234,7 @@ class RolloutEngine:
     def _prompt_chunks(self, shape: torch.Size, n: int, steps: int) -> list[slice]:
         """Consecutive prompt ranges that are decoded together (one range when nothing bounds the rows)."""
         prompts, width = shape
-        rows = self._rows_at_once(width, width + steps)
+        rows = self._rows_at_once(width + steps)
         size = prompts if rows is None else max(1, min(prompts, rows // n))
         return [slice(i, i + size) for i in range(0, prompts, size)]
 
@@ -244,7 +244,7 @@ class RolloutEngine:
         prompts, width = shape
         if not self.config.refill or not preallocatable(self.model.config):
             return None
-        rows = self._rows_at_once(width, width + 2 * steps)  # continuous caches hold P + 2T positions
+        rows = self._rows_at_once(width + 2 * steps)  # continuous caches hold P + 2T positions
         if rows is None or rows >= prompts * n:
             return None
         return max(rows, n)  # a prompt's samples are admitted together
