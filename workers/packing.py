@@ -55,6 +55,8 @@ from __future__ import annotations
 
 import inspect
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -289,6 +291,17 @@ def probe_packing(model: nn.Module, *, share_prompts: bool = False) -> Packing:
     )
 
 
+@contextmanager
+def _eval_mode(model: nn.Module) -> Iterator[None]:
+    """The probes' forwards in eval mode (no dropout), the model's mode restored after."""
+    training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(training)
+
+
 def _attention(model: nn.Module) -> str | None:
     return getattr(model.config, "_attn_implementation", None)
 
@@ -302,16 +315,13 @@ def _shares_prompts(model: nn.Module) -> bool:
         INPUT_IDS: rows, ATTENTION_MASK: torch.ones_like(rows), RESPONSES: rows[:, 3:],
         POSITION_IDS: torch.arange(5, device=device).expand(2, 5),
     })
-    training = model.training
-    model.eval()
     try:
-        tree = packed_forward(model, pack(batch, Packing(share_prompts=True))).float()
-        alone = model(input_ids=rows, position_ids=batch.batch[POSITION_IDS], use_cache=False).logits[:, 2:4]
+        with _eval_mode(model):
+            tree = packed_forward(model, pack(batch, Packing(share_prompts=True))).float()
+            alone = model(input_ids=rows, position_ids=batch.batch[POSITION_IDS], use_cache=False).logits[:, 2:4]
     except Exception as error:  # an attention that refuses a 4-D mask
         logger.info("tree mask refused: %s", error)
         return False
-    finally:
-        model.train(training)
     alone = alone.flatten(0, 1).float()
     return torch.allclose(tree, alone, rtol=1e-3, atol=1e-3 * float(alone.abs().max()) + 1e-6)
 
@@ -324,11 +334,7 @@ def _confines(model: nn.Module, rows: int) -> bool:
     first = torch.tensor([[1, 2, 3, 4, 5], [5, 3, 1, 2, 4]][:rows], device=device) % vocab
     other = first.clone()
     other[:, :3] = (first[:, :3] + 5) % vocab  # only the first sequence of each row differs
-    training = model.training
-    model.eval()
-    try:
+    with _eval_mode(model):
         a, b = (model(input_ids=ids, position_ids=positions, attention_mask=None, use_cache=False).logits[:, 3:].float()
                 for ids in (first, other))
-    finally:
-        model.train(training)
     return torch.allclose(a, b, rtol=1e-3, atol=1e-3 * float(a.abs().max()) + 1e-6)

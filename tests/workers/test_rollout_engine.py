@@ -284,7 +284,8 @@ def test_a_kv_cache_bound_decodes_in_chunks_with_the_same_greedy_outputs(qwen):
     prompts = _prompts(tokenizer)
     sampling = SamplingParams(max_new_tokens=6)
     whole = RolloutEngine(model, tokenizer).generate(prompts, n=2, sampling=sampling, greedy=True)
-    bounded = RolloutEngine(model, tokenizer, RolloutConfig(max_kv_cache_bytes=1))  # room for one prompt at a time
+    # room for one prompt at a time; refill=False: chunks (tests/workers/test_continuous_batching.py refills)
+    bounded = RolloutEngine(model, tokenizer, RolloutConfig(max_kv_cache_bytes=1, refill=False))
     width = prompts.batch["input_ids"].shape[1]
     assert len(bounded._prompt_chunks(prompts.batch["input_ids"].shape, 1, 6)) == len(prompts)
     per_row = bounded.kv_cache_bytes_per_row(width + 6)

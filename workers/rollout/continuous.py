@@ -80,7 +80,7 @@ def decode_continuous(engine, input_ids, attention_mask, positions, n: int, samp
         logits=torch.zeros((slots, vocab), device=device),
     )
     waiting = deque(range(prompts))
-    live_share = []
+    live_slot_steps, decode_steps = torch.zeros((), device=device), 0  # summed on the device: no sync a step
     length = width  # the cache's shared length W (never below the longest prompt)
 
     def admit() -> None:
@@ -106,7 +106,8 @@ def decode_continuous(engine, input_ids, attention_mask, positions, n: int, samp
 
     admit()
     while bool(state.live.any()):
-        live_share.append(float(state.live.float().mean()))
+        live_slot_steps += state.live.sum()
+        decode_steps += 1
         tokens, token_log_probs = sample_next_tokens(state.logits, sampling, greedy=greedy, generator=generator)
         tokens = tokens.masked_fill(~state.live, pad)  # free and finished slots feed pad, ignored
         rows, at = state.row[state.live], state.generated[state.live]
@@ -137,7 +138,7 @@ def decode_continuous(engine, input_ids, attention_mask, positions, n: int, samp
         state.logits = torch.where(fresh[:, None], state.logits, logits.to(state.logits.dtype))
         state.next_position = state.next_position + (~fresh).long()
         length += 1
-    share = sum(live_share) / len(live_share) if live_share else 0.0
+    share = float(live_slot_steps) / (decode_steps * slots) if decode_steps else 0.0
     return responses, log_probs, lengths, share
 
 
