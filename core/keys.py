@@ -14,6 +14,7 @@ ATTENTION_MASK = "attention_mask"  # (B, P + T) 1 for real tokens
 POSITION_IDS = "position_ids"  # (B, P + T)
 RESPONSE_MASK = "response_mask"  # (B, T) 1 for response tokens that count
 ROLLOUT_LOG_PROBS = "rollout_log_probs"  # (B, T) log-probs from the rollout engine
+ROLLOUT_VERSIONS = "rollout_versions"  # (B, T) long: weight version whose forward sampled each token (a stream)
 OLD_LOG_PROBS = "old_log_probs"  # (B, T) recomputed under the training layout
 REF_LOG_PROBS = "ref_log_probs"  # (B, T) reference policy log-probs
 ENTROPY = "entropy"  # (B, T) policy entropy at each response position
@@ -35,7 +36,7 @@ PROMPT_COLUMNS = (PROMPTS,)  # (B, P)
 SEQUENCE_COLUMNS = (INPUT_IDS, ATTENTION_MASK, POSITION_IDS)  # (B, P + T)
 RESPONSE_COLUMNS = (
     RESPONSES, RESPONSE_MASK, ROLLOUT_LOG_PROBS, OLD_LOG_PROBS, REF_LOG_PROBS, ENTROPY, VALUES, TOKEN_LEVEL_SCORES,
-    TOKEN_LEVEL_REWARDS, ADVANTAGES, RETURNS, SUM_PI_SQUARED, ROLLOUT_IS_WEIGHTS,
+    TOKEN_LEVEL_REWARDS, ADVANTAGES, RETURNS, SUM_PI_SQUARED, ROLLOUT_IS_WEIGHTS, ROLLOUT_VERSIONS,
 )  # (B, T)
 
 # What the workers' registered methods read (``@register(reads=...)``): the driver ships only these.

@@ -41,6 +41,7 @@ class PreallocatedLayer(DynamicLayer):
         rows = key_states.shape[0] if self.row_slots is None else self.row_slots
         self._key_buffer = self._allocate(key_states, rows)
         self._value_buffer = self._allocate(value_states, rows)
+        self._all_slots = (self._key_buffer, self._value_buffer)  # compaction keeps a prefix of these
         self.is_initialized = True
 
     def _allocate(self, like: torch.Tensor, rows: int) -> torch.Tensor:
@@ -107,6 +108,28 @@ class PreallocatedLayer(DynamicLayer):
             buffer[slots, :, : length - width] = 0
             buffer[slots, :, length - width : length] = new
         self.length = length
+        self._refresh_views()
+
+    def restore_slots(self) -> None:
+        """Every row slot back after :meth:`batch_select_indices` compacted them (slots with row slots only):
+        the kept rows stay first, the others are free slots for :meth:`write_rows`."""
+        if self.is_initialized and self.row_slots is not None:
+            self._key_buffer, self._value_buffer = self._all_slots
+            self._refresh_views()
+
+    def grow_left(self, columns: int) -> None:
+        """Insert ``columns`` zeroed positions before every row's (masked out by the caller), growing the capacity."""
+        if columns <= 0 or not self.is_initialized:
+            return
+        for name in ("_key_buffer", "_value_buffer"):
+            old = getattr(self, name)
+            shape = (old.shape[0], old.shape[1], self.capacity + columns, old.shape[3])
+            new = old.new_zeros(shape)
+            new[:, :, columns : columns + self.length] = old[:, :, : self.length]
+            setattr(self, name, new)
+        self._all_slots = (self._key_buffer, self._value_buffer)
+        self.capacity += columns
+        self.length += columns
         self._refresh_views()
 
     def trim_left(self, columns: int) -> None:

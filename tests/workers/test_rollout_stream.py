@@ -1,0 +1,133 @@
+"""The streaming rollout (workers/rollout/stream.py): requests decode in one loop, weights swap in flight.
+
+The tiny Qwen2 with large random weights (responses end anywhere from the
+first step to the last) decodes in 5 row slots; requests of 6 prompts x 2
+samples are submitted one at a time or several at once, with prompts of
+other widths, and new weights arrive between steps.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from hybridflow.core.data_proto import DataProto
+from hybridflow.core.keys import ATTENTION_MASK, INPUT_IDS, RESPONSE_MASK, RESPONSES, ROLLOUT_LOG_PROBS, ROLLOUT_VERSIONS
+from hybridflow.workers.log_probs import response_log_probs
+from hybridflow.workers.rollout import RolloutConfig, RolloutEngine, SamplingParams
+from hybridflow.workers.rollout.stream import RolloutStream
+from support import spiky_model
+
+TEXTS = ["max(1,2)=", "7", "max(3,8,1,5)=", "(12+4)*3=", "99", "1+1=", "min(4,2)=", "3*3*3=", "8",
+         "max(9,9)=", "42+1=", "(1+2)*(3+4)=((5))", "5", "min(7,1,3)=", "1", "22", "(1+2)*(3+4)*(5+6)=", "0"]
+STEPS, SLOTS, N = 20, 5, 2
+
+
+@pytest.fixture(scope="module")
+def parts():
+    model, tokenizer = spiky_model()
+    with torch.no_grad():
+        model.get_output_embeddings().weight[tokenizer.eos_token_id] *= 1.3
+    return model, tokenizer
+
+
+def prompts_of(tokenizer, texts):
+    batch = tokenizer(texts, padding=True, return_tensors="pt")
+    return DataProto.from_dict({INPUT_IDS: batch["input_ids"], ATTENTION_MASK: batch["attention_mask"]})
+
+
+def stream_of(model, tokenizer, swap="step"):
+    engine = RolloutEngine(model, tokenizer, RolloutConfig(max_num_seqs=SLOTS))
+    return engine, RolloutStream(engine, SLOTS, N, SamplingParams(max_new_tokens=STEPS), swap)
+
+
+def test_one_request_at_a_time_samples_what_a_generate_call_samples(parts):
+    """An idle stream reseeds with the request's seed and decodes as the engine's own refilling call does."""
+    model, tokenizer = parts
+    engine, stream = stream_of(model, tokenizer)
+    try:
+        for request, texts in enumerate((TEXTS[:6], TEXTS[6:12])):
+            prompts = prompts_of(tokenizer, texts)
+            stream.submit(request, prompts, seed=10 + request)
+            got = stream.take(request, timeout_s=60)
+            want = engine.generate(prompts, n=N, seed=10 + request, sampling=SamplingParams(max_new_tokens=STEPS))
+            for key in (RESPONSES, RESPONSE_MASK):
+                assert torch.equal(got.batch[key], want.batch[key]), key
+            torch.testing.assert_close(got.batch[ROLLOUT_LOG_PROBS], want.batch[ROLLOUT_LOG_PROBS], rtol=0, atol=1e-6)
+            lengths = want.batch[RESPONSE_MASK].sum(-1)
+            assert lengths.min() < 5 and lengths.max() == STEPS  # long and short rows: slots were refilled
+    finally:
+        stream.close()
+
+
+def test_requests_in_flight_together_report_their_own_tokens_log_probs(parts):
+    """Three requests (prompts of other widths than the first: the cache grows on the left) share the slots;
+    every row's log-probs equal a teacher-forced forward over its own prompt and response."""
+    model, tokenizer = parts
+    _, stream = stream_of(model, tokenizer)
+    try:
+        chunks = (TEXTS[:6], TEXTS[6:12], TEXTS[12:])  # the last holds the longest prompt
+        for request, texts in enumerate(chunks):
+            stream.submit(request, prompts_of(tokenizer, texts), seed=request)
+        outs = [stream.take(request, timeout_s=60) for request in range(3)]
+    finally:
+        stream.close()
+    for out, texts in zip(outs, chunks):
+        assert len(out) == N * len(texts)
+        real = out.batch[RESPONSE_MASK].bool()
+        with torch.no_grad():
+            forced = response_log_probs(model, out).log_probs
+        torch.testing.assert_close(out.batch[ROLLOUT_LOG_PROBS][real], forced[real], rtol=1e-5, atol=1e-5)
+        assert torch.equal(out.batch[ROLLOUT_VERSIONS] >= 0, real)  # versions on the response tokens only
+
+
+def test_new_weights_enter_between_steps_and_stamp_later_tokens(parts):
+    """A weight swap while rows decode (swap="step"): tokens sampled after it carry the new version, and no
+    token of a row is older than one before it."""
+    model, tokenizer = parts
+    model = type(model)(model.config)
+    model.load_state_dict(parts[0].state_dict())
+    _, stream = stream_of(model, tokenizer)
+    steps_seen = threading.Event()
+    step = stream.decoder.step
+
+    def counting_step():
+        if stream.decoder.decode_steps >= 8:
+            steps_seen.set()
+        return step()
+
+    stream.decoder.step = counting_step
+    try:
+        stream.submit(0, prompts_of(tokenizer, TEXTS), seed=0)
+        assert steps_seen.wait(30)
+        with stream.paused():
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.mul_(0.9)
+            stream.set_version(1)
+        out = stream.take(0, timeout_s=60)
+    finally:
+        stream.close()
+    versions, real = out.batch[ROLLOUT_VERSIONS], out.batch[RESPONSE_MASK].bool()
+    assert set(versions[real].tolist()) == {0, 1}
+    mixed = [(row[m] == 0).any() and (row[m] == 1).any() for row, m in zip(versions, real)]
+    assert any(mixed)  # a sample in flight continued under the new weights
+    assert all(bool((row[m][1:] >= row[m][:-1]).all()) for row, m in zip(versions, real))
+
+
+def test_a_drained_swap_waits_until_nothing_decodes(parts):
+    """swap="drained" (one_step_off): the weights enter only once every submitted row has ended."""
+    model, tokenizer = parts
+    _, stream = stream_of(model, tokenizer, swap="drained")
+    try:
+        stream.submit(0, prompts_of(tokenizer, TEXTS[:6]), seed=0)
+        with stream.paused():
+            assert not stream.decoder.busy
+            stream.set_version(1)
+        out = stream.take(0, timeout_s=60)
+    finally:
+        stream.close()
+    real = out.batch[RESPONSE_MASK].bool()
+    assert set(out.batch[ROLLOUT_VERSIONS][real].tolist()) == {0}

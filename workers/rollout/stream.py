@@ -1,0 +1,219 @@
+"""A streaming rollout: one decode loop in a thread, fed requests, weights swapped between steps.
+
+With the rollout on its own ranks (``trainer.placement=split``) the engine
+need not stop at the end of a batch: the driver submits the next batches'
+prompts ahead (``trainer.rollout_mode``), and one :class:`SlotDecoder` keeps
+its row slots full across batches, so a batch's long tail decodes beside the
+next batch's first tokens instead of in a nearly empty batch::
+
+    driver:   submit(b1) submit(b2)      take(b1)  [train b1]  sync v1  submit(b3)  take(b2) ...
+    thread:   [b1 b1 b1 b1 b1 b2 b2 b2] [b1 b2 b2 b2 b2 b2 b2 b3] ...   (slots over time)
+                                            ^ v1 arrives between two steps: later tokens carry version 1
+
+New weights are written while the thread holds no step (:meth:`RolloutStream.paused`):
+in ``async`` mode between any two decode steps (a sample in flight continues
+under the new weights, each token stamped with the version whose forward
+sampled it: ``rollout_versions``); in ``one_step_off`` mode only once the
+decoder has run dry, so every sample comes from one version.
+
+A request that arrives at an idle decoder reseeds the sampling generator with
+its seed, so a stream fed one request at a time samples exactly what
+:meth:`RolloutEngine.generate` samples for the same call with the same row
+slots (the ``max_staleness=0`` equivalence the tests check).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+
+from hybridflow.core.data_proto import DataProto
+from hybridflow.core.keys import ATTENTION_MASK, INPUT_IDS, METRICS, POSITION_IDS, ROLLOUT_VERSIONS
+from hybridflow.core.rollout_batch import positions_from_mask
+from hybridflow.workers.rollout.continuous import SlotDecoder
+from hybridflow.workers.rollout.engine import RolloutEngine, assemble_rollout
+from hybridflow.workers.rollout.sampling import SamplingParams
+
+__all__ = ["RolloutStream", "SWAP_POINTS"]
+
+SWAP_POINTS = ("step", "drained")
+"""When new weights may enter: between any two decode steps (``async``) or only when nothing decodes (``one_step_off``)."""
+
+
+@dataclass
+class _Request:
+    """One submitted batch of prompts and what has come back of its rows."""
+
+    prompts: DataProto
+    seed: int
+    submitted: float = field(default_factory=time.perf_counter)
+    done: int = 0
+    rows: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]] = field(default_factory=dict)
+
+
+class RolloutStream:
+    """Decodes submitted requests in a background thread (see the module docstring).
+
+    :param engine: the built-in engine whose model the thread decodes with.
+    :param slots: row slots (``rollout.max_num_seqs``; every row of one request when None).
+    :param n: samples per prompt.
+    :param sampling: the training rollout's sampling (temperature, top-p, top-k, ``max_new_tokens``).
+    :param swap: one of :data:`SWAP_POINTS`.
+    """
+
+    def __init__(self, engine: RolloutEngine, slots: int, n: int, sampling: SamplingParams, swap: str = "step") -> None:
+        if swap not in SWAP_POINTS:
+            raise ValueError(f"swap={swap!r}; allowed: {', '.join(SWAP_POINTS)}")
+        self.engine, self.n, self.swap = engine, n, swap
+        self.generator = torch.Generator(device=engine.device)
+        self.decoder = SlotDecoder(engine, slots, n, sampling, False, self.generator, engine.eos_token_ids)
+        self.requests: dict[int, _Request] = {}
+        self.inbox: deque[int] = deque()
+        self.lock = threading.Lock()  # held by the thread for each step; paused() takes it
+        self.pausers = 0  # paused() calls waiting: the thread lets them in before its next step
+        self.wake = threading.Condition(threading.Lock())  # new requests, finished requests, stop
+        self.idle_s = 0.0  # time the thread had nothing to decode, since the last take
+        self.error: BaseException | None = None
+        self.stopping = False
+        self.thread = threading.Thread(target=self._run, name="rollout-stream", daemon=True)
+        self.thread.start()
+
+    @property
+    def version(self) -> int:
+        """The weight version the decoder samples with."""
+        return self.decoder.version
+
+    def submit(self, request_id: int, prompts: DataProto, seed: int) -> None:
+        """Queue ``prompts`` (``input_ids``, ``attention_mask``, left-padded) under ``request_id``."""
+        with self.wake:
+            self.requests[request_id] = _Request(prompts, seed)
+            self.inbox.append(request_id)
+            self.wake.notify_all()
+
+    def take(self, request_id: int, timeout_s: float | None = None) -> DataProto:
+        """Wait for every row of ``request_id``; its rollout (the columns :meth:`RolloutEngine.generate`
+        returns, plus ``rollout_versions``) with ``rollout/*`` metrics: ``rollout/stream_idle_s`` is the time the
+        thread had nothing to decode since the previous take."""
+        request = self.requests[request_id]
+        rows = len(request.prompts) * self.n
+        with self.wake:
+            if not self.wake.wait_for(lambda: self.error is not None or request.done == rows, timeout_s):
+                raise TimeoutError(f"rollout request {request_id} not finished after {timeout_s} s")
+            if self.error is not None:
+                raise RuntimeError("the rollout stream's decode thread failed") from self.error
+            del self.requests[request_id]
+            idle, self.idle_s = self.idle_s, 0.0
+        out = self._assemble(request)
+        metrics = dict(out.meta_info.get(METRICS, {}))
+        metrics.update({"rollout/stream_idle_s": idle, "rollout/latency_s": time.perf_counter() - request.submitted,
+                        "rollout/slot_utilization": self.decoder.slot_utilization()})
+        out.meta_info[METRICS] = metrics
+        return out
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """No decode step runs inside (``swap="drained"``: and no row is resident or submitted); write the weights here."""
+        with self.wake:
+            self.pausers += 1
+        try:
+            while True:
+                self.lock.acquire()
+                if self.swap == "step" or not self._work_left() or self.error is not None or self.stopping:
+                    break
+                self.lock.release()
+                with self.wake:  # the thread notifies when a request finishes
+                    self.wake.wait(0.05)
+            try:
+                yield
+            finally:
+                self.lock.release()
+        finally:
+            with self.wake:
+                self.pausers -= 1
+                self.wake.notify_all()
+
+    def _work_left(self) -> bool:
+        return self.decoder.busy or bool(self.inbox)
+
+    def set_version(self, version: int) -> None:
+        """Tokens sampled from now on carry ``version`` (call inside :meth:`paused`, after writing the weights)."""
+        self.decoder.version = version
+
+    def close(self) -> None:
+        """Stop the thread (requests still in flight are dropped)."""
+        with self.wake:
+            self.stopping = True
+            self.wake.notify_all()
+        self.thread.join(timeout=10)
+
+    # ------------------------------------------------------------ thread
+    def _run(self) -> None:
+        try:
+            with torch.no_grad():
+                while not self.stopping:
+                    if not self._feed():
+                        continue
+                    if self.pausers and self.swap == "step":  # let a weight swap in before this step
+                        with self.wake:
+                            self.wake.wait_for(lambda: not self.pausers or self.stopping, 0.05)
+                    with self.lock:
+                        finished = self.decoder.step()
+                    if finished is not None:
+                        self._collect(finished)
+        except BaseException as err:  # noqa: BLE001 - reported to the taker
+            with self.wake:
+                self.error = err
+                self.wake.notify_all()
+
+    def _feed(self) -> bool:
+        """Move submitted requests into the decoder; wait (counted as idle) while there is nothing to decode."""
+        with self.wake:
+            if not self.inbox and not self.decoder.busy:
+                start = time.perf_counter()
+                self.wake.wait(0.05)
+                self.idle_s += time.perf_counter() - start
+                return False
+            arrived = [self.inbox.popleft() for _ in range(len(self.inbox))]
+        for request_id in arrived:
+            request = self.requests[request_id]
+            with self.lock:
+                if not self.decoder.busy:  # an idle decoder: this request samples as a call of its own would
+                    self.generator.manual_seed(request.seed)
+                batch = request.prompts.batch
+                mask = batch[ATTENTION_MASK]
+                positions = batch.get(POSITION_IDS)
+                positions = positions_from_mask(mask) if positions is None else positions
+                self.decoder.add(batch[INPUT_IDS], mask, positions, [(request_id, i) for i in range(len(request.prompts))])
+        return True
+
+    def _collect(self, finished) -> None:
+        with self.wake:
+            for k, (request_id, prompt) in enumerate(finished.tags):
+                request = self.requests.get(request_id)
+                if request is None:
+                    continue
+                sample = int(finished.samples[k])
+                request.rows[prompt * self.n + sample] = (
+                    finished.tokens[k], finished.log_probs[k], finished.versions[k], int(finished.lengths[k]))
+                request.done += 1
+            self.wake.notify_all()
+
+    def _assemble(self, request: _Request) -> DataProto:
+        prompts = request.prompts
+        order = [request.rows[i] for i in range(len(prompts) * self.n)]
+        responses, log_probs, versions = (torch.stack([row[k] for row in order]) for k in range(3))
+        lengths = torch.tensor([row[3] for row in order], device=responses.device)
+        mask = prompts.batch[ATTENTION_MASK]
+        positions = prompts.batch.get(POSITION_IDS)
+        positions = positions_from_mask(mask) if positions is None else positions
+        out = assemble_rollout(prompts, self.n, prompts.batch[INPUT_IDS], mask, positions, responses, log_probs, lengths)
+        steps = torch.arange(responses.shape[1], device=responses.device)
+        out.batch[ROLLOUT_VERSIONS] = torch.where(steps[None] < lengths[:, None], versions, -1)
+        out.meta_info[METRICS] = {"rollout/generated_tokens": int(lengths.sum())}
+        return out
