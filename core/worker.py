@@ -247,6 +247,18 @@ class HostInfo:
     pid: int
 
 
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports free on this machine right now (all bound at once, then released)."""
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("", 0))
+        return [int(s.getsockname()[1]) for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
 class WorkerHost:
     """The Ray actor body: one process per bundle holding one worker per role."""
 
@@ -267,9 +279,7 @@ class WorkerHost:
 
     def free_port(self) -> int:
         """A TCP port free on this node right now (for MASTER_PORT)."""
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("", 0))
-            return int(s.getsockname()[1])
+        return free_ports(1)[0]
 
     def start(self, env: RankEnv, roles: Mapping[str, RoleSpec]) -> dict[str, dict[str, RankLayout]]:
         """Set the rank's environment, construct every role's worker, return their dp layouts."""

@@ -1,0 +1,161 @@
+"""Weights from the trainer's ranks to a rollout on ranks of its own, in memory, over torch.distributed.
+
+With ``trainer.placement=split`` the rollout is a second worker group with
+its own default process group, so the two sides share no communicator. A
+:class:`WeightTransfer` is one more: a process group built from a TCP store
+that the trainer's rank 0 hosts, with that rank as member 0 and the rollout
+ranks as members 1..R (gloo on CPU, nccl on CUDA)::
+
+    trainer ranks 0..N-1          gather each full weight (FSDP all-gather, all trainer ranks)
+    trainer rank 0  = member 0  --broadcast, one flat buffer per bucket-->  members 1..R = rollout ranks
+                                                                            each copies its tp block
+
+Both ends walk one manifest (name, shape, dtype of every weight, in the
+trainer's order) that member 0 publishes in the store when the group is made,
+cut into the same buckets of at most ``bucket_bytes`` (one weight larger than
+that is a bucket of its own), so each bucket is a single broadcast of a flat
+tensor. A header broadcast first carries the weight version. Nothing touches
+the disk and no tensor passes through the driver.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["Manifest", "TransferStats", "WeightTransfer", "buckets", "manifest_of"]
+
+Manifest = list[tuple[str, tuple[int, ...], str]]
+"""``(name, shape, dtype name)`` of every weight, in the order they are sent."""
+
+_MANIFEST_KEY = "hybridflow/weight_manifest"
+
+
+@dataclass(frozen=True)
+class TransferStats:
+    """One transfer: its weight version, seconds from the header to the last bucket, bytes and broadcasts."""
+
+    version: int
+    seconds: float
+    bytes: int
+    buckets: int
+
+    def metrics(self) -> dict[str, float]:
+        """``weight_sync/seconds``, ``weight_sync/bytes``, ``weight_sync/buckets``."""
+        return {"weight_sync/seconds": self.seconds, "weight_sync/bytes": float(self.bytes),
+                "weight_sync/buckets": float(self.buckets)}
+
+
+def buckets(manifest: Manifest, bucket_bytes: int) -> list[list[int]]:
+    """Consecutive manifest entries of one dtype, at most ``bucket_bytes`` each (a larger entry alone)."""
+    out: list[list[int]] = []
+    size, dtype = 0, None
+    for i, (_, shape, dtype_name) in enumerate(manifest):
+        nbytes = _numel(shape) * torch.empty((), dtype=getattr(torch, dtype_name)).element_size()
+        if out and dtype_name == dtype and size + nbytes <= bucket_bytes:
+            out[-1].append(i)
+            size += nbytes
+        else:
+            out.append([i])
+            size, dtype = nbytes, dtype_name
+    return out
+
+
+class WeightTransfer:
+    """One end of the trainer-to-rollout process group (see the module docstring).
+
+    :param host, port: the TCP store, hosted by member 0 (the trainer's rank 0).
+    :param member: 0 for the sender, 1..R for the rollout ranks.
+    :param members: 1 + R.
+    :param device: where the flat buckets live (the rank's GPU for nccl, the CPU for gloo).
+    """
+
+    def __init__(self, host: str, port: int, member: int, members: int, device: torch.device,
+                 timeout_s: float = 600.0) -> None:
+        timeout = datetime.timedelta(seconds=timeout_s)
+        self.store = dist.TCPStore(host, port, members, is_master=member == 0, timeout=timeout, wait_for_workers=False)
+        self.member, self.members, self.device = member, members, torch.device(device)
+        if self.device.type == "cuda":
+            self.group = dist.ProcessGroupNCCL(self.store, member, members)
+        else:
+            self.group = dist.ProcessGroupGloo(self.store, member, members, timeout)
+        self.manifest: Manifest | None = None
+
+    def publish(self, manifest: Manifest) -> None:
+        """Member 0: make ``manifest`` the order of every transfer (call once, before the first send)."""
+        self.manifest = [(name, tuple(shape), dtype) for name, shape, dtype in manifest]
+        self.store.set(_MANIFEST_KEY, json.dumps(self.manifest))
+
+    def read_manifest(self) -> Manifest:
+        """Members 1..R: the manifest member 0 published (waits for it)."""
+        self.manifest = [(name, tuple(shape), dtype) for name, shape, dtype in json.loads(self.store.get(_MANIFEST_KEY))]
+        return self.manifest
+
+    def send(self, weights: Iterable[tuple[str, torch.Tensor]], version: int, bucket_bytes: int) -> TransferStats:
+        """Member 0: broadcast ``weights`` (full tensors in manifest order) and ``version``."""
+        manifest = self._need_manifest()
+        start = time.perf_counter()
+        self._broadcast(torch.tensor([version], dtype=torch.long, device=self.device))
+        stream = iter(weights)
+        sent = 0
+        plan = buckets(manifest, bucket_bytes)
+        for bucket in plan:
+            parts = []
+            for i in bucket:
+                name, tensor = next(stream)
+                if name != manifest[i][0] or tuple(tensor.shape) != manifest[i][1]:
+                    raise ValueError(f"weight {i} is {name} {tuple(tensor.shape)}, the manifest says "
+                                     f"{manifest[i][0]} {manifest[i][1]}")
+                parts.append(tensor.detach().reshape(-1).to(self.device))
+            flat = torch.cat(parts) if len(parts) > 1 else parts[0].contiguous()
+            self._broadcast(flat)
+            sent += flat.numel() * flat.element_size()
+        return TransferStats(version, time.perf_counter() - start, sent, len(plan))
+
+    def receive(self, write: Callable[[str, torch.Tensor], None], bucket_bytes: int) -> TransferStats:
+        """Members 1..R: receive one transfer; ``write(name, full tensor)`` is called for each weight (the
+        tensor is a view of the bucket, valid during the call)."""
+        manifest = self._need_manifest()
+        start = time.perf_counter()
+        header = torch.zeros(1, dtype=torch.long, device=self.device)
+        self._broadcast(header)
+        received = 0
+        plan = buckets(manifest, bucket_bytes)
+        for bucket in plan:
+            sizes = [_numel(manifest[i][1]) for i in bucket]
+            flat = torch.empty(sum(sizes), dtype=getattr(torch, manifest[bucket[0]][2]), device=self.device)
+            self._broadcast(flat)
+            received += flat.numel() * flat.element_size()
+            for i, part in zip(bucket, flat.split(sizes)):
+                write(manifest[i][0], part.view(manifest[i][1]))
+        return TransferStats(int(header.item()), time.perf_counter() - start, received, len(plan))
+
+    def close(self) -> None:
+        """Let go of the group (the store closes with the last reference)."""
+        self.group = None
+
+    def _broadcast(self, tensor: torch.Tensor) -> None:
+        self.group.broadcast(tensor, 0).wait()
+
+    def _need_manifest(self) -> Manifest:
+        if self.manifest is None:
+            raise RuntimeError("no manifest yet: member 0 calls publish(), the others read_manifest(), once")
+        return self.manifest
+
+
+def manifest_of(weights: Iterator[tuple[str, torch.Tensor]] | Iterable[tuple[str, torch.Tensor]]) -> Manifest:
+    """The manifest of ``(name, tensor)`` pairs (their full shapes and dtypes)."""
+    return [(name, tuple(t.shape), str(t.dtype).removeprefix("torch.")) for name, t in weights]
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    out = 1
+    for s in shape:
+        out *= s
+    return out
