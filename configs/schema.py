@@ -23,6 +23,8 @@ ROLLOUT_MODES = ("direct", "server")
 SYNTHETIC_TASKS = ("arithmetic", "tool")
 KL_CONTROLLERS = ("fixed", "adaptive")
 DEVICES = ("cpu", "cuda")
+PLACEMENTS = ("colocated", "split")
+STEP_MODES = ("sync", "one_step_off", "async")
 RESUME_MODES = ("auto", "disable")
 ROLLOUT_IS_LEVELS = ("token", "sequence")  # losses.rollout_correction's, kept free of torch here
 ROLLOUT_IS_MODES = ("truncate", "mask")
@@ -520,6 +522,31 @@ class TrainerConfig:
     cpu_threads_per_rank: int = 1
     """torch threads of each rank when ``device=cpu`` (GPU ranks keep torch's default). One is fastest
     when the ranks fill the cores; a one-rank job on a 2-core machine runs best with 2."""
+    placement: str = "colocated"
+    """Where the rollout runs. ``colocated``: on the training ranks (the hybrid engine: after each update the
+    weights are resharded into the rollout layout in memory). ``split``: on ``rollout_ranks`` ranks of its own
+    (a second resource pool, its own layout: ``rollout.tensor_model_parallel_size`` of those ranks); after each
+    update the trainer's rank 0 broadcasts the gathered weights to them over a torch.distributed group spanning
+    both sides (gloo on CPU, nccl on CUDA), logged as ``weight_sync/seconds`` and ``weight_sync/bytes``. Split
+    placement is what lets generation overlap training (``rollout_mode``); built-in engine only."""
+    rollout_ranks: int = 1
+    """Ranks of the rollout's pool with ``placement=split`` (on one node; CPU processes or GPUs as ``device``),
+    beside the ``nnodes x n_gpus_per_node`` training ranks."""
+    rollout_mode: str = "sync"
+    """How generation and training take turns. ``sync``: each step generates its batch, then trains on it.
+    ``one_step_off`` (``placement=split``): the next batch generates while this one trains, from the weights
+    before this update; new weights enter the rollout only once it has finished what it decodes (every sample
+    one version old). ``async`` (``placement=split``): batches are submitted up to ``max_staleness`` steps ahead
+    and decode in one continuous batch; new weights enter between any two decode steps, so a sample in flight
+    continues under them (each token's version is kept: ``rollout_versions``). Use a rollout correction
+    (``algorithm.rollout_correction.rollout_is=token``) with either off-policy mode. Metrics:
+    ``async/staleness_mean``/``_max`` (trainer version minus each token's), ``timing_s/trainer_idle`` (the driver
+    waiting for rollouts and weight syncs), ``timing_s/rollout_idle`` (the rollout with nothing to decode)."""
+    max_staleness: int = 1
+    """``rollout_mode=async``: the most weight versions a sample may be behind the trainer. Batch j is submitted
+    once the trainer holds version j - max_staleness, so every token of it is at most that old; 0 submits each
+    batch after the previous update, which is the synchronous loop run on split ranks. (``async`` is a Python
+    keyword, so this key is not ``async.max_staleness``.)"""
     ray_address: Optional[str] = None
     """Join this Ray cluster: ``auto`` (the cluster ``ray start`` recorded on this machine), ``host:port`` or
     ``ray://...``. None: ``RAY_ADDRESS`` if set, else a fresh local instance of this run's own, even when another
@@ -558,10 +585,17 @@ class TrainerConfig:
     """Logger run name. None: under ``--multirun`` the job's swept overrides with short keys
     (``adv_estimator=rloo,seed=1``), otherwise ``experiment_name``."""
 
+    def batches_ahead(self) -> int:
+        """How many rollout batches are submitted before the step that trains them (``rollout_mode``): 0 in sync
+        mode, 1 one step off, ``max_staleness`` in async mode."""
+        return {"sync": 0, "one_step_off": 1}.get(self.rollout_mode, self.max_staleness)
+
     def problems(self) -> list[str]:
         """Broken rules of this section; the resume path, devices and loggers are checked by the config check."""
         return (
-            at_least(self, 1, "total_epochs", "nnodes", "n_gpus_per_node", "cpu_threads_per_rank")
+            at_least(self, 1, "total_epochs", "nnodes", "n_gpus_per_node", "cpu_threads_per_rank", "rollout_ranks")
+            + at_least(self, 0, "max_staleness")
+            + one_of(self, "placement", PLACEMENTS) + one_of(self, "rollout_mode", STEP_MODES)
             + at_least(self, 1, "total_training_steps", optional=True)
             + at_least(self, 0, "test_freq", "save_freq", "max_ckpt_to_keep", "log_val_generations")
             + one_of(self, "device", DEVICES)

@@ -84,6 +84,8 @@ class ParallelDims:
     actor_micro_batch_rows: int
     critic_micro_batch_rows: int
     use_critic: bool = False
+    rollout_ranks: int = 0
+    """Ranks of the rollout's own pool (``trainer.placement=split``); 0: the rollout shares the training ranks."""
 
     @classmethod
     def from_config(cls, config: Any, *, use_critic: bool = False) -> ParallelDims:
@@ -99,6 +101,7 @@ class ParallelDims:
             actor_micro_batch_rows=arr.actor.ppo_micro_batch_size_per_gpu,
             critic_micro_batch_rows=config.critic.ppo_micro_batch_size_per_gpu,
             use_critic=use_critic,
+            rollout_ranks=trainer.rollout_ranks if trainer.placement == "split" else 0,
         )
 
     # ---------------------------------------------------------------- sizes
@@ -124,9 +127,19 @@ class ParallelDims:
         return RoleLayout(dp, self.actor_tp, self.rows_per_mini_batch // dp, self.actor_micro_batch_rows)
 
     @property
+    def split(self) -> bool:
+        """Whether the rollout has ranks of its own (``trainer.placement=split``)."""
+        return self.rollout_ranks > 0
+
+    @property
+    def rollout_world_size(self) -> int:
+        """Ranks that generate: the rollout's own pool when split, else the training ranks."""
+        return self.rollout_ranks or self.world_size
+
+    @property
     def rollout(self) -> RoleLayout:
-        """The rollout layout: groups of q consecutive ranks decode the same prompts."""
-        return RoleLayout(self.world_size // self.rollout_tp, self.rollout_tp)
+        """The rollout layout: groups of q consecutive ranks (of the rollout's own pool when split) decode the same prompts."""
+        return RoleLayout(self.rollout_world_size // self.rollout_tp, self.rollout_tp)
 
     @property
     def critic(self) -> RoleLayout:
@@ -146,15 +159,17 @@ class ParallelDims:
         if self.world_size < 1:
             return [f"{world_key} = {self.world_size}; need at least one rank"]
         out: list[str] = []
-        tp_keys = {"actor": ("actor_rollout_ref.actor.tensor_model_parallel_size", self.actor_tp),
-                   "rollout": ("actor_rollout_ref.rollout.tensor_model_parallel_size", self.rollout_tp)}
-        for side, (key, size) in tp_keys.items():
+        rollout_key = "trainer.rollout_ranks" if self.split else world_key
+        tp_keys = {"actor": ("actor_rollout_ref.actor.tensor_model_parallel_size", self.actor_tp, world_key, self.world_size),
+                   "rollout": ("actor_rollout_ref.rollout.tensor_model_parallel_size", self.rollout_tp, rollout_key,
+                               self.rollout_world_size)}
+        for side, (key, size, ranks_key, ranks) in tp_keys.items():
             if size < 1:
                 out.append(f"{key}={size} must be >= 1")
-            elif self.world_size % size:
-                out.append(f"{world_key}={self.world_size} must be a multiple of {size} ({side} tensor-parallel "
+            elif ranks % size:
+                out.append(f"{ranks_key}={ranks} must be a multiple of {size} ({side} tensor-parallel "
                            f"groups of {key}={size} consecutive ranks tile the ranks); "
-                           f"allowed sizes: {_divisors(self.world_size)}")
+                           f"allowed sizes: {_divisors(ranks)}")
         for key, value in (("data.train_batch_size", self.train_batch_size),
                            ("actor_rollout_ref.actor.ppo_mini_batch_size", self.mini_batch_size),
                            ("actor_rollout_ref.rollout.n", self.n),
@@ -167,9 +182,10 @@ class ParallelDims:
         _divides(out, "data.train_batch_size", self.train_batch_size, self.mini_batch_size,
                  "each step is split into whole mini-batches of actor.ppo_mini_batch_size prompts")
         ranks = f"trainer.nnodes x trainer.n_gpus_per_node={self.world_size}"
+        rollout_ranks = f"trainer.rollout_ranks={self.rollout_ranks}" if self.split else ranks
         _divides(out, "data.train_batch_size", self.train_batch_size, self.rollout.dp,
                  f"each step's prompts are split evenly over the {self.rollout.dp} rollout data-parallel ranks: "
-                 f"{ranks} / rollout tp {self.rollout_tp}")
+                 f"{rollout_ranks} / rollout tp {self.rollout_tp}")
         roles = {"training": (self.actor.dp, f"{ranks} / actor tp {self.actor_tp}")}
         if self.use_critic:
             roles["critic"] = (self.critic.dp, f"{ranks}, FSDP over all")

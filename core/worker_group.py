@@ -83,12 +83,16 @@ class GroupOptions:
         cpu_torch_threads: torch threads per rank on CPU-only pools (one is
             fastest on small machines); GPU pools keep torch's default.
         name: prefix of the Ray actor names, for logs.
+        max_concurrency: calls one rank runs at once, each in a thread of its own (Ray's threaded actors).
+            1 runs them one after another, in order. A worker that serves waiting calls beside others (the
+            rollout stream: several ``generate_stream`` calls and a weight transfer at once) needs more.
     """
 
     call_timeout_s: float | None = None
     start_timeout_s: float = 120.0
     cpu_torch_threads: int = 1
     name: str = "hybridflow"
+    max_concurrency: int = 1
 
 
 @dataclass(frozen=True)
@@ -225,6 +229,7 @@ class HostGroup:
             remote_host.options(
                 num_cpus=res["num_cpus"],
                 num_gpus=res["num_gpus"],
+                max_concurrency=options.max_concurrency,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(b.placement_group, b.bundle_index),
             ).remote(threads)
             for b in bundles
@@ -254,6 +259,11 @@ class HostGroup:
     def world_size(self) -> int:
         """Number of ranks."""
         return len(self.handles)
+
+    def free_port(self) -> tuple[str, int]:
+        """Rank 0's node address and a TCP port free there now (for a process group of the caller's own)."""
+        port = _gather([self.handles[0].free_port.remote()], self.labels[:1], ",".join(self.roles), "<free_port>", 30.0)[0]
+        return self.labels[0].node_ip, int(port)
 
     def _set_layouts(self, rank_layouts: Sequence[Mapping[str, Mapping[str, RankLayout]]]) -> None:
         self.layouts = {

@@ -180,6 +180,30 @@ def _model_problems(cfg: Any) -> Iterator[str]:
             yield f"{key}={size}: {err}"
 
 
+def _placement_problems(cfg: Any) -> Iterator[str]:
+    """The pipelined rollout modes need the rollout on ranks of its own, and what split placement supports."""
+    trainer, rollout = cfg.trainer, cfg.actor_rollout_ref.rollout
+    if trainer.rollout_mode != "sync" and trainer.placement != "split":
+        yield (f"trainer.rollout_mode={trainer.rollout_mode!r} overlaps generation with training and needs the rollout "
+               "on ranks of its own: set trainer.placement=split (and trainer.rollout_ranks), or trainer.rollout_mode=sync")
+    if trainer.placement != "split":
+        return
+    if rollout.name != "builtin":
+        yield f"trainer.placement=split runs the built-in engine only; got actor_rollout_ref.rollout.name={rollout.name!r}"
+    if trainer.rollout_mode != "sync" and not _single_generate(rollout.agent_loop):
+        yield (f"trainer.rollout_mode={trainer.rollout_mode!r} streams single generations; the agent loop "
+               f"{rollout.agent_loop!r} runs with trainer.rollout_mode=sync")
+    if trainer.nnodes > 1:
+        yield "trainer.placement=split runs on one node for now; set trainer.nnodes=1"
+
+
+def _single_generate(loop: str) -> bool:
+    try:
+        return get_agent_loop(loop).single_generate
+    except UnknownNameError:
+        return True  # _agent_problems names it
+
+
 def _name_problems(cfg: Any) -> Iterator[str]:
     actor, trainer = cfg.actor_rollout_ref.actor, cfg.trainer
     if actor.loss_agg_mode is not None and actor.loss_agg_mode not in LOSS_AGG_MODES:
@@ -201,6 +225,7 @@ def config_problems(cfg: Any) -> list[str]:
     problems = list(section_problems(cfg))
     problems += _plugin_problems(cfg)
     problems += _name_problems(cfg)
+    problems += _placement_problems(cfg)
     use_critic = not any(p.startswith("algorithm.adv_estimator:") for p in problems) and needs_critic(cfg)
     dims = ParallelDims.from_config(cfg, use_critic=use_critic)
     problems += dims.problems()
@@ -217,6 +242,9 @@ def config_warnings(cfg: Any) -> list[str]:
     arr = cfg.actor_rollout_ref
     path = str(arr.model.path or "")
     out = []
+    if cfg.trainer.rollout_mode != "sync" and cfg.algorithm.rollout_correction.rollout_is is None:
+        out.append(f"trainer.rollout_mode={cfg.trainer.rollout_mode!r} trains on samples from older weights without a "
+                   "correction: set algorithm.rollout_correction.rollout_is=token (truncated importance weights)")
     if path and not path.startswith("builtin:") and arr.rollout.response_length <= 16:
         out.append(f"actor_rollout_ref.model.path={path!r} is a real checkpoint, but the job keeps the builtin toy's "
                    f"settings (rollout.response_length={arr.rollout.response_length}, actor lr "

@@ -70,7 +70,8 @@ def recompute_old_log_prob(config: Any, *, needs_pass: bool) -> bool:
         return setting == "true"
     compute_dtype = arr.actor.fsdp_config.param_dtype or arr.model.dtype
     same_numbers = arr.rollout.name == "builtin" and compute_dtype == arr.model.dtype
-    return needs_pass or config.algorithm.rollout_correction.rollout_is is not None or not same_numbers
+    stale = config.trainer.rollout_mode != "sync"  # the rollout's weights may be older than the trainer's
+    return needs_pass or stale or config.algorithm.rollout_correction.rollout_is is not None or not same_numbers
 
 
 def input_problems(estimator: AdvantageEstimator, config: Any) -> list[str]:

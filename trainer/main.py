@@ -88,7 +88,7 @@ def build_and_fit(config: PPOConfig, run_dir: Path, facts: dict[str, Any] | None
 
     started_ray = not ray.is_initialized()  # leave a Ray instance we did not start running
     init_ray(address=config.trainer.ray_address)
-    pool = None
+    pool = rollout_pool = None
     try:  # from here on Ray is up: every failure, placement included, must reach the shutdown below
         if facts is not None:
             context = ray.get_runtime_context()
@@ -100,30 +100,56 @@ def build_and_fit(config: PPOConfig, run_dir: Path, facts: dict[str, Any] | None
         if dims.use_critic:
             roles["critic"] = RoleSpec(CriticWorker, kwargs={"config": config, "dims": dims})
         pool = _resource_pool(config)
+        if dims.split:
+            rollout_pool = _resource_pool(config, ranks=[config.trainer.rollout_ranks])
         options = GroupOptions(cpu_torch_threads=config.trainer.cpu_threads_per_rank)
-        with ColocatedWorkerGroup(pool, roles, options) as group, _reward_manager(config) as reward_manager:
+        with ColocatedWorkerGroup(pool, roles, options) as group, _rollout_group(config, dims, rollout_pool) as rollout, \
+                _reward_manager(config) as reward_manager:
             handles = {name: group[name] for name in roles}
+            if rollout is not None:
+                handles["rollout"] = rollout["rollout"]
             for handle in handles.values():
                 handle.init_model()
             trainer = PPOTrainer(config, handles, reward_manager, tokenizer, train, val, run_dir, dims)
             return trainer.fit()
     finally:
-        if pool is not None:
-            pool.release()
+        for held in (pool, rollout_pool):
+            if held is not None:
+                held.release()
         if started_ray:
             shutdown()
         if facts is not None:
             facts["ray_down_at"] = time.time()
 
 
-def _resource_pool(config: PPOConfig):
-    """The placement of the run's ranks; a cluster that cannot hold them is a config error naming the keys."""
+def _rollout_group(config: PPOConfig, dims, pool):
+    """The rollout's own worker group (``trainer.placement=split``), or a context holding None when colocated.
+
+    Its actors are threaded: the ``generate_stream`` calls of the batches in flight wait at once, beside a weight
+    transfer and a validation call.
+    """
+    from contextlib import nullcontext
+
+    from hybridflow.core import ColocatedWorkerGroup, GroupOptions, RoleSpec
+    from hybridflow.workers.rollout.worker import RolloutWorker
+
+    if not dims.split:
+        return nullcontext(None)
+    options = GroupOptions(cpu_torch_threads=config.trainer.cpu_threads_per_rank, name="hybridflow-rollout",
+                           max_concurrency=config.trainer.batches_ahead() + 4)
+    return ColocatedWorkerGroup(pool, {"rollout": RoleSpec(RolloutWorker, kwargs={"config": config, "dims": dims})}, options)
+
+
+def _resource_pool(config: PPOConfig, ranks: list[int] | None = None):
+    """The placement of the run's training ranks (or of ``ranks`` per node); a cluster that cannot hold them
+    is a config error naming the keys."""
     from hybridflow.core import ResourcePool
     from hybridflow.core.resource_pool import ResourceUnavailableError
 
     trainer = config.trainer
     try:
-        return ResourcePool(process_on_nodes=[trainer.n_gpus_per_node] * trainer.nnodes, use_gpu=trainer.device == "cuda")
+        nodes = ranks or [trainer.n_gpus_per_node] * trainer.nnodes
+        return ResourcePool(process_on_nodes=nodes, use_gpu=trainer.device == "cuda")
     except ResourceUnavailableError as err:
         raise ConfigError(
             f"invalid config:\n  - trainer.nnodes={trainer.nnodes} x trainer.n_gpus_per_node={trainer.n_gpus_per_node} "

@@ -52,6 +52,7 @@ from hybridflow.trainer.estimator_inputs import InputPlan, reward_components
 from hybridflow.trainer.kl_control import KLController, apply_kl_penalty
 from hybridflow.trainer.metrics import StageTimer, compute_data_metrics, throughput_metrics
 from hybridflow.trainer.prompt_loader import PromptLoader, PromptSet
+from hybridflow.trainer.rollout_modes import rollout_source, weight_sync
 from hybridflow.trainer.tracking import GENERATION_COLUMNS, RunInfo, Tracking, generation_rows
 
 logger = logging.getLogger(__name__)
@@ -96,17 +97,21 @@ class PPOTrainer:
         self.config = config
         self.dims = dims
         self.actor, self.ref, self.critic = groups["actor"], groups.get("ref"), groups.get("critic")
+        self.rollout_group = groups.get("rollout", self.actor)  # the group that generates: the actor's, unless split
         self.reward_fn, self.tokenizer = reward_fn, tokenizer
         self.run_dir = Path(run_dir)
         self.world_size = dims.world_size
-        info = self.actor.tokenizer_info()[0]
+        info = self.rollout_group.tokenizer_info()[0]
         pad_id = int(info["pad_token_id"])
         self.pad_id = pad_id
         # a multi-turn agent loop runs here, on the driver; None for one generation per prompt (the default)
-        self.agents = agent_rollout_for(config, self.actor, tokenizer, pad_id, list(info["eos_token_ids"]))
+        self.agents = agent_rollout_for(config, self.rollout_group, tokenizer, pad_id, list(info["eos_token_ids"]))
         self.loader = PromptLoader(
             train_prompts, config.data.train_batch_size, pad_id, shuffle=config.data.shuffle, seed=config.trainer.seed
         )
+        self.sync_weights = weight_sync(groups)  # after every update; colocated, the actor does it itself
+        self.sync_weights()  # the rollout's first weights (split: it starts with none)
+        self.source = rollout_source(config, self.draw_prompts, self.generate, self.rollout_group, self.loader, dims.split)
         self.val_prompts = val_prompts
         self.kl_ctrl = KLController.from_config(config.algorithm.kl_ctrl)
         self.inputs = InputPlan.for_estimator(get_estimator(config.algorithm.adv_estimator), config)
@@ -188,6 +193,7 @@ class PPOTrainer:
                 metrics.update(_mean_over_ranks(self.memory(metrics, "update", critic)))
             actor = self.actor.update_actor(self.dims.actor.arrange_for_update(batch))
             metrics.update(_mean_over_ranks(self.memory(metrics, "update", actor)))
+        metrics.update(self.sync_weights())  # the new weights to a rollout on ranks of its own
 
         metrics.update(compute_data_metrics(batch))
         metrics.update(timer.metrics())
@@ -198,21 +204,29 @@ class PPOTrainer:
     def traffic(self) -> dict[str, float]:
         """``driver/bytes_sent`` and ``driver/bytes_received``: the DataProto bytes this driver shipped to the
         worker groups and collected back since the last call (``core/worker_group.Traffic``)."""
-        hosts = {id(h): h for g in (self.actor, self.ref, self.critic) if (h := getattr(g, "hosts", None)) is not None}
+        groups = (self.actor, self.ref, self.critic, self.rollout_group)
+        hosts = {id(h): h for g in groups if (h := getattr(g, "hosts", None)) is not None}
         sent = received = 0
         for host in hosts.values():
             s, r = host.traffic.take()
             sent, received = sent + s, received + r
         return {"driver/bytes_sent": float(sent), "driver/bytes_received": float(received)}
 
-    def generate_and_score(self, timer: StageTimer, metrics: dict[str, float]) -> DataProto:
-        """Steps 1-4 on the next batch of prompts."""
+    def draw_prompts(self, index: int) -> DataProto:
+        """The next batch of prompts from the loader, as rollout batch ``index``: a uid per prompt, ``n``, and a
+        seed from (``trainer.seed``, ``index``), so a resumed or pipelined run samples batch ``index`` alike."""
         prompts = self.loader.next_batch()
         prompts.non_tensor_batch[UID] = np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)
-        prompts.meta_info.update(n=self.config.actor_rollout_ref.rollout.n, greedy=False, seed=self._seed())
-        with timer("gen"):  # 1. rollout: n responses per prompt, with the current weights
-            batch = self.memory(metrics, "gen", self.generate(prompts))
-            self.check_weight_version(batch)
+        prompts.meta_info.update(n=self.config.actor_rollout_ref.rollout.n, greedy=False,
+                                 seed=self.config.trainer.seed * 100_003 + index)
+        return prompts
+
+    def generate_and_score(self, timer: StageTimer, metrics: dict[str, float]) -> DataProto:
+        """Steps 1-4 on the next batch of prompts."""
+        with timer("gen"):  # 1. rollout: n responses per prompt (trainer.rollout_mode says from which weights)
+            prompts, batch, rollout_metrics = self.source.next(self.global_step)
+            batch = self.memory(metrics, "gen", batch)
+            metrics.update(rollout_metrics)
             metrics.update(agent_metrics(batch))
         with timer("old_log_prob"):  # 2. log-probs under the training layout (or the rollout's, the same numbers)
             self.old_log_probs(batch, metrics)
@@ -256,7 +270,7 @@ class PPOTrainer:
         (``trainer/agent_rollout.py``), in the same layout."""
         if self.agents is not None:
             return self.agents.generate(prompts)
-        out = self.actor.generate_sequences(prompts)
+        out = self.rollout_group.generate_sequences(prompts)
         columns = prompts.select(batch_keys=[], meta_info_keys=[]).repeat(prompts.meta_info["n"], interleave=True)
         return out.union(columns)
 
@@ -309,23 +323,6 @@ class PPOTrainer:
         batch.batch[RESPONSE_MASK] = out.response_mask.to(batch.batch[RESPONSE_MASK].dtype)
         return dict(out.metrics)
 
-    def check_weight_version(self, batch: DataProto) -> None:
-        """Fail (or warn, with ``rollout.allow_stale_weights``) when a rollout used stale weights.
-
-        The actor makes one update per step, so the policy's weight version is
-        the step count; the rollout reports the version it sampled with.
-        """
-        version = batch.meta_info.get("weight_version")
-        if version == self.global_step:
-            return
-        message = (
-            f"step {self.global_step + 1}: the rollout sampled with weight version {version}, but the actor has made "
-            f"{self.global_step} updates; the train-to-rollout weight sync did not run"
-        )
-        if not self.config.actor_rollout_ref.rollout.allow_stale_weights:
-            raise RuntimeError(message + " (set actor_rollout_ref.rollout.allow_stale_weights=true to only warn)")
-        logger.warning(message)
-
     def score(self, batch: DataProto) -> dict[str, float]:
         """Verifier scores into ``token_level_scores`` (and ``reward_components``, when the estimator declared
         them); rewards with the KL penalty when configured."""
@@ -374,7 +371,10 @@ class PPOTrainer:
         self.actor.save_checkpoint(str(staged))
         if self.critic is not None:
             self.critic.save_checkpoint(str(staged))
-        driver_state = {"global_step": self.global_step, "loader": self.loader.state_dict(), "kl_coef": self.kl_ctrl.value}
+        # the loader's position after the trained batches: batches drawn ahead of them are drawn again on resume
+        loader, batches = self.source.position()
+        driver_state = {"global_step": self.global_step, "loader": loader, "rollout_batches": batches,
+                        "kl_coef": self.kl_ctrl.value}
         (staged / ckpt.DRIVER_STATE).write_text(json.dumps(driver_state))
         return ckpt.publish(self.checkpoint_root, self.global_step, self.config.trainer.max_ckpt_to_keep)
 
@@ -393,7 +393,9 @@ class PPOTrainer:
             self.critic.load_checkpoint(str(path))
         self.global_step = state["global_step"]
         self.loader.load_state_dict(state["loader"])
+        self.source.drawn = state.get("rollout_batches", self.global_step)  # batch indices (and seeds) continue
         self.kl_ctrl.value = state["kl_coef"]
+        self.sync_weights()  # the loaded weights to a rollout of its own
         logger.info("resumed from %s at step %d", path, self.global_step)
         return True
 

@@ -45,6 +45,16 @@ def test_defaults_are_valid():
         ({"actor_rollout_ref.rollout.top_p": 0.0}, "top_p=0.0 must be in (0, 1]"),
         ({"algorithm.kl_ctrl.type": "pid"}, "algorithm.kl_ctrl.type='pid'; allowed: fixed, adaptive"),
         ({"trainer.logger": ["console", "mlflow"]}, "trainer.logger has ['mlflow']; allowed: console, jsonl, wandb"),
+        ({"trainer.rollout_mode": "async"}, "trainer.rollout_mode='async' overlaps generation with training and needs "
+         "the rollout on ranks of its own: set trainer.placement=split"),
+        ({"trainer.rollout_mode": "later"}, "trainer.rollout_mode='later'; allowed: sync, one_step_off, async"),
+        ({"trainer.placement": "split", "trainer.rollout_ranks": 3},
+         "data.train_batch_size=16 must be a multiple of 3 (each step's prompts are split evenly over the 3 rollout "
+         "data-parallel ranks: trainer.rollout_ranks=3 / rollout tp 1)"),
+        ({"trainer.placement": "split", "actor_rollout_ref.rollout.tensor_model_parallel_size": 2},
+         "trainer.rollout_ranks=1 must be a multiple of 2 (rollout tensor-parallel groups"),
+        ({"trainer.placement": "split", "trainer.rollout_mode": "one_step_off", "actor_rollout_ref.rollout.agent_loop":
+          "tool_calling"}, "the agent loop 'tool_calling' runs with trainer.rollout_mode=sync"),
     ],
 )
 def test_each_invalid_setting_names_key_value_and_allowed(overrides, message):

@@ -74,7 +74,7 @@ def test_validation_decodes_as_rollout_val_greedy_says(val_greedy):
                              trainer=SimpleNamespace(seed=3, log_val_generations=0))
     actor = FakeActor()
     scores = iter([torch.tensor([[1.0], [0.0]]), torch.tensor([[1.0], [1.0]]), torch.tensor([[0.0]])])
-    trainer = SimpleNamespace(config=config, actor=actor, val_prompts=FakePrompts(), pad_id=0, tokenizer=None, agents=None,
+    trainer = SimpleNamespace(config=config, rollout_group=actor, val_prompts=FakePrompts(), pad_id=0, tokenizer=None, agents=None,
                               reward_fn=lambda out, tok: (next(scores), {}), global_step=4,
                               _seed=lambda: 3 * 100_003 + 4)
     trainer.generate = lambda prompts: PPOTrainer.generate(trainer, prompts)

@@ -17,6 +17,11 @@ the rollout blocks in place, in memory, through a plan made once
 bounded by ``rollout.reshard_bucket_mb``. Each move stamps the rollout with the
 weight version (the number of updates so far); every generation reports the
 version it sampled with (``meta_info["weight_version"]``) and the driver checks it.
+
+With ``trainer.placement=split`` the rollout layout lives on ranks of its own
+(``workers/rollout/worker.py``): this worker then builds no rollout model and
+no engine, and :meth:`send_weights` broadcasts the gathered weights to those
+ranks after every update (``core/weight_transfer.py``).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from hybridflow.core import DP_COMPUTE_METRIC, DP_COMPUTE_PROTO, ONE_TO_ALL, Dat
 from hybridflow.core.keys import ACTOR_UPDATE_INPUTS, FORWARD_INPUTS, SEQUENCE_COLUMNS
 from hybridflow.core.parallel_dims import ParallelDims
 from hybridflow.core.reshard import plan_reshard
+from hybridflow.core.weight_transfer import WeightTransfer, manifest_of
 from hybridflow.workers.actor.ppo_actor import PPOActor
 from hybridflow.workers.checkpointing import load_role, model_from_full_state, save_hf_files, save_role
 from hybridflow.workers.fsdp import data_parallel_group, full_parameters, shard_role, sharded_parameters
@@ -64,8 +70,10 @@ class ActorRolloutWorker(Worker):
         arr = config.actor_rollout_ref
         self.init_device_mesh(*dims.actor.mesh)
         self.tp_size = dims.rollout.tp
-        self.rollout_mesh = self.init_device_mesh(*dims.rollout.mesh, name=ROLLOUT_MESH)
+        self.split = dims.split  # the rollout runs on ranks of its own (workers/rollout/worker.py)
+        self.rollout_mesh = None if self.split else self.init_device_mesh(*dims.rollout.mesh, name=ROLLOUT_MESH)
         self.use_vllm = arr.rollout.name == "vllm"
+        self.transfer: WeightTransfer | None = None  # to the rollout's ranks, when split
         self.weight_version = 0  # bumped by every optimizer update
         self.rollout_version = -1  # the weight version the rollout layout holds
 
@@ -82,7 +90,7 @@ class ActorRolloutWorker(Worker):
         )
         self.tokenizer = tokenizer = load_tokenizer(arr.model.path)
         self.hf_config, self.generation_config = self.model.config, self.model.generation_config
-        rollout_model = None if self.use_vllm else self._build_rollout_model(self.model)
+        rollout_model = None if self.use_vllm or self.split else self._build_rollout_model(self.model)
         self.optimizer, self.scheduler = build_optimizer(self.model, arr.actor.optim)
         self.offload = StateOffloader(self.model, self.optimizer, params=fsdp.param_offload,
                                       optimizer_state=fsdp.optimizer_offload)
@@ -93,7 +101,9 @@ class ActorRolloutWorker(Worker):
             use_remove_padding=arr.model.use_remove_padding, share_prompts=arr.model.share_prompts,
             log_prob_batching=MicroBatching(self.dims.actor.micro_batch_rows, log_prob_token_budget(arr)),
         )
-        if self.use_vllm:
+        if self.split:
+            self.engine = None
+        elif self.use_vllm:
             self._init_vllm()
         else:
             rollout = arr.rollout
@@ -144,15 +154,18 @@ class ActorRolloutWorker(Worker):
     @register(dispatch=ONE_TO_ALL)
     def tokenizer_info(self) -> dict[str, Any]:
         """The pad token id the driver pads prompts with, the engine's first EOS id and all of them."""
+        if self.engine is None:
+            raise RuntimeError("trainer.placement=split: ask the rollout group for its tokenizer info")
         return {"pad_token_id": self.engine.pad_token_id, "eos_token_id": self.engine.eos_token_ids[0],
                 "eos_token_ids": list(self.engine.eos_token_ids)}
 
     def _sync_rollout_weights(self) -> dict[str, float]:
         """Move the current training weights into the rollout layout if they changed (collective).
 
-        Returns the ``reshard/*`` metrics of the move (empty when nothing moved).
+        Returns the ``reshard/*`` metrics of the move (empty when nothing moved, and always when split:
+        the driver calls :meth:`send_weights` then).
         """
-        if self.rollout_version == self.weight_version:
+        if self.split or self.rollout_version == self.weight_version:
             return {}
         with self.offload.on_device(params=True):
             stats = self._move_weights()
@@ -185,6 +198,8 @@ class ActorRolloutWorker(Worker):
         Every rank of a rollout tp group gets the same prompts (the rollout
         mesh's data-parallel layout) and samples the same tokens.
         """
+        if self.split:
+            raise RuntimeError("trainer.placement=split: the rollout runs on its own ranks; call the rollout group")
         if self.use_vllm:
             self.engine.wake_up(["weights"])
         self._sync_rollout_weights()  # a no-op unless a checkpoint was loaded (updates sync eagerly)
@@ -233,6 +248,27 @@ class ActorRolloutWorker(Worker):
             if not (self.use_vllm or self.config.actor_rollout_ref.rollout.offload_weights):
                 metrics.update(self._sync_rollout_weights())
         return metrics
+
+    @register(dispatch=ONE_TO_ALL)
+    def join_weight_transfer(self, host: str, port: int, members: int) -> None:
+        """Rank 0 hosts the trainer-to-rollout group (``core/weight_transfer.py``) as member 0 and publishes the
+        manifest of the weights; the other ranks only take part in the gathers of :meth:`send_weights`."""
+        if self.rank == 0:
+            self.transfer = WeightTransfer(host, port, 0, members, self.device)
+            self.transfer.publish(manifest_of(self.model.named_parameters()))
+
+    @register(dispatch=ONE_TO_ALL)
+    def send_weights(self) -> dict[str, float]:
+        """Gather the full weights (collective over the training ranks) and broadcast them with the weight
+        version to the rollout's ranks (with their ``receive_weights``); rank 0's ``weight_sync/*`` metrics."""
+        bucket = int(self.config.actor_rollout_ref.rollout.reshard_bucket_mb * 2**20)
+        with self.offload.on_device(params=True):
+            weights = iter_full_weights(self.model)
+            if self.transfer is None:
+                for _ in weights:  # the gathers need every training rank
+                    pass
+                return {}
+            return self.transfer.send(weights, self.weight_version, bucket).metrics()
 
     @register(dispatch=ONE_TO_ALL)
     def save_checkpoint(self, directory: str) -> None:

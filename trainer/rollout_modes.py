@@ -1,0 +1,194 @@
+"""Where a step's rollout comes from (``trainer.rollout_mode``) and how weights reach the rollout (``trainer.placement``).
+
+The driver's step is the same seven stages in every mode; only stage 1
+changes source. :class:`SyncRollout` draws the step's prompts and generates
+them now. :class:`PipelinedRollout` keeps ``ahead`` batches submitted before
+they are needed, to a rollout on ranks of its own, and hands out the oldest::
+
+    step s:  [take batch s] [old_log_prob ref reward adv update] [sync v(s+1)] [submit batch s+1+ahead]
+    rollout: ......decodes batches s+1 .. s+ahead meanwhile (one continuous batch, workers/rollout/stream.py)
+
+Batch j is submitted once the trainer holds version j - ahead, so none of its
+tokens is older than that: staleness <= ``ahead`` (``trainer.max_staleness``
+for ``async``, 1 for ``one_step_off``), checked on every batch.
+
+:class:`GroupWeightSync` moves the weights after each update when the rollout
+is a group of its own (``core/weight_transfer.py``); colocated, the actor
+reshards into its rollout layout itself (:class:`NoWeightSync`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from hybridflow.core import DataProto
+from hybridflow.core.keys import METRICS, RESPONSE_MASK, ROLLOUT_VERSIONS
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["GroupWeightSync", "NoWeightSync", "PipelinedRollout", "SyncRollout", "rollout_source", "weight_sync"]
+
+Draw = Callable[[int], DataProto]
+"""``draw(index)``: the prompts of rollout batch ``index`` (uids, ``n``, seed), from the loader's current position."""
+
+
+class NoWeightSync:
+    """Colocated: the actor moves its weights into its own rollout layout in ``update_actor``."""
+
+    def __call__(self) -> dict[str, float]:
+        """Nothing to do; no metrics."""
+        return {}
+
+
+class GroupWeightSync:
+    """The trainer's weights to the rollout group after each update (and once at start), in memory."""
+
+    def __init__(self, actor: Any, rollout: Any) -> None:
+        self.actor, self.rollout = actor, rollout
+        host, port = actor.hosts.free_port()
+        members = 1 + rollout.world_size
+        joins = [group.join_weight_transfer.options(blocking=False)(host, port, members) for group in (actor, rollout)]
+        for join in joins:
+            join.get()
+
+    def __call__(self) -> dict[str, float]:
+        """Send the current weights (both groups take part); ``weight_sync/*`` of the sender, the time the
+        driver waited (``timing_s/weight_sync``) and the slowest receiver's seconds."""
+        start = time.perf_counter()
+        send = self.actor.send_weights.options(blocking=False)()
+        receive = self.rollout.receive_weights.options(blocking=False)()
+        sent, received = send.get()[0], receive.get()
+        out = dict(sent)
+        out["weight_sync/receive_seconds"] = max(r["weight_sync/seconds"] for r in received)
+        out["timing_s/weight_sync"] = time.perf_counter() - start
+        return out
+
+
+def weight_sync(groups: dict[str, Any]) -> NoWeightSync | GroupWeightSync:
+    """The weight sync the groups need: a transfer when a ``rollout`` group of its own exists."""
+    return GroupWeightSync(groups["actor"], groups["rollout"]) if "rollout" in groups else NoWeightSync()
+
+
+@dataclass
+class _Submitted:
+    prompts: DataProto
+    future: Any
+    loader_state: dict[str, int]  # the loader's position before this batch was drawn
+    index: int
+
+
+class SyncRollout:
+    """Each step draws its prompts and generates them now.
+
+    :param generate: the trainer's ``generate`` (prompts -> rollout with the prompts' columns).
+    :param split: the rollout has ranks of its own, so the trainer's ranks idle while it generates.
+    :param allow_stale: a rollout from other weights than the trainer's only warns (``rollout.allow_stale_weights``).
+    """
+
+    def __init__(self, draw: Draw, generate: Callable[[DataProto], DataProto], loader: Any, split: bool,
+                 allow_stale: bool = False) -> None:
+        self.draw, self.generate, self.loader, self.split = draw, generate, loader, split
+        self.allow_stale = allow_stale
+        self.drawn = 0
+        self.last_end: float | None = None
+
+    def next(self, version: int) -> tuple[DataProto, DataProto, dict[str, float]]:
+        """The prompts of the next batch, their rollout (sampled with weight version ``version``: checked) and
+        the idle metrics."""
+        prompts = self.draw(self.drawn)
+        self.drawn += 1
+        start = time.perf_counter()
+        batch = self.generate(prompts)
+        end = time.perf_counter()
+        check_version(batch, version, self.allow_stale)
+        metrics = {}
+        if self.split:  # the trainer waited the whole generation; the rollout, since the last one ended
+            metrics["timing_s/trainer_idle"] = end - start
+            if self.last_end is not None:
+                metrics["timing_s/rollout_idle"] = start - self.last_end
+        self.last_end = end
+        return prompts, batch, metrics
+
+    def position(self) -> tuple[dict[str, int], int]:
+        """The loader's position and the rollout batch index after the batches trained so far (nothing is drawn ahead)."""
+        return self.loader.state_dict(), self.drawn
+
+
+class PipelinedRollout:
+    """Batches submitted ``ahead`` steps early to the rollout group's stream (see the module docstring)."""
+
+    def __init__(self, draw: Draw, rollout: Any, loader: Any, ahead: int) -> None:
+        self.draw, self.rollout, self.loader, self.ahead = draw, rollout, loader, ahead
+        self.pending: deque[_Submitted] = deque()
+        self.drawn = 0
+
+    def submit_ahead(self, version: int) -> None:
+        """Submit batches until the newest is ``version + ahead`` (batch j waits for trainer version j - ahead)."""
+        while self.drawn <= version + self.ahead:
+            state = self.loader.state_dict()
+            prompts = self.draw(self.drawn)
+            prompts.meta_info["request"] = self.drawn
+            future = self.rollout.generate_stream.options(blocking=False)(prompts)
+            self.pending.append(_Submitted(prompts, future, state, self.drawn))
+            self.drawn += 1
+
+    def next(self, version: int) -> tuple[DataProto, DataProto, dict[str, float]]:
+        """The oldest submitted batch's prompts and rollout (waited for), with staleness and idle metrics."""
+        self.submit_ahead(version)
+        submitted = self.pending.popleft()
+        start = time.perf_counter()
+        out = submitted.future.get()
+        waited = time.perf_counter() - start
+        prompts = submitted.prompts
+        columns = prompts.select(batch_keys=[], meta_info_keys=[]).repeat(prompts.meta_info["n"], interleave=True)
+        batch = out.union(columns)
+        metrics = staleness(batch, version, self.ahead)
+        idle = batch.meta_info.get(METRICS, {}).pop("rollout/stream_idle_s", [0.0])
+        metrics["timing_s/rollout_idle"] = float(np.mean(idle))
+        metrics["timing_s/trainer_idle"] = waited
+        return prompts, batch, metrics
+
+    def position(self) -> tuple[dict[str, int], int]:
+        """The loader's position and the rollout batch index after the batches trained so far: a resume draws
+        the in-flight ones again."""
+        if self.pending:
+            return self.pending[0].loader_state, self.pending[0].index
+        return self.loader.state_dict(), self.drawn
+
+
+def rollout_source(config: Any, draw: Draw, generate: Callable, rollout: Any, loader: Any, split: bool):
+    """The source ``trainer.rollout_mode`` names: sync, or pipelined ``trainer.batches_ahead()`` batches ahead."""
+    mode = config.trainer.rollout_mode
+    if mode == "sync":
+        return SyncRollout(draw, generate, loader, split, config.actor_rollout_ref.rollout.allow_stale_weights)
+    return PipelinedRollout(draw, rollout, loader, ahead=config.trainer.batches_ahead())
+
+
+def check_version(batch: DataProto, version: int, allow_stale: bool) -> None:
+    """Fail (or warn, with ``allow_stale``) when a synchronous rollout did not sample with the trainer's
+    current weights: the actor makes one update per step, so its version is the step count."""
+    sampled = batch.meta_info.get("weight_version")
+    if sampled == version:
+        return
+    message = (f"step {version + 1}: the rollout sampled with weight version {sampled}, but the actor has made "
+               f"{version} updates; the train-to-rollout weight sync did not run")
+    if not allow_stale:
+        raise RuntimeError(message + " (set actor_rollout_ref.rollout.allow_stale_weights=true to only warn)")
+    logger.warning(message)
+
+
+def staleness(batch: DataProto, version: int, bound: int) -> dict[str, float]:
+    """``async/staleness_mean`` / ``_max``: trainer version minus each response token's; more than ``bound`` is a bug."""
+    versions = batch.batch[ROLLOUT_VERSIONS]
+    valid = batch.batch[RESPONSE_MASK].bool() & (versions >= 0)
+    behind = (version - versions[valid]).float()
+    worst = float(behind.max()) if len(behind) else 0.0
+    if worst > bound:
+        raise RuntimeError(f"a sample is {worst:.0f} weight versions behind the trainer; the bound is {bound}")
+    return {"async/staleness_mean": float(behind.mean()) if len(behind) else 0.0, "async/staleness_max": worst}

@@ -1,0 +1,156 @@
+"""The rollout worker: the policy's rollout layout on ranks of its own (``trainer.placement=split``).
+
+It holds only what generation needs: this rank's tensor-parallel block of
+the policy (``workers/rollout/tensor_parallel.py``), the built-in engine, and
+one end of the weight transfer (``core/weight_transfer.py``). It never loads
+a checkpoint: the weights arrive from the trainer's ranks, versioned, right
+after start and after every update, and each generation reports the version
+it sampled with. Besides plain generation calls it runs a
+:class:`~hybridflow.workers.rollout.stream.RolloutStream` for the pipelined
+modes (``trainer.rollout_mode``): ``generate_stream`` calls may be in flight
+several at once (the group's actors are threaded) and all decode in one
+loop that keeps its row slots full.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+import torch
+
+from hybridflow.configs.schema import PPOConfig
+from hybridflow.core import DP_COMPUTE_PROTO, ONE_TO_ALL, DataProto, Worker, register
+from hybridflow.core.keys import ROLLOUT_VERSIONS, SEQUENCE_COLUMNS
+from hybridflow.core.parallel_dims import ParallelDims
+from hybridflow.core.weight_transfer import WeightTransfer
+from hybridflow.workers.models import load_model_config, load_tokenizer, torch_dtype
+from hybridflow.workers.rollout.engine import RolloutConfig as EngineConfig
+from hybridflow.workers.rollout.engine import RolloutEngine
+from hybridflow.workers.rollout.sampling import SamplingParams
+from hybridflow.workers.rollout.stream import RolloutStream
+from hybridflow.workers.rollout.tensor_parallel import build_tp_rollout_model
+from hybridflow.workers.rollout.tp_plan import rollout_slice
+
+SWAP_FOR_MODE = {"async": "step", "one_step_off": "drained", "sync": "drained"}
+"""When a stream lets new weights in, per ``trainer.rollout_mode`` (``workers/rollout/stream.py``)."""
+
+
+def sampling_for(config: PPOConfig, meta: dict[str, Any]) -> SamplingParams:
+    """The rollout's sampling for one call: ``meta["max_new_tokens"]`` (an agent loop's turn) within ``rollout.response_length``."""
+    rollout = config.actor_rollout_ref.rollout
+    steps = min(int(meta.get("max_new_tokens", rollout.response_length)), rollout.response_length)
+    return SamplingParams(temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k, max_new_tokens=steps)
+
+
+def block_writer(params: dict[str, torch.Tensor], hf_config: Any, tp_rank: int, tp_size: int):
+    """``write(name, full)`` for :meth:`WeightTransfer.receive`: copy tp rank ``tp_rank``'s block of the full
+    weight into the rollout parameter ``name`` (in place: the engine keeps seeing the same tensors)."""
+
+    def write(name: str, full: torch.Tensor) -> None:
+        params[name].copy_(rollout_slice(name, tuple(full.shape), hf_config, tp_rank, tp_size).take(full))
+
+    return write
+
+
+class RolloutWorker(Worker):
+    """Generation of the policy on one rank of the rollout's own pool."""
+
+    def __init__(self, config: PPOConfig, dims: ParallelDims) -> None:
+        super().__init__()
+        self.config, self.dims = config, dims
+        self.init_device_mesh(*dims.rollout.mesh)
+        self.tp_size = dims.rollout.tp
+        self.version = -1  # no weights yet
+        self.transfer: WeightTransfer | None = None
+        self.stream: RolloutStream | None = None
+
+    @property
+    def tp_rank(self) -> int:
+        """This rank's position in its rollout tensor-parallel group."""
+        return self.device_mesh.get_local_rank("tp") if self.tp_size > 1 else 0
+
+    @register(dispatch=ONE_TO_ALL)
+    def init_model(self) -> None:
+        """Build this rank's block of the policy (zeros until the first weight transfer) and the engine."""
+        arr = self.config.actor_rollout_ref
+        self.tokenizer = load_tokenizer(arr.model.path)
+        self.hf_config = load_model_config(arr.model.path)
+        tp_group = self.device_mesh.get_group("tp") if self.tp_size > 1 else None
+        model = build_tp_rollout_model(self.hf_config, tp_group, self.tp_rank, self.tp_size,
+                                       dtype=torch_dtype(arr.model.dtype), device=self.device)
+        self.params = dict(model.named_parameters())
+        rollout = arr.rollout
+        budget = None
+        if self.device.type == "cuda":
+            budget = int(rollout.gpu_memory_utilization * torch.cuda.get_device_properties(self.device).total_memory)
+        self.engine = RolloutEngine(model, self.tokenizer, EngineConfig(
+            max_kv_cache_bytes=budget, max_num_seqs=rollout.max_num_seqs, refill=rollout.refill))
+
+    @register(dispatch=ONE_TO_ALL)
+    def tokenizer_info(self) -> dict[str, Any]:
+        """The pad token id the driver pads prompts with, the engine's first EOS id and all of them."""
+        return {"pad_token_id": self.engine.pad_token_id, "eos_token_id": self.engine.eos_token_ids[0],
+                "eos_token_ids": list(self.engine.eos_token_ids)}
+
+    @register(dispatch=ONE_TO_ALL)
+    def join_weight_transfer(self, host: str, port: int, members: int) -> None:
+        """Join the trainer-to-rollout group as member ``1 + rank`` (with the trainer's ``join_weight_transfer``)."""
+        self.transfer = WeightTransfer(host, port, 1 + self.rank, members, self.device)
+        self.transfer.read_manifest()
+
+    @register(dispatch=ONE_TO_ALL)
+    def receive_weights(self) -> dict[str, float]:
+        """Receive one transfer into the rollout blocks (with the trainer's ``send_weights``); its ``weight_sync/*``
+        metrics. Inside a running stream it waits for the stream's swap point (``stream.paused``)."""
+        bucket = int(self.config.actor_rollout_ref.rollout.reshard_bucket_mb * 2**20)
+        write = block_writer(self.params, self.hf_config, self.tp_rank, self.tp_size)
+        with torch.no_grad(), self._paused():
+            stats = self.transfer.receive(write, bucket)
+            self.version = stats.version
+            if self.stream is not None:
+                self.stream.set_version(stats.version)
+        return stats.metrics()
+
+    @register(dispatch=DP_COMPUTE_PROTO, reads=SEQUENCE_COLUMNS)
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """One generation call, as the actor's (``meta_info``: ``n``, ``greedy``, ``seed``, optionally
+        ``max_new_tokens``, ``stop_token_ids``); a running stream pauses for it."""
+        meta = prompts.meta_info
+        with self._paused():
+            out = self.engine.generate(prompts, n=meta["n"], sampling=sampling_for(self.config, meta), greedy=meta["greedy"],
+                                       seed=self._seed(meta), stop_token_ids=tuple(meta.get("stop_token_ids", ())))
+        out.meta_info["weight_version"] = self.version
+        return out
+
+    @register(dispatch=DP_COMPUTE_PROTO, reads=SEQUENCE_COLUMNS)
+    def generate_stream(self, prompts: DataProto) -> DataProto:
+        """Submit ``prompts`` (``meta_info``: ``n``, ``seed``, ``request``: a unique id) to the stream and wait for
+        their rollout: the columns of :meth:`generate_sequences` plus ``rollout_versions``; ``weight_version`` is the
+        oldest version any of its tokens was sampled with."""
+        meta = prompts.meta_info
+        stream = self._stream(meta["n"])
+        stream.submit(int(meta["request"]), prompts, self._seed(meta))
+        out = stream.take(int(meta["request"]))
+        versions = out.batch[ROLLOUT_VERSIONS]
+        valid = versions[versions >= 0]
+        out.meta_info["weight_version"] = int(valid.min()) if len(valid) else stream.version
+        return out
+
+    def _stream(self, n: int) -> RolloutStream:
+        if self.stream is None:
+            rows = self.dims.rows_per_step // self.dims.rollout.dp  # one step's rows on this rank
+            # by default a slot for every row that may be in flight: this step's and those submitted ahead
+            slots = self.config.actor_rollout_ref.rollout.max_num_seqs or rows * (1 + self.config.trainer.batches_ahead())
+            sampling = sampling_for(self.config, {})
+            bound = self.engine._rows_at_once(self.config.data.max_prompt_length + 2 * sampling.max_new_tokens)
+            slots = max(n, min(slots, bound) if bound is not None else slots)
+            self.stream = RolloutStream(self.engine, slots, n, sampling, SWAP_FOR_MODE[self.config.trainer.rollout_mode])
+            self.stream.set_version(self.version)
+        return self.stream
+
+    def _paused(self) -> AbstractContextManager:
+        return self.stream.paused() if self.stream is not None else nullcontext()
+
+    def _seed(self, meta: dict[str, Any]) -> int:
+        return meta["seed"] * 1_000_003 + self.dp_layout().dp_rank
