@@ -1,9 +1,10 @@
 """The runtime: the batch container, workers, dispatch modes and Ray worker groups.
 
-``core`` imports torch, numpy and Ray only; nothing above it. The Ray-backed
-names (``ResourcePool``, ``RayWorkerGroup``, ``ColocatedWorkerGroup``,
-``init_ray``, ...) are imported on first use, so ``from hybridflow.core import
-DataProto`` (all an estimator or reward needs) does not load Ray.
+``core`` imports torch, numpy and Ray only; nothing above it. Every name here
+is imported on first use: ``from hybridflow.core import DataProto`` (all an
+estimator needs) does not load Ray, and ``hybridflow.core.keys`` (all a reward
+verifier's plugin registration needs) loads neither torch nor Ray, so a
+reward pool worker starts without them.
 
 The driver builds a colocated group and calls it like this::
 
@@ -20,24 +21,13 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from hybridflow.core.data_proto import DataProto
-from hybridflow.core.dispatch import (
-    ALL_TO_ALL,
-    DEFAULT_MESH,
-    DP_COMPUTE,
-    DP_COMPUTE_METRIC,
-    DP_COMPUTE_PROTO,
-    ONE_TO_ALL,
-    DispatchMode,
-    DispatchPlan,
-    Execute,
-    GroupLayout,
-    RankLayout,
-    register,
-)
-from hybridflow.core.worker import RoleSpec, Worker
-
 _LAZY = {
+    "DataProto": "hybridflow.core.data_proto",
+    **{name: "hybridflow.core.dispatch" for name in (
+        "ALL_TO_ALL", "DEFAULT_MESH", "DP_COMPUTE", "DP_COMPUTE_METRIC", "DP_COMPUTE_PROTO", "ONE_TO_ALL", "DispatchMode",
+        "DispatchPlan", "Execute", "GroupLayout", "RankLayout", "register")},
+    "RoleSpec": "hybridflow.core.worker",
+    "Worker": "hybridflow.core.worker",
     "ResourcePool": "hybridflow.core.resource_pool",
     "ResourceUnavailableError": "hybridflow.core.resource_pool",
     "RayWorkerGroup": "hybridflow.core.worker_group",
@@ -50,28 +40,11 @@ _LAZY = {
     "shutdown": "hybridflow.core.ray_runtime",
 }
 
-__all__ = [
-    "DEFAULT_MESH",
-    "ALL_TO_ALL",
-    "DP_COMPUTE",
-    "DP_COMPUTE_METRIC",
-    "DP_COMPUTE_PROTO",
-    "ONE_TO_ALL",
-    "DataProto",
-    "DispatchMode",
-    "DispatchPlan",
-    "Execute",
-    "GroupLayout",
-    "RankLayout",
-    "RoleSpec",
-    "Worker",
-    "register",
-    *_LAZY,
-]
+__all__ = list(_LAZY)
 
 
 def __getattr__(name: str) -> Any:
-    """Import the Ray-backed names on first use (PEP 562)."""
+    """Import each name on first use (PEP 562)."""
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'hybridflow.core' has no attribute {name!r}")

@@ -193,9 +193,17 @@ class RewardVerifier(PluginEntry):
     returns a float score, or a dict with a ``"score"`` float and extra
     fields reported as metrics: the ``compute_score`` signature veRL users
     already write.
+
+    ``preload``: modules a reward pool worker imports before it takes its
+    first sample, when a route uses this verifier (heavy imports ``fn``
+    makes lazily, such as ``math_verify``), so their import time does not
+    count against the first sample's timeout. The module defining ``fn`` is
+    always imported first.
     """
 
     kind: ClassVar[str] = "reward verifier"
+
+    preload: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

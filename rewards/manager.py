@@ -93,9 +93,10 @@ class RewardManager:
         torch (through the plugin package): a CUDA build alone maps about
         3.8 GB of address space at import (measured, torch 2.11+cu130), so
         keep this well above 4096 on GPU machines.
-    :param worker_preload: ``reward.worker_preload``: modules every worker
-        imports before it takes samples, so import time does not count
-        against the first sample's timeout.
+    :param worker_preload: more modules every worker imports before it takes
+        samples, besides each routed verifier's module and its declared
+        ``RewardVerifier.preload``, so import time does not count against the
+        first sample's timeout.
     """
 
     def __init__(
@@ -109,17 +110,19 @@ class RewardManager:
         overlong_buffer: Mapping[str, Any] | None = None,
         max_response_length: int | None = None,
         worker_memory_mb: int | None = 8192,
-        worker_preload: Sequence[str] = ("math_verify",),
+        worker_preload: Sequence[str] = (),
     ) -> None:
         self.router = Router(route, custom_reward_function, verifier_kwargs)
-        self._functions = {name: get_reward_verifier(name).fn for name in sorted(self.router.verifier_names())}
+        verifiers = [get_reward_verifier(name) for name in sorted(self.router.verifier_names())]
+        self._functions = {entry.name: entry.fn for entry in verifiers}
         self.timeout_score = float(timeout_score)
         overlong = dict(overlong_buffer or {})
         self.overlong = overlong if overlong.get("enable") else None
         if self.overlong is not None and int(self.overlong.get("len", 0)) <= 0:
             raise ValueError(f"reward.overlong_buffer.len must be > 0 when enabled, got {self.overlong.get('len')}")
         self.max_response_length = max_response_length
-        preload = list(worker_preload) + sorted({fn.__module__ for fn in self._functions.values()})
+        declared = [module for entry in verifiers for module in entry.preload]
+        preload = list(dict.fromkeys([*worker_preload, *sorted({e.fn.__module__ for e in verifiers}), *declared]))
         self.pool = ScoringPool(num_workers, timeout_s, worker_memory_mb, preload)
         self._calls: dict[str, tuple[ResolvedCall, ...]] = {}
 

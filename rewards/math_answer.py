@@ -123,4 +123,4 @@ def math_answer_score(data_source: str, solution_str: str, ground_truth: str, ex
 
 @hookimpl
 def hybridflow_register_reward_verifiers(register):
-    register(RewardVerifier(name="math", fn=math_answer_score))
+    register(RewardVerifier(name="math", fn=math_answer_score, preload=("math_verify",)))

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import ExitStack
 import sys
 import tempfile
 import time
@@ -58,7 +60,8 @@ def resolve_data_files(config: PPOConfig) -> tuple[list[str], list[str]]:
 
 
 def build_and_fit(config: PPOConfig, run_dir: Path, facts: dict[str, Any] | None = None) -> RunSummary:
-    """Start Ray, build the colocated worker groups, run the trainer, shut down; returns the run's summary.
+    """Start Ray, build the colocated worker groups (and the rollout's own, with ``trainer.placement=split``),
+    run the trainer, shut down; returns the run's summary.
 
     Ray is stopped on the way out, also when anything fails, if this call
     started it. ``facts``, when given, receives the Ray node and GCS address the
@@ -103,11 +106,15 @@ def build_and_fit(config: PPOConfig, run_dir: Path, facts: dict[str, Any] | None
         if dims.split:
             rollout_pool = _resource_pool(config, ranks=[config.trainer.rollout_ranks])
         options = GroupOptions(cpu_torch_threads=config.trainer.cpu_threads_per_rank)
-        with ColocatedWorkerGroup(pool, roles, options) as group, _rollout_group(config, dims, rollout_pool) as rollout, \
-                _reward_manager(config) as reward_manager:
+        with ThreadPoolExecutor(max_workers=1) as starter, ExitStack() as stack:
+            # the rollout's own group (split placement) starts beside the training group: both import torch
+            rollout_start = starter.submit(_rollout_group, config, dims, rollout_pool) if dims.split else None
+            stack.callback(_shut_down_started, rollout_start)  # also when the training group fails to start
+            group = stack.enter_context(ColocatedWorkerGroup(pool, roles, options))
             handles = {name: group[name] for name in roles}
-            if rollout is not None:
-                handles["rollout"] = rollout["rollout"]
+            if rollout_start is not None:
+                handles["rollout"] = rollout_start.result()["rollout"]
+            reward_manager = stack.enter_context(_reward_manager(config))
             for handle in handles.values():
                 handle.init_model()
             trainer = PPOTrainer(config, handles, reward_manager, tokenizer, train, val, run_dir, dims)
@@ -123,21 +130,28 @@ def build_and_fit(config: PPOConfig, run_dir: Path, facts: dict[str, Any] | None
 
 
 def _rollout_group(config: PPOConfig, dims, pool):
-    """The rollout's own worker group (``trainer.placement=split``), or a context holding None when colocated.
+    """The rollout's own worker group (``trainer.placement=split``), started.
 
     Its actors are threaded: the ``generate_stream`` calls of the batches in flight wait at once, beside a weight
     transfer and a validation call.
     """
-    from contextlib import nullcontext
-
     from hybridflow.core import ColocatedWorkerGroup, GroupOptions, RoleSpec
     from hybridflow.workers.rollout.worker import RolloutWorker
 
-    if not dims.split:
-        return nullcontext(None)
     options = GroupOptions(cpu_torch_threads=config.trainer.cpu_threads_per_rank, name="hybridflow-rollout",
                            max_concurrency=config.trainer.batches_ahead() + 4)
     return ColocatedWorkerGroup(pool, {"rollout": RoleSpec(RolloutWorker, kwargs={"config": config, "dims": dims})}, options)
+
+
+def _shut_down_started(start: Future | None) -> None:
+    """Shut a group down once its start (in the background) is over; nothing if it never started."""
+    if start is None:
+        return
+    try:
+        group = start.result()
+    except BaseException:  # noqa: BLE001 - its error is raised where the result is taken
+        return
+    group.shutdown()
 
 
 def _resource_pool(config: PPOConfig, ranks: list[int] | None = None):

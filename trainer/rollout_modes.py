@@ -34,6 +34,10 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["GroupWeightSync", "NoWeightSync", "PipelinedRollout", "SyncRollout", "rollout_source", "weight_sync"]
 
+CALL_KEYS = ("seed", "request")
+"""``meta_info`` keys of one rollout request; they leave its batch (the rollout batches of one step differ in them,
+and ``concat`` wants equal ``meta_info``)."""
+
 Draw = Callable[[int], DataProto]
 """``draw(index)``: the prompts of rollout batch ``index`` (uids, ``n``, seed), from the loader's current position."""
 
@@ -106,6 +110,8 @@ class SyncRollout:
         start = time.perf_counter()
         batch = self.generate(prompts)
         end = time.perf_counter()
+        for key in CALL_KEYS:
+            batch.meta_info.pop(key, None)
         check_version(batch, version, self.allow_stale)
         metrics = {}
         if self.split:  # the trainer waited the whole generation; the rollout, since the last one ended
@@ -148,6 +154,8 @@ class PipelinedRollout:
         prompts = submitted.prompts
         columns = prompts.select(batch_keys=[], meta_info_keys=[]).repeat(prompts.meta_info["n"], interleave=True)
         batch = out.union(columns)
+        for key in CALL_KEYS:
+            batch.meta_info.pop(key, None)
         metrics = staleness(batch, version, self.ahead)
         idle = batch.meta_info.get(METRICS, {}).pop("rollout/stream_idle_s", [0.0])
         metrics["timing_s/rollout_idle"] = float(np.mean(idle))

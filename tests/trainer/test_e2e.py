@@ -129,51 +129,34 @@ def test_rollout_tensor_parallel_job_samples_with_the_trained_weights(ray_sessio
 
 
 def test_stale_rollout_weights_are_an_error_unless_allowed(caplog):
-    from types import SimpleNamespace
-
     from hybridflow.core import DataProto
-    from hybridflow.trainer.ppo_trainer import PPOTrainer
-
-    def driver(allow):
-        rollout = SimpleNamespace(allow_stale_weights=allow)
-        return SimpleNamespace(global_step=3, config=SimpleNamespace(actor_rollout_ref=SimpleNamespace(rollout=rollout)))
+    from hybridflow.trainer.rollout_modes import check_version
 
     batch = DataProto.from_dict({}, meta_info={"weight_version": 2})
     with pytest.raises(RuntimeError, match="sampled with weight version 2, but the actor has made 3 updates"):
-        PPOTrainer.check_weight_version(driver(False), batch)
-    PPOTrainer.check_weight_version(driver(True), batch)  # only warns
+        check_version(batch, 3, allow_stale=False)
+    check_version(batch, 3, allow_stale=True)  # only warns
     assert "weight version 2" in caplog.text
-    PPOTrainer.check_weight_version(driver(False), DataProto.from_dict({}, meta_info={"weight_version": 3}))
+    check_version(DataProto.from_dict({}, meta_info={"weight_version": 3}), 3, allow_stale=False)
 
 
 # TP 1 (a full copy per rank) as the rollout side of a 2 x 2 mesh is checked at the reshard level
-# (tests/core/test_reshard.py::test_dp2_tp2_to_rollout_tp_1_4): one e2e run of the fatter groups here
-@pytest.mark.parametrize("actor_tp,rollout_tp", [(2, 4)])
-def test_four_ranks_train_on_dp_x_tp_and_generate_on_another_tp(ray_session, tmp_path, actor_tp, rollout_tp):
-    """Training mesh (2 dp x 2 tp) to rollout TP 4 (fatter groups)."""
-    config = small_config(tmp_path, **{
-        "trainer.n_gpus_per_node": 4,
-        "actor_rollout_ref.actor.tensor_model_parallel_size": actor_tp,
-        "actor_rollout_ref.rollout.tensor_model_parallel_size": rollout_tp,
-    })
-    build_and_fit(config, tmp_path / "run")
-    steps = read_metrics(tmp_path / "run")
-    assert len({m["actor/param_norm"] for m in steps}) == 3
-    assert all(m["rollout/log_prob_gap_max"] < 1e-4 for m in steps)
-
-
-def test_the_critic_steps_with_the_actor_when_the_actor_is_tensor_parallel(ray_session, tmp_path):
-    """4 ranks, actor (2 dp x 2 tp), critic FSDP over 4: each takes train_batch / mini_batch optimizer steps a
-    step, on the same global mini-batches (``ParallelDims.arrange_for_update``; its rows are checked in
-    tests/core/test_parallel_dims.py)."""
+# (tests/core/test_reshard.py::test_dp2_tp2_to_rollout_tp_1_4): one e2e run of the fatter groups here, with a
+# critic, so one 4-rank run checks both the reshard to another tp and the critic beside a tensor-parallel actor
+def test_four_ranks_train_on_dp_x_tp_generate_on_another_tp_and_the_critic_steps_alike(ray_session, tmp_path):
+    """Training mesh (2 dp x 2 tp) to rollout TP 4 (fatter groups); the critic (FSDP over 4) and the actor each
+    take train_batch / mini_batch optimizer steps a step, on the same global mini-batches
+    (``ParallelDims.arrange_for_update``; its rows are checked in tests/core/test_parallel_dims.py)."""
     config = small_config(tmp_path, **{
         "trainer.n_gpus_per_node": 4, "actor_rollout_ref.actor.tensor_model_parallel_size": 2,
-        "actor_rollout_ref.rollout.tensor_model_parallel_size": 2, "algorithm.adv_estimator": "gae",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size": 4, "algorithm.adv_estimator": "gae",
         "data.train_batch_size": 8, "actor_rollout_ref.actor.ppo_mini_batch_size": 4, "actor_rollout_ref.rollout.n": 2,
         "trainer.total_training_steps": 2,
     })
     build_and_fit(config, tmp_path / "run")
     steps = read_metrics(tmp_path / "run")
+    assert len({m["actor/param_norm"] for m in steps}) == 2
+    assert all(m["rollout/log_prob_gap_max"] < 1e-4 for m in steps)  # the rollout samples with the trained weights
     for m in steps:
         assert m["actor/optimizer_steps"] == m["critic/optimizer_steps"] == 2  # 8 prompts / 4 per mini-batch
         assert math.isfinite(m["critic/vf_loss"]) and m["critic/skipped_steps"] == 0
