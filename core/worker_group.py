@@ -241,7 +241,7 @@ class HostGroup:
                 [h.info.remote() for h in self.handles], boot, role_names, "<start>", options.start_timeout_s
             )
             self.labels = [RankLabel(b.rank, i.node_ip, i.node_id, i.pid) for b, i in zip(bundles, infos)]
-            port = _gather([self.handles[0].free_port.remote()], self.labels[:1], role_names, "<free_port>", 30.0)[0]
+            _, port = self.free_port()
             envs = [
                 RankEnv(b.rank, len(bundles), b.local_rank, b.local_world_size, self.labels[0].node_ip, port)
                 for b in bundles

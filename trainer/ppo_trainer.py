@@ -52,7 +52,7 @@ from hybridflow.trainer.estimator_inputs import InputPlan, reward_components
 from hybridflow.trainer.kl_control import KLController, apply_kl_penalty
 from hybridflow.trainer.metrics import StageTimer, compute_data_metrics, throughput_metrics
 from hybridflow.trainer.prompt_loader import PromptLoader, PromptSet
-from hybridflow.trainer.rollout_modes import rollout_source, weight_sync
+from hybridflow.trainer.rollout_modes import rollout_source, weight_sync, with_prompt_columns
 from hybridflow.trainer.tracking import GENERATION_COLUMNS, RunInfo, Tracking, generation_rows
 
 logger = logging.getLogger(__name__)
@@ -270,9 +270,7 @@ class PPOTrainer:
         (``trainer/agent_rollout.py``), in the same layout."""
         if self.agents is not None:
             return self.agents.generate(prompts)
-        out = self.rollout_group.generate_sequences(prompts)
-        columns = prompts.select(batch_keys=[], meta_info_keys=[]).repeat(prompts.meta_info["n"], interleave=True)
-        return out.union(columns)
+        return with_prompt_columns(self.rollout_group.generate_sequences(prompts), prompts)
 
     @staticmethod
     def memory(metrics: dict[str, float], stage: str, out: Any) -> Any:

@@ -32,7 +32,8 @@ from hybridflow.core.keys import METRICS, RESPONSE_MASK, ROLLOUT_VERSIONS
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["GroupWeightSync", "NoWeightSync", "PipelinedRollout", "SyncRollout", "rollout_source", "weight_sync"]
+__all__ = ["GroupWeightSync", "NoWeightSync", "PipelinedRollout", "SyncRollout", "rollout_source", "weight_sync",
+           "with_prompt_columns"]
 
 CALL_KEYS = ("seed", "request")
 """``meta_info`` keys of one rollout request; they leave its batch (the rollout batches of one step differ in them,
@@ -152,8 +153,7 @@ class PipelinedRollout:
         out = submitted.future.get()
         waited = time.perf_counter() - start
         prompts = submitted.prompts
-        columns = prompts.select(batch_keys=[], meta_info_keys=[]).repeat(prompts.meta_info["n"], interleave=True)
-        batch = out.union(columns)
+        batch = with_prompt_columns(out, prompts)
         for key in CALL_KEYS:
             batch.meta_info.pop(key, None)
         metrics = staleness(batch, version, self.ahead)
@@ -168,6 +168,13 @@ class PipelinedRollout:
         if self.pending:
             return self.pending[0].loader_state, self.pending[0].index
         return self.loader.state_dict(), self.drawn
+
+
+def with_prompt_columns(rollout: DataProto, prompts: DataProto) -> DataProto:
+    """``rollout`` (``n`` rows per prompt, adjacent) with the prompts' non-tensor columns (data source, ground
+    truth, uid, ...) repeated beside them: the workers get the token columns only and never ship those back."""
+    columns = prompts.select(batch_keys=[], meta_info_keys=[]).repeat(prompts.meta_info["n"], interleave=True)
+    return rollout.union(columns)
 
 
 def rollout_source(config: Any, draw: Draw, generate: Callable, rollout: Any, loader: Any, split: bool):

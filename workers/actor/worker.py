@@ -48,9 +48,8 @@ from hybridflow.workers.micro_batches import MicroBatching, log_prob_token_budge
 from hybridflow.workers.models import load_tokenizer, torch_dtype
 from hybridflow.workers.optim import build_optimizer
 from hybridflow.workers.offload import drop_storages, restore_storages
-from hybridflow.workers.rollout import RolloutConfig as EngineConfig
-from hybridflow.workers.rollout import RolloutEngine, SamplingParams
 from hybridflow.workers.rollout.tensor_parallel import build_tp_rollout_model
+from hybridflow.workers.rollout.worker import builtin_engine, call_seed, sampling_for
 from hybridflow.workers.rollout.tp_plan import rollout_slice
 from hybridflow.workers.rollout.vllm_engine import VLLMRolloutEngine, iter_full_weights  # imports vLLM only when used
 
@@ -106,19 +105,10 @@ class ActorRolloutWorker(Worker):
         elif self.use_vllm:
             self._init_vllm()
         else:
-            rollout = arr.rollout
-            self.engine = RolloutEngine(rollout_model, tokenizer, EngineConfig(
-                max_kv_cache_bytes=self._kv_budget(), max_num_seqs=rollout.max_num_seqs, refill=rollout.refill))
+            self.engine = builtin_engine(rollout_model, tokenizer, arr.rollout, self.device)
             self.reshard_plan = self._plan_reshard(rollout_model)
             self._sync_rollout_weights()
         self.offload.offload()  # with offloading on, the training state waits in host memory from here
-
-    def _kv_budget(self) -> int | None:
-        """The built-in engine's KV cache bound: ``rollout.gpu_memory_utilization`` of this GPU (none on a CPU)."""
-        if self.device.type != "cuda":
-            return None
-        total = torch.cuda.get_device_properties(self.device).total_memory
-        return int(self.config.actor_rollout_ref.rollout.gpu_memory_utilization * total)
 
     @property
     def rollout_tp_rank(self) -> int:
@@ -207,11 +197,8 @@ class ActorRolloutWorker(Worker):
             self.engine.wake_up(["kv_cache"])
         rollout = self.config.actor_rollout_ref.rollout
         meta = prompts.meta_info
-        # an agent loop's turn asks for what is left of the trajectory's budget, never more than response_length
-        steps = min(int(meta.get("max_new_tokens", rollout.response_length)), rollout.response_length)
-        sampling = SamplingParams(temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k, max_new_tokens=steps)
-        seed = meta["seed"] * 1_000_003 + self.dp_layout(ROLLOUT_MESH).dp_rank
-        out = self.engine.generate(prompts, n=meta["n"], sampling=sampling, greedy=meta["greedy"], seed=seed,
+        out = self.engine.generate(prompts, n=meta["n"], sampling=sampling_for(self.config, meta), greedy=meta["greedy"],
+                                   seed=call_seed(meta, self.dp_layout(ROLLOUT_MESH).dp_rank),
                                    stop_token_ids=tuple(meta.get("stop_token_ids", ())))
         out.meta_info["weight_version"] = self.rollout_version
         if self.use_vllm:

@@ -99,7 +99,8 @@ class RolloutStream:
     def take(self, request_id: int, timeout_s: float | None = None) -> DataProto:
         """Wait for every row of ``request_id``; its rollout (the columns :meth:`RolloutEngine.generate`
         returns, plus ``rollout_versions``) with ``rollout/*`` metrics: ``rollout/stream_idle_s`` is the time the
-        thread had nothing to decode since the previous take."""
+        thread had nothing to decode since the previous take, ``rollout/slot_utilization`` the live share of the
+        slots over the stream's life."""
         request = self.requests[request_id]
         rows = len(request.prompts) * self.n
         with self.wake:

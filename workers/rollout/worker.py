@@ -21,7 +21,7 @@ import torch
 
 from hybridflow.configs.schema import PPOConfig
 from hybridflow.core import DP_COMPUTE_PROTO, ONE_TO_ALL, DataProto, Worker, register
-from hybridflow.core.keys import ROLLOUT_VERSIONS, SEQUENCE_COLUMNS
+from hybridflow.core.keys import SEQUENCE_COLUMNS
 from hybridflow.core.parallel_dims import ParallelDims
 from hybridflow.core.weight_transfer import WeightTransfer
 from hybridflow.workers.models import load_model_config, load_tokenizer, torch_dtype
@@ -32,8 +32,8 @@ from hybridflow.workers.rollout.stream import RolloutStream
 from hybridflow.workers.rollout.tensor_parallel import build_tp_rollout_model
 from hybridflow.workers.rollout.tp_plan import rollout_slice
 
-SWAP_FOR_MODE = {"async": "step", "one_step_off": "drained", "sync": "drained"}
-"""When a stream lets new weights in, per ``trainer.rollout_mode`` (``workers/rollout/stream.py``)."""
+SWAP_FOR_MODE = {"async": "step", "one_step_off": "drained"}
+"""When a stream lets new weights in, per pipelined ``trainer.rollout_mode`` (``workers/rollout/stream.py``)."""
 
 
 def sampling_for(config: PPOConfig, meta: dict[str, Any]) -> SamplingParams:
@@ -41,6 +41,21 @@ def sampling_for(config: PPOConfig, meta: dict[str, Any]) -> SamplingParams:
     rollout = config.actor_rollout_ref.rollout
     steps = min(int(meta.get("max_new_tokens", rollout.response_length)), rollout.response_length)
     return SamplingParams(temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k, max_new_tokens=steps)
+
+
+def builtin_engine(model: torch.nn.Module, tokenizer: Any, rollout: Any, device: torch.device) -> RolloutEngine:
+    """The built-in engine over ``model`` with the rollout config's row bounds; on a GPU its KV cache is bounded
+    by ``rollout.gpu_memory_utilization`` of the device (none on a CPU)."""
+    budget = None
+    if device.type == "cuda":
+        budget = int(rollout.gpu_memory_utilization * torch.cuda.get_device_properties(device).total_memory)
+    return RolloutEngine(model, tokenizer, EngineConfig(
+        max_kv_cache_bytes=budget, max_num_seqs=rollout.max_num_seqs, refill=rollout.refill))
+
+
+def call_seed(meta: dict[str, Any], dp_rank: int) -> int:
+    """The sampling seed of one generation call on rollout dp rank ``dp_rank`` (tp peers share it)."""
+    return meta["seed"] * 1_000_003 + dp_rank
 
 
 def block_writer(params: dict[str, torch.Tensor], hf_config: Any, tp_rank: int, tp_size: int):
@@ -80,12 +95,7 @@ class RolloutWorker(Worker):
         model = build_tp_rollout_model(self.hf_config, tp_group, self.tp_rank, self.tp_size,
                                        dtype=torch_dtype(arr.model.dtype), device=self.device)
         self.params = dict(model.named_parameters())
-        rollout = arr.rollout
-        budget = None
-        if self.device.type == "cuda":
-            budget = int(rollout.gpu_memory_utilization * torch.cuda.get_device_properties(self.device).total_memory)
-        self.engine = RolloutEngine(model, self.tokenizer, EngineConfig(
-            max_kv_cache_bytes=budget, max_num_seqs=rollout.max_num_seqs, refill=rollout.refill))
+        self.engine = builtin_engine(model, self.tokenizer, arr.rollout, self.device)
 
     @register(dispatch=ONE_TO_ALL)
     def tokenizer_info(self) -> dict[str, Any]:
@@ -126,16 +136,12 @@ class RolloutWorker(Worker):
     @register(dispatch=DP_COMPUTE_PROTO, reads=SEQUENCE_COLUMNS)
     def generate_stream(self, prompts: DataProto) -> DataProto:
         """Submit ``prompts`` (``meta_info``: ``n``, ``seed``, ``request``: a unique id) to the stream and wait for
-        their rollout: the columns of :meth:`generate_sequences` plus ``rollout_versions``; ``weight_version`` is the
-        oldest version any of its tokens was sampled with."""
+        their rollout: the columns of :meth:`generate_sequences` plus ``rollout_versions`` (each token's weight
+        version, which the driver checks against its staleness bound)."""
         meta = prompts.meta_info
         stream = self._stream(meta["n"])
         stream.submit(int(meta["request"]), prompts, self._seed(meta))
-        out = stream.take(int(meta["request"]))
-        versions = out.batch[ROLLOUT_VERSIONS]
-        valid = versions[versions >= 0]
-        out.meta_info["weight_version"] = int(valid.min()) if len(valid) else stream.version
-        return out
+        return stream.take(int(meta["request"]))
 
     def _stream(self, n: int) -> RolloutStream:
         if self.stream is None:
@@ -153,4 +159,4 @@ class RolloutWorker(Worker):
         return self.stream.paused() if self.stream is not None else nullcontext()
 
     def _seed(self, meta: dict[str, Any]) -> int:
-        return meta["seed"] * 1_000_003 + self.dp_layout().dp_rank
+        return call_seed(meta, self.dp_layout().dp_rank)
