@@ -15,7 +15,7 @@ def format_plugin_table(manager: PluginManager, verbose: bool = False) -> str:
     Called by ``hybridflow plugins [--verbose]``.
     """
     lines: list[str] = []
-    for plugin_name, source in sorted(manager.sources.items(), key=lambda kv: (kv[1].distribution, kv[0])):
+    for plugin_name, source in sorted(manager.sources.items(), key=lambda kv: (kv[1].distribution or "", kv[0])):
         plugin = manager.pm.get_plugin(plugin_name)
         hooks = sorted(h.name for h in manager.pm.get_hookcallers(plugin) or [])
         lines.append(f"{plugin_name}  ({source.distribution} {source.version})")

@@ -150,8 +150,9 @@ def gsm8k_parquet(path, rows):
 
 
 def small_config(tmp_path, **overrides):
-    """The trainer's config for a 3-step job on the tiny model (4 prompts x 4 samples, 4-token responses),
-    checked as the command checks it; ``overrides`` are dotted keys."""
+    """The trainer's config for a 3-step job on the tiny model (4 prompts x 4 samples, 4-token responses) on
+    one rank (a test of a layout sets its ranks: each rank is a process that costs the suite seconds to
+    start), checked as the command checks it; ``overrides`` are dotted keys."""
     from omegaconf import OmegaConf
 
     from hybridflow.configs.schema import PPOConfig
@@ -168,6 +169,7 @@ def small_config(tmp_path, **overrides):
         "actor_rollout_ref.rollout.response_length": 4,
         "trainer.total_training_steps": 3,
         "trainer.test_freq": 0,
+        "trainer.n_gpus_per_node": 1,
     }
     for key, value in {**base, **overrides}.items():
         OmegaConf.update(cfg, key, value)

@@ -13,6 +13,8 @@ from hybridflow.estimators import compute_advantage
 from hybridflow.plugins import UnknownNameError, get_plugin_manager, reset_plugin_manager
 from hybridflow.plugins.manager import ESTIMATORS
 
+pytestmark = pytest.mark.serial  # it pip-installs into the venv every other test reads
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "estimator-plugin"
 DIST = "hybridflow-group-median"
 

@@ -18,6 +18,8 @@ import pytest
 
 from hybridflow.plugins import reset_plugin_manager
 
+pytestmark = pytest.mark.serial  # it pip-installs into the venv every other test reads
+
 TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
 
 

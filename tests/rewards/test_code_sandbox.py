@@ -15,7 +15,7 @@ from hybridflow.rewards import sandbox_memory
 from hybridflow.rewards.code import code_score, extract_code
 from hybridflow.rewards.sandbox import RESULT_FD, SandboxLimits, run_python
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.serial]  # serial: it counts and measures the sandbox users' processes
 
 LIMITS = {"timeout_s": 2.0, "cpu_s": 1, "memory_mb": 256}
 SUM_TESTS = json.dumps({"inputs": ["1 2\n", "10 -3\n"], "outputs": ["3\n", "7\n"]})
@@ -225,11 +225,12 @@ def test_aggregate_memory_bound(guard, monkeypatch, sandbox_tmp):
     assert result.stdout.strip() in ("", "0", "1"), result  # at most one child got to hold its 300 MiB
     # the kernel charges a cgroup exactly; the watchdog reads every 20 ms, and may overshoot by what
     # the tree allocates meanwhile (about 30 MiB measured here; 128 allowed for a loaded machine).
-    # Our own reading sums processes one after the other, so it can count a process just before
-    # it is killed and its successor's growth: 32 MiB of slack for that.
+    # Our own reading sums processes one after the other, so it can count a hog just before it is
+    # killed and, a moment later, its successor grown into the room it left (549 MiB seen on CI):
+    # one hog (300 MiB) of slack for that. Held in aggregate, the tree would reach 4.5 GiB.
     overshoot = 0 if result.memory_guard.startswith("cgroup") else 128
     assert result.memory_peak_mb is not None and result.memory_peak_mb <= 512 + overshoot, result
-    assert 0 < peak[0] <= 512 + overshoot + 32, peak
+    assert 0 < peak[0] <= 512 + overshoot + 300, peak
     if guard == "watchdog":
         assert result.memory_guard == "watchdog" and result.wall_s < limits.wall_s, result  # killed, not timed out
     # a program within the bound is left alone

@@ -117,7 +117,7 @@ def test_two_node_cluster_runs_two_steps(tmp_path):
 def test_rollout_tensor_parallel_job_samples_with_the_trained_weights(ray_session, tmp_path):
     """The main job with rollout TP 2: the weights move into the TP blocks after every update."""
     config = small_config(tmp_path, **{"actor_rollout_ref.rollout.tensor_model_parallel_size": 2,
-                                       "trainer.total_training_steps": 4})
+                                       "trainer.n_gpus_per_node": 2, "trainer.total_training_steps": 4})
     build_and_fit(config, tmp_path / "run")
     steps = read_metrics(tmp_path / "run")
     assert len({m["actor/param_norm"] for m in steps}) == 4  # the policy moves every step

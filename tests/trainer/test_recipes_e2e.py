@@ -23,7 +23,8 @@ pytestmark = pytest.mark.slow
 def run(tmp_path, *overrides, steps=3):
     register_configs()
     base = [f"data.synthetic_dir={tmp_path}/data", f"trainer.total_training_steps={steps}", "trainer.test_freq=0",
-            "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4"]
+            "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+            "trainer.n_gpus_per_node=1"]  # one rank: the recipes, not the layout, are under test
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
         config = OmegaConf.to_object(compose("ppo_trainer", overrides=[*base, *overrides]))
     check_config(config)
