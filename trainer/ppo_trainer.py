@@ -111,7 +111,6 @@ class PPOTrainer:
         )
         self.sync_weights = weight_sync(groups)  # after every update; colocated, the actor does it itself
         self.sync_weights()  # the rollout's first weights (split: it starts with none)
-        self.source = rollout_source(config, self.draw_prompts, self.generate, self.rollout_group, self.loader, dims.split)
         self.val_prompts = val_prompts
         self.kl_ctrl = KLController.from_config(config.algorithm.kl_ctrl)
         self.inputs = InputPlan.for_estimator(get_estimator(config.algorithm.adv_estimator), config)
@@ -120,6 +119,8 @@ class PPOTrainer:
         self.global_step = 0
         epochs_steps = config.trainer.total_epochs * self.loader.batches_per_epoch
         self.total_steps = min(epochs_steps, config.trainer.total_training_steps or epochs_steps)
+        self.source = rollout_source(config, self.draw_prompts, self.generate, self.rollout_group, self.loader,
+                                     dims.split, batches=self.total_steps)
         self.checkpoint_root = self.run_dir / config.trainer.default_local_dir
 
     # ------------------------------------------------------------- the loop

@@ -128,16 +128,22 @@ class SyncRollout:
 
 
 class PipelinedRollout:
-    """Batches submitted ``ahead`` steps early to the rollout group's stream (see the module docstring)."""
+    """Batches submitted ``ahead`` steps early to the rollout group's stream (see the module docstring).
 
-    def __init__(self, draw: Draw, rollout: Any, loader: Any, ahead: int) -> None:
+    :param batches: the run's steps; no batch past the last step's is submitted ahead (it would be generated
+        and never trained), only one a step needs (an after-reward hook drawing more prompts, near the end).
+    """
+
+    def __init__(self, draw: Draw, rollout: Any, loader: Any, ahead: int, batches: int) -> None:
         self.draw, self.rollout, self.loader, self.ahead = draw, rollout, loader, ahead
+        self.batches = batches
         self.pending: deque[_Submitted] = deque()
         self.drawn = 0
 
     def submit_ahead(self, version: int) -> None:
-        """Submit batches until the newest is ``version + ahead`` (batch j waits for trainer version j - ahead)."""
-        while self.drawn <= version + self.ahead:
+        """Submit batches until the newest is ``version + ahead`` (batch j waits for trainer version j - ahead)
+        or the last step's, and at least one."""
+        while self.drawn <= version + self.ahead and (self.drawn < self.batches or not self.pending):
             state = self.loader.state_dict()
             prompts = self.draw(self.drawn)
             prompts.meta_info["request"] = self.drawn
@@ -177,12 +183,14 @@ def with_prompt_columns(rollout: DataProto, prompts: DataProto) -> DataProto:
     return rollout.union(columns)
 
 
-def rollout_source(config: Any, draw: Draw, generate: Callable, rollout: Any, loader: Any, split: bool):
-    """The source ``trainer.rollout_mode`` names: sync, or pipelined ``trainer.batches_ahead()`` batches ahead."""
+def rollout_source(config: Any, draw: Draw, generate: Callable, rollout: Any, loader: Any, split: bool, *,
+                   batches: int):
+    """The source ``trainer.rollout_mode`` names: sync, or pipelined ``trainer.batches_ahead()`` batches ahead
+    (``batches``: the run's steps)."""
     mode = config.trainer.rollout_mode
     if mode == "sync":
         return SyncRollout(draw, generate, loader, split, config.actor_rollout_ref.rollout.allow_stale_weights)
-    return PipelinedRollout(draw, rollout, loader, ahead=config.trainer.batches_ahead())
+    return PipelinedRollout(draw, rollout, loader, ahead=config.trainer.batches_ahead(), batches=batches)
 
 
 def check_version(batch: DataProto, version: int, allow_stale: bool) -> None:

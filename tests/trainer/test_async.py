@@ -71,7 +71,7 @@ def test_async_with_staleness_one_is_corrected_bounded_and_resumes(ray_session, 
     for m in first:
         assert "rollout_corr/rollout_is_mean" in m and m["timing_s/trainer_idle"] >= 0 and m["timing_s/rollout_idle"] >= 0
     driver = json.loads((tmp_path / "async" / "checkpoints" / "global_step_2" / "driver.json").read_text())
-    assert driver["rollout_batches"] == 2 and driver["loader"]["index"] == 2  # batch 3 was in flight: drawn again
+    assert driver["rollout_batches"] == 2 and driver["loader"]["index"] == 2  # the trained batches (none past the last step was drawn)
     resumed = run(tmp_path, "async", **{**overrides, "trainer.total_training_steps": 4})
     assert [m["step"] for m in resumed] == [1, 2, 3, 4]  # the first run's two lines, then the resumed steps
     assert all(m["async/staleness_max"] <= 1 for m in resumed)

@@ -1,0 +1,54 @@
+"""PipelinedRollout's bookkeeping, with a stand-in for the rollout group's ``generate_stream`` (unit test: it only
+records what is submitted; the pipelined modes run for real in test_async.py)."""
+
+from types import SimpleNamespace
+
+from hybridflow.core import DataProto
+from hybridflow.trainer.rollout_modes import PipelinedRollout
+
+
+class Loader:
+    """A prompt loader's position: how many batches it handed out."""
+
+    def __init__(self) -> None:
+        self.index = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"index": self.index}
+
+
+def pipelined(ahead: int, batches: int):
+    submitted, loader = [], Loader()
+
+    def draw(index: int) -> DataProto:
+        loader.index += 1
+        return DataProto(meta_info={"index": index})
+
+    def stream(prompts: DataProto):  # generate_stream.options(blocking=False)(prompts): a future
+        submitted.append(prompts.meta_info["request"])
+        return SimpleNamespace(get=lambda: prompts)
+
+    rollout = SimpleNamespace(generate_stream=SimpleNamespace(options=lambda blocking: stream))
+    return PipelinedRollout(draw, rollout, loader, ahead=ahead, batches=batches), submitted
+
+
+def take(source: PipelinedRollout, version: int) -> int:
+    """What ``next`` does before it waits: submit ahead, then take the oldest batch; its index."""
+    source.submit_ahead(version)
+    return source.pending.popleft().index
+
+
+def test_batches_are_submitted_ahead_but_none_past_the_last_step():
+    source, submitted = pipelined(ahead=2, batches=4)
+    assert take(source, 0) == 0 and submitted == [0, 1, 2]  # batch j waits for version j - 2
+    assert source.position() == ({"index": 1}, 1)  # in flight: a resume draws batches 1 and 2 again
+    assert take(source, 1) == 1 and submitted == [0, 1, 2, 3]
+    assert take(source, 2) == 2 and take(source, 3) == 3
+    assert submitted == [0, 1, 2, 3]  # batches 4 and 5 would be generated and never trained
+    assert source.position() == ({"index": 4}, 4)
+
+
+def test_a_step_that_draws_more_than_one_batch_still_gets_one_past_the_last():
+    source, submitted = pipelined(ahead=1, batches=2)
+    assert [take(source, 0), take(source, 0)] == [0, 1]  # an after-reward hook wanted a second batch
+    assert take(source, 1) == 2 and submitted == [0, 1, 2]  # past the last step's, submitted when needed
