@@ -31,7 +31,7 @@ run: install
 	$(VENV)/bin/hybridflow-train
 
 test: install
-	$(PY) -m pytest -n $(TEST_WORKERS) -m "not serial" $(PYTEST_ARGS); $(PYTEST_OK)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not serial" $(PYTEST_ARGS); $(PYTEST_OK)
 	$(PY) -m pytest -m serial $(PYTEST_ARGS); $(PYTEST_OK)
 
 clean:
