@@ -120,7 +120,7 @@ class PPOTrainer:
         epochs_steps = config.trainer.total_epochs * self.loader.batches_per_epoch
         self.total_steps = min(epochs_steps, config.trainer.total_training_steps or epochs_steps)
         self.source = rollout_source(config, self.draw_prompts, self.generate, self.rollout_group, self.loader,
-                                     dims.split, batches=self.total_steps)
+                                     dims.split, steps=self.total_steps)
         self.checkpoint_root = self.run_dir / config.trainer.default_local_dir
 
     # ------------------------------------------------------------- the loop

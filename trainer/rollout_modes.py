@@ -130,20 +130,22 @@ class SyncRollout:
 class PipelinedRollout:
     """Batches submitted ``ahead`` steps early to the rollout group's stream (see the module docstring).
 
-    :param batches: the run's steps; no batch past the last step's is submitted ahead (it would be generated
-        and never trained), only one a step needs (an after-reward hook drawing more prompts, near the end).
+    :param steps: the run's steps; no more batches are kept submitted than steps remain (the others would be
+        generated and never trained).
     """
 
-    def __init__(self, draw: Draw, rollout: Any, loader: Any, ahead: int, batches: int) -> None:
+    def __init__(self, draw: Draw, rollout: Any, loader: Any, ahead: int, steps: int) -> None:
         self.draw, self.rollout, self.loader, self.ahead = draw, rollout, loader, ahead
-        self.batches = batches
+        self.steps = steps
         self.pending: deque[_Submitted] = deque()
         self.drawn = 0
 
     def submit_ahead(self, version: int) -> None:
-        """Submit batches until the newest is ``version + ahead`` (batch j waits for trainer version j - ahead)
-        or the last step's, and at least one."""
-        while self.drawn <= version + self.ahead and (self.drawn < self.batches or not self.pending):
+        """Submit batches until the newest is ``version + ahead`` (batch j waits for trainer version j - ahead),
+        none past what the remaining steps train; always one to take. A step that takes several batches (an
+        after-reward hook drawing more prompts) runs its batch indices ahead of the versions: its extra batches
+        are submitted when taken, from the current weights."""
+        while not self.pending or (self.drawn <= version + self.ahead and len(self.pending) < self.steps - version):
             state = self.loader.state_dict()
             prompts = self.draw(self.drawn)
             prompts.meta_info["request"] = self.drawn
@@ -184,13 +186,13 @@ def with_prompt_columns(rollout: DataProto, prompts: DataProto) -> DataProto:
 
 
 def rollout_source(config: Any, draw: Draw, generate: Callable, rollout: Any, loader: Any, split: bool, *,
-                   batches: int):
+                   steps: int):
     """The source ``trainer.rollout_mode`` names: sync, or pipelined ``trainer.batches_ahead()`` batches ahead
-    (``batches``: the run's steps)."""
+    (``steps``: the run's)."""
     mode = config.trainer.rollout_mode
     if mode == "sync":
         return SyncRollout(draw, generate, loader, split, config.actor_rollout_ref.rollout.allow_stale_weights)
-    return PipelinedRollout(draw, rollout, loader, ahead=config.trainer.batches_ahead(), batches=batches)
+    return PipelinedRollout(draw, rollout, loader, ahead=config.trainer.batches_ahead(), steps=steps)
 
 
 def check_version(batch: DataProto, version: int, allow_stale: bool) -> None:

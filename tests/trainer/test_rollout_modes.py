@@ -17,7 +17,7 @@ class Loader:
         return {"index": self.index}
 
 
-def pipelined(ahead: int, batches: int):
+def pipelined(ahead: int, steps: int):
     submitted, loader = [], Loader()
 
     def draw(index: int) -> DataProto:
@@ -29,7 +29,7 @@ def pipelined(ahead: int, batches: int):
         return SimpleNamespace(get=lambda: prompts)
 
     rollout = SimpleNamespace(generate_stream=SimpleNamespace(options=lambda blocking: stream))
-    return PipelinedRollout(draw, rollout, loader, ahead=ahead, batches=batches), submitted
+    return PipelinedRollout(draw, rollout, loader, ahead=ahead, steps=steps), submitted
 
 
 def take(source: PipelinedRollout, version: int) -> int:
@@ -39,7 +39,7 @@ def take(source: PipelinedRollout, version: int) -> int:
 
 
 def test_batches_are_submitted_ahead_but_none_past_the_last_step():
-    source, submitted = pipelined(ahead=2, batches=4)
+    source, submitted = pipelined(ahead=2, steps=4)
     assert take(source, 0) == 0 and submitted == [0, 1, 2]  # batch j waits for version j - 2
     assert source.position() == ({"index": 1}, 1)  # in flight: a resume draws batches 1 and 2 again
     assert take(source, 1) == 1 and submitted == [0, 1, 2, 3]
@@ -48,7 +48,10 @@ def test_batches_are_submitted_ahead_but_none_past_the_last_step():
     assert source.position() == ({"index": 4}, 4)
 
 
-def test_a_step_that_draws_more_than_one_batch_still_gets_one_past_the_last():
-    source, submitted = pipelined(ahead=1, batches=2)
-    assert [take(source, 0), take(source, 0)] == [0, 1]  # an after-reward hook wanted a second batch
-    assert take(source, 1) == 2 and submitted == [0, 1, 2]  # past the last step's, submitted when needed
+def test_steps_that_take_two_batches_each_always_find_one():
+    """An after-reward hook (dynamic sampling) takes a second batch every step: the batch indices run ahead of
+    the weight versions, so the extra batches are submitted when taken (before, the second take of step 2
+    found nothing submitted: IndexError)."""
+    source, submitted = pipelined(ahead=1, steps=3)
+    taken = [take(source, version) for version in (0, 0, 1, 1, 2, 2)]
+    assert taken == submitted == [0, 1, 2, 3, 4, 5]
