@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import logging
 import os
-from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import ExitStack
 import sys
 import tempfile
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any

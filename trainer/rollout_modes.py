@@ -111,8 +111,7 @@ class SyncRollout:
         start = time.perf_counter()
         batch = self.generate(prompts)
         end = time.perf_counter()
-        for key in CALL_KEYS:
-            batch.meta_info.pop(key, None)
+        drop_call_keys(batch)
         check_version(batch, version, self.allow_stale)
         metrics = {}
         if self.split:  # the trainer waited the whole generation; the rollout, since the last one ended
@@ -162,8 +161,7 @@ class PipelinedRollout:
         waited = time.perf_counter() - start
         prompts = submitted.prompts
         batch = with_prompt_columns(out, prompts)
-        for key in CALL_KEYS:
-            batch.meta_info.pop(key, None)
+        drop_call_keys(batch)
         metrics = staleness(batch, version, self.ahead)
         idle = batch.meta_info.get(METRICS, {}).pop("rollout/stream_idle_s", [0.0])
         metrics["timing_s/rollout_idle"] = float(np.mean(idle))
@@ -176,6 +174,12 @@ class PipelinedRollout:
         if self.pending:
             return self.pending[0].loader_state, self.pending[0].index
         return self.loader.state_dict(), self.drawn
+
+
+def drop_call_keys(batch: DataProto) -> None:
+    """Remove the ``CALL_KEYS`` of the request that produced ``batch`` from its ``meta_info``."""
+    for key in CALL_KEYS:
+        batch.meta_info.pop(key, None)
 
 
 def with_prompt_columns(rollout: DataProto, prompts: DataProto) -> DataProto:
