@@ -56,11 +56,11 @@ class ModelConfig:
     False: prompts left-padded, responses right-padded, as generated."""
     share_prompts: bool = True
     """With ``use_remove_padding``: the rows of a micro-batch that share a prompt (GRPO's ``rollout.n``
-    samples) are packed as one prefix tree, the prompt once and each response after it under a tree attention
-    mask, so the prompt's tokens are computed once instead of ``n`` times; the same numbers as without (to
-    float rounding). Costs a (rows, C, C) mask per forward, C the longest prompt plus its responses: set false
-    for very long responses. Needs an attention that takes a 4-D mask (sdpa and eager; probed when the model is
-    built: flash attention packs without sharing, with a warning)."""
+    samples) are packed as one prefix tree, the prompt once and each response after it, all in one packed row;
+    tree attention (``workers/tree_attention.py``) computes each response against its prompt and itself only,
+    so the prompt's tokens are computed once instead of ``n`` times; the same numbers as without (to float
+    rounding). Needs a transformers model whose attention tree attention reproduces (plain softmax attention:
+    sdpa, eager, flash; probed when the model is built: otherwise it packs without sharing, with a warning)."""
 
     def problems(self) -> list[str]:
         """Broken rules of this section (see ``configs/rules.py``); the directory's existence is checked by the config check."""

@@ -28,10 +28,12 @@ varlen path, linear in N): it gets ``one_row``.
 With ``share_prompts``, rows whose prompts are the same tokens (the ``n``
 samples of one prompt) form one unit, a prefix tree: the prompt once, then
 each row's response, every response at the position ids it has in its own
-row. A tree attention mask lets each response see the prompt and itself only,
-so each response gets what its own row computes, and the prompt's tokens are
-computed once instead of ``n`` times (their gradient sums the responses'
-contributions, as the rows' copies would)::
+row. All units go end to end into one packed row (no filler), and the
+model's attention is pointed at :func:`~hybridflow.workers.tree_attention.tree_attention`,
+which lets each response see the prompt and itself only and computes no
+other pair, so each response gets what its own row computes, and the
+prompt's tokens are computed once instead of ``n`` times (their gradient sums
+the responses' contributions, as the rows' copies would)::
 
     rows 0 and 1 share the prompt a b:   row 0: a b | c d     row 1: a b | e _
     one unit:   a  b  c  d  e        positions  0  1  2  3  2
@@ -40,9 +42,8 @@ contributions, as the rows' copies would)::
 
 :func:`probe_packing` finds which layout a model confines, by running it: an
 attention implementation without a mask function (a custom one) would
-silently attend across sequences, and is refused; one that does not take the
-tree mask (a 4-D mask, as transformers passes a custom one through) packs
-without sharing.
+silently attend across sequences, and is refused; one whose outputs tree
+attention does not reproduce (other attention math) packs without sharing.
 
 The output at a packed slot (logits of an LM, the value head of the critic)
 belongs to the token after it, the first response token's to the prompt's
@@ -64,6 +65,9 @@ from torch import nn
 
 from hybridflow.core import DataProto
 from hybridflow.core.keys import ATTENTION_MASK, INPUT_IDS, POSITION_IDS, RESPONSES
+from hybridflow.workers.tree_attention import TreeLayout, tree_layout
+from hybridflow.workers.tree_attention import install as install_tree_attention
+from hybridflow.workers.tree_attention import uninstall as uninstall_tree_attention
 
 __all__ = ["PackedBatch", "Packing", "pack", "packed_forward", "probe_packing", "unpack"]
 
@@ -94,9 +98,9 @@ class PackedBatch:
     """(M,) those response tokens' ids."""
     response_keep: torch.Tensor
     """(B, T) bool: where the M real response tokens sit in the response columns."""
-    tree_mask: torch.Tensor | None = None
-    """(R, 1, C, C) bool, True where a slot may attend to another (``share_prompts``: causal within a tree,
-    a response branch seeing its prompt and itself); None: the model's own mask from the position ids."""
+    tree: TreeLayout | None = None
+    """``share_prompts``: where the prefix trees sit in the one packed row (:mod:`~hybridflow.workers.tree_attention`
+    attends by it); None: the model's own mask from the position ids."""
 
 
 def pack(batch: DataProto, packing: Packing = Packing()) -> PackedBatch:
@@ -123,8 +127,13 @@ def pack(batch: DataProto, packing: Packing = Packing()) -> PackedBatch:
     prompt_keep = keep[:, :-length]
     groups = _prompt_groups(batch.batch[INPUT_IDS][:, :-length], prompt_keep, packing.share_prompts)
     prompt_lengths, lengths = prompt_keep.sum(-1).tolist(), keep.sum(-1).tolist()
-    unit_of_row, before, unit_lengths = _units(_bounded_trees(groups, prompt_lengths, lengths), prompt_lengths, lengths)
-    bins, offsets, capacity = _fill_rows(unit_lengths, packing.one_row)
+    unit_of_row, before, unit_lengths = _units(groups, prompt_lengths, lengths)
+    bins, offsets, capacity = _fill_rows(unit_lengths, packing.one_row or packing.share_prompts)
+    tree = None
+    if packing.share_prompts:
+        tree = tree_layout([b * capacity + o for b, o in zip(bins, offsets)],
+                           [prompt_lengths[members[0]] for members in groups], unit_of_row, before,
+                           [n - p for n, p in zip(lengths, prompt_lengths)], capacity, keep.device)
     unit_of_row, before = torch.tensor(unit_of_row, device=keep.device), torch.tensor(before, device=keep.device)
     unit_start = torch.tensor(bins, device=keep.device) * capacity + torch.tensor(offsets, device=keep.device)
     is_response = torch.zeros_like(keep)
@@ -139,16 +148,13 @@ def pack(batch: DataProto, packing: Packing = Packing()) -> PackedBatch:
     position_ids = tail.flatten().clamp(min=0)
     position_ids[slot[keep]] = real_positions
     response_keep = keep[:, -length:]
-    tree_mask = None
-    if packing.share_prompts:
-        tree_mask = _tree_mask(slot, keep, is_response, unit_of_row, tail.shape)
     return PackedBatch(
         input_ids=input_ids.view(tail.shape),
         position_ids=position_ids.view(tail.shape),
         logit_index=slot[:, -length - 1 : -1][response_keep],  # the slot of each response token's predecessor
         response_tokens=responses[response_keep],
         response_keep=response_keep,
-        tree_mask=tree_mask,
+        tree=tree,
     )
 
 
@@ -174,46 +180,6 @@ def _units(groups: list[list[int]], prompt_lengths: list[int], lengths: list[int
             responses_so_far += lengths[i] - prompt_lengths[i]
         unit_lengths.append(prompt_lengths[members[0]] + responses_so_far)
     return unit_of_row, before, unit_lengths
-
-
-TREE_SPAN = 4
-"""A prefix tree holds at most this many times the longest row's tokens: a packed row costs attention (and a
-mask) quadratic in its length, so a prompt with many long responses is cut into several trees."""
-
-
-def _bounded_trees(groups: list[list[int]], prompt_lengths: list[int], lengths: list[int]) -> list[list[int]]:
-    """Each group cut, in order, into trees of at most ``TREE_SPAN`` times the longest row's tokens (a row
-    alone may be longer): a packed row costs attention quadratic in its length."""
-    cap = TREE_SPAN * max(lengths)
-    out = []
-    for members in groups:
-        tree, size = [], prompt_lengths[members[0]]
-        for i in members:
-            grown = size + lengths[i] - prompt_lengths[i]
-            if tree and grown > cap:
-                out.append(tree)
-                tree, grown = [], lengths[i]
-            tree.append(i)
-            size = grown
-        out.append(tree)
-    return out
-
-
-def _tree_mask(slot: torch.Tensor, keep: torch.Tensor, is_response: torch.Tensor, unit_of_row: torch.Tensor,
-               shape: torch.Size) -> torch.Tensor:
-    """(R, 1, C, C) bool: slot q attends to slot k <= q of its own unit when k is a prompt slot or in q's own
-    response branch; a row's tail is one causal unit of its own."""
-    rows, capacity = shape
-    unit = torch.arange(rows, device=keep.device).repeat_interleave(capacity) + len(unit_of_row)  # tails
-    unit[slot[keep]] = unit_of_row[:, None].expand_as(slot)[keep]
-    branch = torch.zeros(rows * capacity, dtype=torch.long, device=keep.device)  # 0: prompt (or tail)
-    branch_of_row = torch.arange(1, len(slot) + 1, device=keep.device)[:, None].expand_as(slot)
-    branch[slot[keep & is_response]] = branch_of_row[keep & is_response]
-    unit, branch = unit.view(shape), branch.view(shape)
-    same_unit = unit[:, :, None] == unit[:, None, :]
-    visible_branch = (branch[:, None, :] == 0) | (branch[:, :, None] == branch[:, None, :])
-    causal = torch.ones(capacity, capacity, dtype=torch.bool, device=keep.device).tril()
-    return (same_unit & visible_branch & causal)[:, None]
 
 
 def _fill_rows(lengths: list[int], one_row: bool) -> tuple[list[int], list[int], int]:
@@ -244,7 +210,7 @@ def packed_forward(model: nn.Module, packed: PackedBatch) -> torch.Tensor:
     slot and the response slots are picked out.
     """
     kwargs = dict(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False,
-                  attention_mask=None if packed.tree_mask is None else _mask_for(model, packed.tree_mask))
+                  attention_mask=None if packed.tree is None else _tree_masks(model, packed.tree))
     if "logits_to_keep" not in inspect.signature(model.forward).parameters:
         return model(**kwargs).logits.flatten(0, 1)[packed.logit_index]
     wanted = torch.zeros(packed.input_ids.numel(), dtype=torch.bool, device=packed.input_ids.device)
@@ -253,21 +219,20 @@ def packed_forward(model: nn.Module, packed: PackedBatch) -> torch.Tensor:
     return logits[torch.searchsorted(wanted.nonzero().squeeze(-1), packed.logit_index)]  # in logit_index order
 
 
-def _mask_for(model: nn.Module, allowed: torch.Tensor) -> torch.Tensor:
-    """A 4-D attention mask as the model's attention takes it: bool (True: attend) for sdpa, otherwise
-    additive floats (0 or the dtype's minimum, as transformers' eager mask)."""
-    if getattr(model.config, "_attn_implementation", None) == "sdpa":
-        return allowed
-    dtype = next(model.parameters()).dtype
-    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)
+def _tree_masks(model: nn.Module, tree: TreeLayout) -> dict[str, TreeLayout]:
+    """The layout as every layer's prepared mask (transformers takes a dict of masks by layer type as built),
+    the model's attention pointed at :func:`~hybridflow.workers.tree_attention.tree_attention` for it."""
+    install_tree_attention(model)
+    kinds = getattr(model.config.get_text_config(), "layer_types", None) or ["full_attention"]
+    return {kind: tree for kind in set(kinds)}
 
 
 @torch.no_grad()
 def probe_packing(model: nn.Module, *, share_prompts: bool = False) -> Packing:
     """The packing ``model`` confines: rows of several sequences if its attention keeps them apart, else one
-    row; ``ValueError`` if neither. With ``share_prompts``, prompts are shared too when the model's attention
-    takes the tree mask and gives each branch what it computes for that branch alone (otherwise a warning,
-    and no sharing).
+    row; ``ValueError`` if neither. With ``share_prompts``, prompts are shared too when tree attention
+    (:mod:`~hybridflow.workers.tree_attention`, installed on the model) gives each branch what the model's own
+    attention computes for that branch alone (otherwise a warning, the model's attention back, and no sharing).
 
     Two packed inputs that differ only in one sequence must give the others the
     same outputs. An attention implementation that builds no block-diagonal
@@ -281,8 +246,9 @@ def probe_packing(model: nn.Module, *, share_prompts: bool = False) -> Packing:
             if share_prompts and _shares_prompts(model):
                 return Packing(one_row=packing.one_row, share_prompts=True)
             if share_prompts:
-                logger.warning("%s with attention %r does not take the tree mask of shared prompts; packing "
-                               "without sharing them", type(model).__name__, _attention(model))
+                uninstall_tree_attention(model)
+                logger.warning("%s with attention %r: its outputs differ from tree attention's over shared "
+                               "prompts; packing without sharing them", type(model).__name__, _attention(model))
             return packing
     raise ValueError(
         f"{type(model).__name__} with attention {_attention(model)!r} attends across packed sequences (it builds "
@@ -307,20 +273,21 @@ def _attention(model: nn.Module) -> str | None:
 
 
 def _shares_prompts(model: nn.Module) -> bool:
-    """Whether two responses to one prompt, packed as a tree, get the outputs of their own unpacked rows."""
+    """Whether responses packed as prefix trees (two to one prompt, one to another) get the outputs of their own
+    unpacked rows."""
     vocab = model.config.get_text_config().vocab_size
     device = next(model.parameters()).device
-    rows = torch.tensor([[1, 2, 3, 4, 5], [1, 2, 3, 6, 7]], device=device) % vocab  # one prompt, two responses
+    rows = torch.tensor([[1, 2, 3, 4, 5], [1, 2, 3, 6, 7], [8, 9, 1, 2, 3]], device=device) % vocab
     batch = DataProto.from_dict({
         INPUT_IDS: rows, ATTENTION_MASK: torch.ones_like(rows), RESPONSES: rows[:, 3:],
-        POSITION_IDS: torch.arange(5, device=device).expand(2, 5),
+        POSITION_IDS: torch.arange(5, device=device).expand(3, 5),
     })
     try:
         with _eval_mode(model):
             tree = packed_forward(model, pack(batch, Packing(share_prompts=True))).float()
             alone = model(input_ids=rows, position_ids=batch.batch[POSITION_IDS], use_cache=False).logits[:, 2:4]
-    except Exception as error:  # an attention that refuses a 4-D mask
-        logger.info("tree mask refused: %s", error)
+    except Exception as error:  # a model whose attention could not be wrapped, or whose forward takes no prepared masks
+        logger.info("tree attention refused: %s", error)
         return False
     alone = alone.flatten(0, 1).float()
     return torch.allclose(tree, alone, rtol=1e-3, atol=1e-3 * float(alone.abs().max()) + 1e-6)

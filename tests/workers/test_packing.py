@@ -66,7 +66,7 @@ def test_rows_of_one_prompt_pack_as_the_docstring_draws_their_tree():
     assert packed.input_ids.tolist() == [[11, 12, 13, 14, 15]]
     assert packed.position_ids.tolist() == [[0, 1, 2, 3, 2]]
     assert packed.logit_index.tolist() == [1, 2, 1]  # b predicts c and e, c predicts d
-    assert packed.tree_mask[0, 0].long().tolist() == [
+    assert packed.tree.visible().long().tolist() == [
         [1, 0, 0, 0, 0],  # a
         [1, 1, 0, 0, 0],  # b
         [1, 1, 1, 0, 0],  # c
@@ -88,15 +88,18 @@ def test_a_shared_prompt_is_packed_once_per_micro_batch():
     assert int((pack(batch).input_ids != 0).sum()) == int(lengths.sum())  # unshared: every row's own copy
 
 
-def test_a_prompt_with_many_long_responses_is_cut_into_several_trees():
-    """Six 30-token responses to one 1-token prompt: a tree may hold 4 x 31 tokens, so two trees (4 + 2)."""
+def test_a_prompt_with_many_long_responses_stays_one_tree_in_one_row():
+    """Six 30-token responses to one 1-token prompt: the prompt once, then the responses, no filler; each
+    response's queries see the prompt and its own earlier tokens only."""
     batch = ragged_batch(prompt_lens=[1] * 6, response_lens=[30] * 6)
     for key in ("prompts", "input_ids"):
         batch.batch[key][:, 0] = 7
     packed = pack(batch, Packing(share_prompts=True))
-    assert packed.input_ids.shape == (2, 1 + 4 * 30)  # rows as long as the longest tree
-    assert int(packed.tree_mask[:, 0].diagonal(dim1=-2, dim2=-1).sum()) == 2 * 121
-    assert packed.input_ids[:, 0].tolist() == [7, 7]  # each tree starts with its copy of the prompt
+    assert packed.input_ids.shape == (1, 1 + 6 * 30)
+    assert packed.input_ids[0, 0] == 7 and int((packed.input_ids[0, 1:] == 7).sum()) == int((batch.batch["responses"] == 7).sum())
+    visible = packed.tree.visible()
+    assert int(visible.sum()) == 1 + 6 * sum(1 + k for k in range(1, 31))  # the prompt: itself; token k: prompt + k
+    assert visible[1 + 30 + 4].nonzero().flatten().tolist() == [0, 31, 32, 33, 34, 35]  # response 2's 5th token
 
 
 def test_a_shared_prompt_keeps_its_responses_apart():
@@ -161,25 +164,22 @@ def test_an_attention_without_the_packed_mask_is_refused():
             assert probe_packing(with_attention(model, implementation), share_prompts=True) == Packing(share_prompts=True)
 
 
-def test_an_attention_blind_to_a_custom_mask_packs_without_sharing_prompts(caplog):
-    """An attention that uses only the masks transformers builds for it (not a 4-D mask passed in) would let the
-    responses of a tree see each other: the probe finds that and packs without the tree."""
-    def tagged_mask(*args, **kwargs):
-        mask = sdpa_mask(*args, **kwargs)
-        if mask is not None:
-            mask.built_here = True
-        return mask
+def test_an_attention_tree_attention_would_not_reproduce_packs_without_sharing_prompts(caplog):
+    """Tree attention computes plain scaled softmax attention; a model whose own attention computes something
+    else (here: scores at twice the layer's scale) would change under it, so the probe gives the model its own
+    attention back and does not share prompts."""
+    def sharper(module, query, key, value, attention_mask, scaling=None, **kwargs):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=2 * scaling, **kwargs)
 
-    def own_masks_only(module, query, key, value, attention_mask, **kwargs):
-        mask = attention_mask if getattr(attention_mask, "built_here", False) else None
-        return sdpa_attention_forward(module, query, key, value, mask, **kwargs)
-
-    AttentionInterface.register("own_masks_only_test", own_masks_only)
-    AttentionMaskInterface.register("own_masks_only_test", tagged_mask)
-    model = with_attention(tiny_model(), "own_masks_only_test")
-    assert probe_packing(model) == Packing()
+    AttentionInterface.register("sharper_test", sharper)
+    AttentionMaskInterface.register("sharper_test", sdpa_mask)
+    model = with_attention(tiny_model(), "sharper_test")
     assert probe_packing(model, share_prompts=True) == Packing()
-    assert "does not take the tree mask" in caplog.text
+    assert model.config._attn_implementation == "sharper_test"
+    assert "differ from tree attention" in caplog.text
+    plain = tiny_model()
+    assert probe_packing(plain, share_prompts=True) == Packing(share_prompts=True)
+    assert plain.config._attn_implementation == "tree+sdpa"  # delegating every call without a tree to sdpa
 
 
 def test_an_attention_that_confines_only_one_packed_row_gets_one_row():

@@ -1,0 +1,173 @@
+"""Attention over prefix trees that computes only the pairs a tree lets attend: a prompt once, each branch apart.
+
+A prefix tree (``packing.pack`` with ``share_prompts``) lays one prompt and
+its ``n`` responses end to end in one packed row; every response sees the
+prompt and itself, never a sibling. A dense mask over the packed row would
+compute every pair of its ``N`` slots (``N^2``) and hide most of them.
+:func:`tree_attention` gathers instead, per tree and per branch::
+
+    prompt queries  (units, P, ...)  against the unit's prompt keys         (P x P, causal)
+    branch queries  (rows,  L, ...)  against [its prompt's keys, its own]   (L x (P + L), causal in its own)
+
+with ``P`` / ``L`` the longest prompt / response of the micro-batch (shorter
+ones padded, the pads masked out), and scatters the outputs back to the
+packed slots. Each pair a row's own forward computes is computed once, and
+nothing else: a query's softmax runs over exactly the keys its unpacked row
+gives it, so the outputs equal the padded pass to rounding.
+
+The model reaches it through transformers' attention interface: :func:`install`
+points the model's config at ``tree+<its implementation>``, registered here,
+which runs :func:`tree_attention` when the layer's ``attention_mask`` is a
+:class:`TreeLayout` (``packed_forward`` passes it as the prepared mask of every
+layer) and the model's own implementation, unchanged, for every other call
+(generation, padded passes, packed rows without trees), with the same mask
+functions. ``probe_packing`` checks that the tree's outputs equal each row's
+own before it shares prompts, and :func:`uninstall` puts the name back if not.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import AttentionInterface, AttentionMaskInterface
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+__all__ = ["TreeLayout", "install", "tree_attention", "tree_layout", "uninstall"]
+
+PREFIX = "tree+"
+"""Registered implementation names are this prefix and the model's own implementation's name."""
+
+
+@dataclass(frozen=True)
+class TreeLayout:
+    """Where a packed row's prefix trees sit: gather indices into its ``N`` slots and the masks that go with them.
+
+    ``U`` trees of prompts up to ``P`` tokens; ``B`` branches (the batch's rows) of responses up to ``L`` tokens.
+    """
+
+    prompt_slots: torch.Tensor
+    """(U, P) each tree's prompt slots; a pad repeats the tree's first slot."""
+    prompt_mask: torch.Tensor
+    """(U, 1, P, P) bool: causal among the real prompt slots (a pad query sees the real keys)."""
+    branch_queries: torch.Tensor
+    """(B, L) each row's response slots; a pad repeats its tree's first slot."""
+    branch_keys: torch.Tensor
+    """(B, P + L) its tree's prompt slots, then its own response slots."""
+    branch_mask: torch.Tensor
+    """(B, 1, L, P + L) bool: every real prompt key, and its own response keys up to the query."""
+    source: torch.Tensor
+    """(N,) for each slot, its output's place in the prompt outputs (U x P) followed by the branch outputs (B x L)."""
+
+    def visible(self) -> torch.Tensor:
+        """(N, N) bool: which slots each slot's query attends to (for tests; :func:`tree_attention` never
+        builds it)."""
+        n = len(self.source)
+        out = torch.zeros(n, n, dtype=torch.bool, device=self.source.device)
+        offset = 0
+        for queries, keys, mask in ((self.prompt_slots, self.prompt_slots, self.prompt_mask),
+                                    (self.branch_queries, self.branch_keys, self.branch_mask)):
+            for (g, j), slot in zip(itertools.product(*map(range, queries.shape)),
+                                    queries.flatten().tolist()):
+                if int(self.source[slot]) == offset + g * queries.shape[1] + j:  # the slot's own query, not a pad
+                    out[slot, keys[g][mask[g, 0, j]]] = True
+            offset += queries.numel()
+        return out
+
+
+def tree_layout(unit_start: list[int], prompt_lengths: list[int], row_unit: list[int], row_before: list[int],
+                response_lengths: list[int], slots: int, device: torch.device) -> TreeLayout:
+    """The layout of trees whose unit ``u`` starts at slot ``unit_start[u]`` with its ``prompt_lengths[u]``
+    prompt slots, then its rows' responses: row ``i`` of unit ``row_unit[i]`` has ``response_lengths[i]`` slots
+    after the ``row_before[i]`` response slots of the unit's earlier rows. ``slots``: the packed row's length."""
+    arange = lambda n: torch.arange(n, device=device)  # noqa: E731
+    start, plen = torch.tensor(unit_start, device=device), torch.tensor(prompt_lengths, device=device)
+    unit, before = torch.tensor(row_unit, device=device), torch.tensor(row_before, device=device)
+    rlen = torch.tensor(response_lengths, device=device)
+    p, length = int(plen.max()), int(rlen.max()) if len(response_lengths) else 0
+    prompt_real = arange(p) < plen[:, None]  # (U, P)
+    prompt_slots = torch.where(prompt_real, start[:, None] + arange(p), start[:, None])
+    causal = arange(p)[None, :, None] >= arange(p)[None, None, :]
+    prompt_mask = (prompt_real[:, None, :] & (causal | ~prompt_real[:, :, None]))[:, None]
+    query_real = arange(length) < rlen[:, None]  # (B, L)
+    first_response = start[unit] + plen[unit] + before
+    branch_queries = torch.where(query_real, first_response[:, None] + arange(length), start[unit][:, None])
+    branch_keys = torch.cat([prompt_slots[unit], branch_queries], dim=1)
+    own = (arange(length)[None, :, None] >= arange(length)[None, None, :]) & query_real[:, None, :]
+    own = own | (~query_real[:, :, None] & query_real[:, None, :])  # a pad query sees the real keys, never none
+    branch_mask = torch.cat([prompt_real[unit][:, None, :].expand(-1, length, -1), own], dim=2)[:, None]
+    source = torch.zeros(slots, dtype=torch.long, device=device)
+    source[prompt_slots[prompt_real]] = arange(prompt_slots.numel())[prompt_real.flatten()]
+    source[branch_queries[query_real]] = prompt_slots.numel() + arange(branch_queries.numel())[query_real.flatten()]
+    return TreeLayout(prompt_slots, prompt_mask, branch_queries, branch_keys, branch_mask, source)
+
+
+def tree_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: TreeLayout, *,
+                   scaling: float | None, dropout: float = 0.0) -> torch.Tensor:
+    """Attention of one packed row ``(1, heads, N, d)`` (keys and values may have fewer heads: grouped-query)
+    over its trees; returns ``(1, N, heads, d)``, the layout transformers' attention functions return."""
+    if query.shape[0] != 1:
+        raise ValueError(f"tree attention takes one packed row, got a batch of {query.shape[0]}")
+    q, k, v = query[0], key[0], value[0]  # (heads, N, d)
+    gqa = q.shape[0] != k.shape[0]
+
+    def attend(queries: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        gathered = (t[:, idx].transpose(0, 1) for t, idx in ((q, queries), (k, keys), (v, keys)))  # (G, h, len, d)
+        out = F.scaled_dot_product_attention(*gathered, attn_mask=mask, dropout_p=dropout, scale=scaling,
+                                             enable_gqa=gqa)
+        return out.transpose(1, 2).flatten(0, 1)  # (G * len, heads, d)
+
+    parts = [attend(layout.prompt_slots, layout.prompt_slots, layout.prompt_mask)]
+    if layout.branch_queries.shape[1]:
+        parts.append(attend(layout.branch_queries, layout.branch_keys, layout.branch_mask))
+    return torch.cat(parts)[layout.source][None]
+
+
+def _over(implementation: str):
+    """The attention function registered as ``tree+<implementation>``."""
+
+    def attention(module: nn.Module, query, key, value, attention_mask, dropout: float = 0.0,
+                  scaling: float | None = None, **kwargs):
+        if isinstance(attention_mask, TreeLayout):
+            if kwargs.get("sliding_window") is not None:
+                raise NotImplementedError("tree attention has no sliding window")
+            return tree_attention(query, key, value, attention_mask, scaling=scaling, dropout=dropout), None
+        own = _eager(module) if implementation == "eager" else ALL_ATTENTION_FUNCTIONS[implementation]
+        return own(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+
+    return attention
+
+
+def _eager(module: nn.Module):
+    """The eager attention of ``module``'s modeling file: transformers registers none, each model defines its own."""
+    return sys.modules[type(module).__module__].eager_attention_forward
+
+
+def install(model: nn.Module) -> None:
+    """Point ``model``'s attention at ``tree+<its implementation>`` (registered on first use); idempotent.
+
+    Raises ``ValueError`` for a model with no attention implementation in transformers' registry (it could not
+    be delegated to)."""
+    implementation = getattr(model.config, "_attn_implementation", None)
+    if implementation is not None and implementation.startswith(PREFIX):
+        return
+    if implementation != "eager" and implementation not in ALL_ATTENTION_FUNCTIONS:
+        raise ValueError(f"{type(model).__name__}'s attention {implementation!r} is not in transformers' registry")
+    name = PREFIX + implementation
+    if name not in ALL_ATTENTION_FUNCTIONS:
+        AttentionInterface.register(name, _over(implementation))
+        if implementation in ALL_MASK_ATTENTION_FUNCTIONS:
+            AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[implementation])
+    model.config._attn_implementation = name
+
+
+def uninstall(model: nn.Module) -> None:
+    """Give ``model`` back the attention implementation :func:`install` wrapped."""
+    implementation = getattr(model.config, "_attn_implementation", None)
+    if implementation is not None and implementation.startswith(PREFIX):
+        model.config._attn_implementation = implementation[len(PREFIX):]
