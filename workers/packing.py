@@ -29,8 +29,8 @@ With ``share_prompts``, rows whose prompts are the same tokens (the ``n``
 samples of one prompt) form one unit, a prefix tree: the prompt once, then
 each row's response, every response at the position ids it has in its own
 row. All units go end to end into one packed row (no filler), and the
-model's attention is pointed at :func:`~hybridflow.workers.tree_attention.tree_attention`,
-which lets each response see the prompt and itself only and computes no
+model's attention runs :func:`~hybridflow.workers.tree_attention.tree_attention`
+(:mod:`~hybridflow.workers.attention` wraps it), which lets each response see the prompt and itself only and computes no
 other pair, so each response gets what its own row computes, and the
 prompt's tokens are computed once instead of ``n`` times (their gradient sums
 the responses' contributions, as the rows' copies would)::
@@ -65,9 +65,8 @@ from torch import nn
 
 from hybridflow.core import DataProto
 from hybridflow.core.keys import ATTENTION_MASK, INPUT_IDS, POSITION_IDS, RESPONSES
+from hybridflow.workers import attention
 from hybridflow.workers.tree_attention import TreeLayout, tree_layout
-from hybridflow.workers.tree_attention import install as install_tree_attention
-from hybridflow.workers.tree_attention import uninstall as uninstall_tree_attention
 
 __all__ = ["PackedBatch", "Packing", "pack", "packed_forward", "probe_packing", "unpack"]
 
@@ -221,8 +220,9 @@ def packed_forward(model: nn.Module, packed: PackedBatch) -> torch.Tensor:
 
 def _tree_masks(model: nn.Module, tree: TreeLayout) -> dict[str, TreeLayout]:
     """The layout as every layer's prepared mask (transformers takes a dict of masks by layer type as built),
-    the model's attention pointed at :func:`~hybridflow.workers.tree_attention.tree_attention` for it."""
-    install_tree_attention(model)
+    the model's attention wrapped to run :func:`~hybridflow.workers.tree_attention.tree_attention` for it
+    (:mod:`hybridflow.workers.attention`)."""
+    attention.install(model)
     kinds = getattr(model.config.get_text_config(), "layer_types", None) or ["full_attention"]
     return {kind: tree for kind in set(kinds)}
 
@@ -231,7 +231,7 @@ def _tree_masks(model: nn.Module, tree: TreeLayout) -> dict[str, TreeLayout]:
 def probe_packing(model: nn.Module, *, share_prompts: bool = False) -> Packing:
     """The packing ``model`` confines: rows of several sequences if its attention keeps them apart, else one
     row; ``ValueError`` if neither. With ``share_prompts``, prompts are shared too when tree attention
-    (:mod:`~hybridflow.workers.tree_attention`, installed on the model) gives each branch what the model's own
+    (:mod:`~hybridflow.workers.tree_attention`, the model's attention wrapped by :mod:`~hybridflow.workers.attention`) gives each branch what the model's own
     attention computes for that branch alone (otherwise a warning, the model's attention back, and no sharing).
 
     Two packed inputs that differ only in one sequence must give the others the
@@ -246,7 +246,7 @@ def probe_packing(model: nn.Module, *, share_prompts: bool = False) -> Packing:
             if share_prompts and _shares_prompts(model):
                 return Packing(one_row=packing.one_row, share_prompts=True)
             if share_prompts:
-                uninstall_tree_attention(model)
+                attention.uninstall(model)
                 logger.warning("%s with attention %r: its outputs differ from tree attention's over shared "
                                "prompts; packing without sharing them", type(model).__name__, _attention(model))
             return packing

@@ -15,33 +15,22 @@ packed slots. Each pair a row's own forward computes is computed once, and
 nothing else: a query's softmax runs over exactly the keys its unpacked row
 gives it, so the outputs equal the padded pass to rounding.
 
-The model reaches it through transformers' attention interface: :func:`install`
-points the model's config at ``tree+<its implementation>``, registered here,
-which runs :func:`tree_attention` when the layer's ``attention_mask`` is a
-:class:`TreeLayout` (``packed_forward`` passes it as the prepared mask of every
-layer) and the model's own implementation, unchanged, for every other call
-(generation, padded passes, packed rows without trees), with the same mask
-functions. ``probe_packing`` checks that the tree's outputs equal each row's
-own before it shares prompts, and :func:`uninstall` puts the name back if not.
+The model reaches it through :mod:`hybridflow.workers.attention`, which
+wraps the model's attention and calls :func:`tree_attention` when a layer's
+``attention_mask`` is a :class:`TreeLayout` (``packed_forward`` passes it as
+the prepared mask of every layer). ``probe_packing`` checks that the tree's
+outputs equal each row's own before it shares prompts.
 """
 
 from __future__ import annotations
 
 import itertools
-import sys
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-from transformers import AttentionInterface, AttentionMaskInterface
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-__all__ = ["TreeLayout", "install", "tree_attention", "tree_layout", "uninstall"]
-
-PREFIX = "tree+"
-"""Registered implementation names are this prefix and the model's own implementation's name."""
+__all__ = ["TreeLayout", "tree_attention", "tree_layout"]
 
 
 @dataclass(frozen=True)
@@ -113,61 +102,20 @@ def tree_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     over its trees; returns ``(1, N, heads, d)``, the layout transformers' attention functions return."""
     if query.shape[0] != 1:
         raise ValueError(f"tree attention takes one packed row, got a batch of {query.shape[0]}")
-    q, k, v = query[0], key[0], value[0]  # (heads, N, d)
-    gqa = q.shape[0] != k.shape[0]
+    # Token-major (N, heads, d): the projections' own memory order, so a gathered slot is one contiguous run,
+    # and index_select's backward is an index_add (advanced indexing's is a slower accumulating index_put).
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
+    gqa = q.shape[1] != k.shape[1]
+
+    def gather(t: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:  # (G, heads, len, d)
+        return t.index_select(0, slots.flatten()).view(*slots.shape, *t.shape[1:]).transpose(1, 2)
 
     def attend(queries: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        gathered = (t[:, idx].transpose(0, 1) for t, idx in ((q, queries), (k, keys), (v, keys)))  # (G, h, len, d)
-        out = F.scaled_dot_product_attention(*gathered, attn_mask=mask, dropout_p=dropout, scale=scaling,
-                                             enable_gqa=gqa)
+        out = F.scaled_dot_product_attention(gather(q, queries), gather(k, keys), gather(v, keys), attn_mask=mask,
+                                             dropout_p=dropout, scale=scaling, enable_gqa=gqa)
         return out.transpose(1, 2).flatten(0, 1)  # (G * len, heads, d)
 
     parts = [attend(layout.prompt_slots, layout.prompt_slots, layout.prompt_mask)]
     if layout.branch_queries.shape[1]:
         parts.append(attend(layout.branch_queries, layout.branch_keys, layout.branch_mask))
-    return torch.cat(parts)[layout.source][None]
-
-
-def _over(implementation: str):
-    """The attention function registered as ``tree+<implementation>``."""
-
-    def attention(module: nn.Module, query, key, value, attention_mask, dropout: float = 0.0,
-                  scaling: float | None = None, **kwargs):
-        if isinstance(attention_mask, TreeLayout):
-            if kwargs.get("sliding_window") is not None:
-                raise NotImplementedError("tree attention has no sliding window")
-            return tree_attention(query, key, value, attention_mask, scaling=scaling, dropout=dropout), None
-        own = _eager(module) if implementation == "eager" else ALL_ATTENTION_FUNCTIONS[implementation]
-        return own(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
-
-    return attention
-
-
-def _eager(module: nn.Module):
-    """The eager attention of ``module``'s modeling file: transformers registers none, each model defines its own."""
-    return sys.modules[type(module).__module__].eager_attention_forward
-
-
-def install(model: nn.Module) -> None:
-    """Point ``model``'s attention at ``tree+<its implementation>`` (registered on first use); idempotent.
-
-    Raises ``ValueError`` for a model with no attention implementation in transformers' registry (it could not
-    be delegated to)."""
-    implementation = getattr(model.config, "_attn_implementation", None)
-    if implementation is not None and implementation.startswith(PREFIX):
-        return
-    if implementation != "eager" and implementation not in ALL_ATTENTION_FUNCTIONS:
-        raise ValueError(f"{type(model).__name__}'s attention {implementation!r} is not in transformers' registry")
-    name = PREFIX + implementation
-    if name not in ALL_ATTENTION_FUNCTIONS:
-        AttentionInterface.register(name, _over(implementation))
-        if implementation in ALL_MASK_ATTENTION_FUNCTIONS:
-            AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[implementation])
-    model.config._attn_implementation = name
-
-
-def uninstall(model: nn.Module) -> None:
-    """Give ``model`` back the attention implementation :func:`install` wrapped."""
-    implementation = getattr(model.config, "_attn_implementation", None)
-    if implementation is not None and implementation.startswith(PREFIX):
-        model.config._attn_implementation = implementation[len(PREFIX):]
+    return torch.cat(parts).index_select(0, layout.source)[None]

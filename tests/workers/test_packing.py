@@ -179,7 +179,7 @@ def test_an_attention_tree_attention_would_not_reproduce_packs_without_sharing_p
     assert "differ from tree attention" in caplog.text
     plain = tiny_model()
     assert probe_packing(plain, share_prompts=True) == Packing(share_prompts=True)
-    assert plain.config._attn_implementation == "tree+sdpa"  # delegating every call without a tree to sdpa
+    assert plain.config._attn_implementation == "hybridflow+sdpa"  # delegating every call without a tree to sdpa
 
 
 def test_an_attention_that_confines_only_one_packed_row_gets_one_row():

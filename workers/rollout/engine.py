@@ -46,6 +46,7 @@ from hybridflow.core.keys import (
     ROLLOUT_LOG_PROBS,
 )
 from hybridflow.core.rollout_batch import positions_from_mask
+from hybridflow.workers import attention
 from hybridflow.workers.rollout.continuous import decode_continuous
 from hybridflow.workers.rollout.kv_cache import make_generation_cache, preallocatable
 from hybridflow.workers.rollout.sampling import SamplingParams, sample_next_tokens
@@ -124,6 +125,10 @@ class RolloutEngine:
         # transformers 5 names the cache argument ``cache``; 4.x calls it ``past_key_values``.
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self._has_logits_to_keep = "logits_to_keep" in params
+        try:  # on a CPU, decode steps of plain softmax attention as two bmm (workers/decode_attention.py)
+            attention.install(model)
+        except ValueError:  # an attention transformers does not register: decode with it as it is
+            pass
 
     def _resolve_eos(self) -> tuple[int, ...]:
         if self.config.eos_token_ids is not None:

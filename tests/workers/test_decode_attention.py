@@ -1,0 +1,57 @@
+"""The CPU decode kernel computes the attention SDPA computes, and the engine's generation does not change by it."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hybridflow.core import DataProto
+from hybridflow.workers import attention
+from hybridflow.workers.decode_attention import decode_attention, takes
+from hybridflow.workers.rollout import RolloutConfig, RolloutEngine, SamplingParams
+from support import spiky_model
+
+
+@pytest.mark.parametrize("heads, kv_heads", [(4, 2), (4, 4), (6, 1)])
+@pytest.mark.parametrize("masked", [True, False])
+def test_decode_attention_equals_sdpa(heads, kv_heads, masked):
+    gen = torch.Generator().manual_seed(heads * 10 + kv_heads)
+    rows, length, dim = 5, 9, 8
+    query = torch.randn(rows, heads, 1, dim, generator=gen)
+    key, value = (torch.randn(rows, kv_heads, length, dim, generator=gen) for _ in range(2))
+    mask = None
+    if masked:  # left padding: row r's first r keys are pads
+        mask = (torch.arange(length)[None, :] >= torch.arange(rows)[:, None])[:, None, None, :]
+    expected = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=0.3,
+                                              enable_gqa=heads != kv_heads).transpose(1, 2)
+    assert takes(query, key, mask, 0.0)
+    out = decode_attention(query, key, value, mask, 0.3)
+    assert out.shape == (rows, 1, heads, dim)
+    assert torch.allclose(out, expected, atol=1e-6)
+
+
+def test_decode_attention_takes_only_cpu_decode_steps_without_dropout():
+    query, key = torch.zeros(2, 4, 1, 8), torch.zeros(2, 2, 5, 8)
+    assert not takes(torch.zeros(2, 4, 3, 8), key, None, 0.0)  # a prefill: several queries a row
+    assert not takes(query, key, None, 0.1)
+    assert not takes(query, key, torch.zeros(2, 1, 1, 5), 0.0)  # an additive float mask
+    assert not takes(query, torch.zeros(2, 3, 5, 8), None, 0.0)  # heads not a multiple of kv heads
+
+
+def test_the_engine_generates_what_the_models_own_attention_generates():
+    """The engine installs the wrapper; a deep copy with plain sdpa (installed nowhere) samples the same tokens
+    with the same log-probs from the same seed, over left-padded prompts of several lengths."""
+    model, tokenizer = spiky_model()
+    plain = copy.deepcopy(model)
+    wrapped_engine = RolloutEngine(model, tokenizer, RolloutConfig())
+    assert model.config._attn_implementation == attention.PREFIX + "sdpa"
+    engine = RolloutEngine(plain, tokenizer, RolloutConfig())
+    attention.uninstall(plain)
+    assert plain.config._attn_implementation == "sdpa"
+    prompts = tokenizer(["1+2=", "12+30=", "7="], padding=True, padding_side="left", return_tensors="pt")
+    batch = DataProto.from_dict({"input_ids": prompts["input_ids"], "attention_mask": prompts["attention_mask"]})
+    a, b = (e.generate(batch, n=3, seed=7, sampling=SamplingParams(max_new_tokens=12)) for e in (wrapped_engine, engine))
+    assert torch.equal(a.batch["responses"], b.batch["responses"])
+    assert torch.allclose(a.batch["rollout_log_probs"], b.batch["rollout_log_probs"], atol=1e-5)
+    assert int(a.batch["response_mask"].sum()) > 9  # it generated
