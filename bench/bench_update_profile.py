@@ -32,8 +32,9 @@ from hybridflow.workers.packing import pack, probe_packing
 from hybridflow.workers.rollout import RolloutConfig, RolloutEngine, SamplingParams
 
 LAYOUTS = {"prefix trees (default)": (True, True), "packed, no sharing": (True, False), "padded (TRL's)": (False, False)}
-FAMILIES = {"linear layers (mm, addmm)": ("aten::mm", "aten::addmm", "aten::bmm"),
-            "attention (sdpa kernels)": ("scaled_dot_product",),
+FAMILIES = {"linear layers (mm, addmm)": ("aten::mm", "aten::addmm"),
+            "attention (sdpa kernels; the CPU decode kernel's bmm, softmax)": (
+                "scaled_dot_product", "aten::bmm", "aten::baddbmm", "aten::_softmax"),
             "elementwise (mul, add, silu, ...)": ("aten::mul", "aten::add", "aten::silu", "aten::silu_backward",
                                                   "aten::pow", "aten::div", "aten::neg", "aten::rsqrt", "aten::exp")}
 
@@ -72,12 +73,18 @@ def families(prof) -> dict[str, float]:
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def job_parser(description: str) -> argparse.ArgumentParser:
+    """The options of the bench job (``bench_vs_trl.py``'s GRPO step): response length, prompts, samples, threads."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--response-length", type=int, default=32)
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--threads", type=int, default=2)
+    return parser
+
+
+def main() -> None:
+    parser = job_parser(__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
