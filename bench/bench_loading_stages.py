@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.device_mesh import init_device_mesh
-from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM  # noqa: F401  (imported before the baseline)
+from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM  # noqa: F401  (before the baseline)
 
 from bench_loading import proc_status_bytes, write_checkpoint
 from hybridflow.workers import loading

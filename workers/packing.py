@@ -30,8 +30,9 @@ samples of one prompt) form one unit, a prefix tree: the prompt once, then
 each row's response, every response at the position ids it has in its own
 row. All units go end to end into one packed row (no filler), and the
 model's attention runs :func:`~hybridflow.workers.tree_attention.tree_attention`
-(:mod:`~hybridflow.workers.attention` wraps it), which lets each response see the prompt and itself only and computes no
-other pair, so each response gets what its own row computes, and the
+(:mod:`~hybridflow.workers.attention` wraps it), which lets each response see
+the prompt and itself only and computes no other pair, so each response gets
+what its own row computes, and the
 prompt's tokens are computed once instead of ``n`` times (their gradient sums
 the responses' contributions, as the rows' copies would)::
 
@@ -231,8 +232,9 @@ def _tree_masks(model: nn.Module, tree: TreeLayout) -> dict[str, TreeLayout]:
 def probe_packing(model: nn.Module, *, share_prompts: bool = False) -> Packing:
     """The packing ``model`` confines: rows of several sequences if its attention keeps them apart, else one
     row; ``ValueError`` if neither. With ``share_prompts``, prompts are shared too when tree attention
-    (:mod:`~hybridflow.workers.tree_attention`, the model's attention wrapped by :mod:`~hybridflow.workers.attention`) gives each branch what the model's own
-    attention computes for that branch alone (otherwise a warning, the model's attention back, and no sharing).
+    (:mod:`~hybridflow.workers.tree_attention`, the model's attention wrapped by
+    :mod:`~hybridflow.workers.attention`) gives each branch what the model's own attention computes for that
+    branch alone (otherwise a warning, the model's attention back, and no sharing).
 
     Two packed inputs that differ only in one sequence must give the others the
     same outputs. An attention implementation that builds no block-diagonal

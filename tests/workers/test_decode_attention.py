@@ -40,8 +40,8 @@ def test_decode_attention_takes_only_cpu_decode_steps_without_dropout():
 
 
 def test_the_engine_generates_what_the_models_own_attention_generates():
-    """The engine installs the wrapper; a deep copy with plain sdpa (installed nowhere) samples the same tokens
-    with the same log-probs from the same seed, over left-padded prompts of several lengths."""
+    """The engine installs the wrapper; a deep copy given its plain sdpa back samples the same tokens with the
+    same log-probs from the same seed, over left-padded prompts of several lengths."""
     model, tokenizer = spiky_model()
     plain = copy.deepcopy(model)
     wrapped_engine = RolloutEngine(model, tokenizer, RolloutConfig())
@@ -51,7 +51,8 @@ def test_the_engine_generates_what_the_models_own_attention_generates():
     assert plain.config._attn_implementation == "sdpa"
     prompts = tokenizer(["1+2=", "12+30=", "7="], padding=True, padding_side="left", return_tensors="pt")
     batch = DataProto.from_dict({"input_ids": prompts["input_ids"], "attention_mask": prompts["attention_mask"]})
-    a, b = (e.generate(batch, n=3, seed=7, sampling=SamplingParams(max_new_tokens=12)) for e in (wrapped_engine, engine))
+    sampling = SamplingParams(max_new_tokens=12)
+    a, b = (e.generate(batch, n=3, seed=7, sampling=sampling) for e in (wrapped_engine, engine))
     assert torch.equal(a.batch["responses"], b.batch["responses"])
     assert torch.allclose(a.batch["rollout_log_probs"], b.batch["rollout_log_probs"], atol=1e-5)
     assert int(a.batch["response_mask"].sum()) > 9  # it generated

@@ -96,7 +96,8 @@ def test_a_prompt_with_many_long_responses_stays_one_tree_in_one_row():
         batch.batch[key][:, 0] = 7
     packed = pack(batch, Packing(share_prompts=True))
     assert packed.input_ids.shape == (1, 1 + 6 * 30)
-    assert packed.input_ids[0, 0] == 7 and int((packed.input_ids[0, 1:] == 7).sum()) == int((batch.batch["responses"] == 7).sum())
+    assert packed.input_ids[0, 0] == 7  # the prompt once; then the responses' own tokens only
+    assert int((packed.input_ids[0, 1:] == 7).sum()) == int((batch.batch["responses"] == 7).sum())
     visible = packed.tree.visible()
     assert int(visible.sum()) == 1 + 6 * sum(1 + k for k in range(1, 31))  # the prompt: itself; token k: prompt + k
     assert visible[1 + 30 + 4].nonzero().flatten().tolist() == [0, 31, 32, 33, 34, 35]  # response 2's 5th token

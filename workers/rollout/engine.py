@@ -20,7 +20,10 @@ left-padded, so every resident row has the same cache length and
 the model's own 2-D attention mask handling applies; position ids count real
 tokens only (``cumsum(mask) - 1``, pads at 0, as HF ``generate`` does) and
 continue after the prompt. Greedy decoding equals HF ``generate`` token for
-token; log-probs follow :mod:`hybridflow.workers.rollout.sampling`.
+token; log-probs follow :mod:`hybridflow.workers.rollout.sampling`. On a
+CPU, the decode steps' attention runs as two ``bmm``
+(:mod:`hybridflow.workers.decode_attention`, through the attention wrapper the
+engine installs on its model: :mod:`hybridflow.workers.attention`).
 """
 
 from __future__ import annotations
