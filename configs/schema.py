@@ -60,7 +60,8 @@ class ModelConfig:
     tree attention (``workers/tree_attention.py``) computes each response against its prompt and itself only,
     so the prompt's tokens are computed once instead of ``n`` times; the same numbers as without (to float
     rounding). Needs a transformers model whose attention tree attention reproduces (plain softmax attention:
-    sdpa, eager, flash; probed when the model is built: otherwise it packs without sharing, with a warning)."""
+    sdpa and eager; flash in principle, not yet run on a GPU; probed when the model is built: otherwise it
+    packs without sharing, with a warning)."""
 
     def problems(self) -> list[str]:
         """Broken rules of this section (see ``configs/rules.py``); the directory's existence is checked by the config check."""
