@@ -24,7 +24,6 @@ outputs equal each row's own before it shares prompts.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
 import torch
@@ -52,21 +51,6 @@ class TreeLayout:
     """(B, 1, L, P + L) bool: every real prompt key, and its own response keys up to the query."""
     source: torch.Tensor
     """(N,) for each slot, its output's place in the prompt outputs (U x P) followed by the branch outputs (B x L)."""
-
-    def visible(self) -> torch.Tensor:
-        """(N, N) bool: which slots each slot's query attends to (for tests; :func:`tree_attention` never
-        builds it)."""
-        n = len(self.source)
-        out = torch.zeros(n, n, dtype=torch.bool, device=self.source.device)
-        offset = 0
-        for queries, keys, mask in ((self.prompt_slots, self.prompt_slots, self.prompt_mask),
-                                    (self.branch_queries, self.branch_keys, self.branch_mask)):
-            for (g, j), slot in zip(itertools.product(*map(range, queries.shape)),
-                                    queries.flatten().tolist()):
-                if int(self.source[slot]) == offset + g * queries.shape[1] + j:  # the slot's own query, not a pad
-                    out[slot, keys[g][mask[g, 0, j]]] = True
-            offset += queries.numel()
-        return out
 
 
 def tree_layout(unit_start: list[int], prompt_lengths: list[int], row_unit: list[int], row_before: list[int],

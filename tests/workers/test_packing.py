@@ -9,6 +9,7 @@ values, and the losses, gradients and parameters of one update agree within 1e-5
 """
 
 import copy
+import itertools
 
 import pytest
 import torch
@@ -27,6 +28,20 @@ from support import tiny_model
 
 
 LAYOUTS = [Packing(), Packing(one_row=True), Packing(share_prompts=True)]
+
+
+def visible(layout):
+    """(N, N) bool: which slots each slot's query attends to, read back from the layout's gather indices."""
+    n = len(layout.source)
+    out = torch.zeros(n, n, dtype=torch.bool)
+    offset = 0
+    for queries, keys, mask in ((layout.prompt_slots, layout.prompt_slots, layout.prompt_mask),
+                                (layout.branch_queries, layout.branch_keys, layout.branch_mask)):
+        for (g, j), slot in zip(itertools.product(*map(range, queries.shape)), queries.flatten().tolist()):
+            if int(layout.source[slot]) == offset + g * queries.shape[1] + j:  # the slot's own query, not a pad
+                out[slot, keys[g][mask[g, 0, j]]] = True
+        offset += queries.numel()
+    return out
 
 
 def with_attention(model, implementation):
@@ -66,7 +81,7 @@ def test_rows_of_one_prompt_pack_as_the_docstring_draws_their_tree():
     assert packed.input_ids.tolist() == [[11, 12, 13, 14, 15]]
     assert packed.position_ids.tolist() == [[0, 1, 2, 3, 2]]
     assert packed.logit_index.tolist() == [1, 2, 1]  # b predicts c and e, c predicts d
-    assert packed.tree.visible().long().tolist() == [
+    assert visible(packed.tree).long().tolist() == [
         [1, 0, 0, 0, 0],  # a
         [1, 1, 0, 0, 0],  # b
         [1, 1, 1, 0, 0],  # c
@@ -98,9 +113,9 @@ def test_a_prompt_with_many_long_responses_stays_one_tree_in_one_row():
     assert packed.input_ids.shape == (1, 1 + 6 * 30)
     assert packed.input_ids[0, 0] == 7  # the prompt once; then the responses' own tokens only
     assert int((packed.input_ids[0, 1:] == 7).sum()) == int((batch.batch["responses"] == 7).sum())
-    visible = packed.tree.visible()
-    assert int(visible.sum()) == 1 + 6 * sum(1 + k for k in range(1, 31))  # the prompt: itself; token k: prompt + k
-    assert visible[1 + 30 + 4].nonzero().flatten().tolist() == [0, 31, 32, 33, 34, 35]  # response 2's 5th token
+    seen = visible(packed.tree)
+    assert int(seen.sum()) == 1 + 6 * sum(1 + k for k in range(1, 31))  # the prompt: itself; token k: prompt + k
+    assert seen[1 + 30 + 4].nonzero().flatten().tolist() == [0, 31, 32, 33, 34, 35]  # response 2's 5th token
 
 
 def test_a_shared_prompt_keeps_its_responses_apart():
