@@ -3,17 +3,19 @@
 A batch holds left-padded prompts followed by right-padded responses, so each
 row's real tokens (``attention_mask == 1``) are one contiguous run whose
 position ids count 0, 1, ... from its first real token. :func:`pack` drops the
-pads and lays the runs end to end, first-fit longest first, into packed rows
-of ``C`` slots, ``C`` the longest run (or into a single row, ``one_row``)::
+pads, and each row's last response token (its output would score the token
+after the response: nothing reads it), and lays the runs end to end, first-fit
+longest first, into packed rows of ``C`` slots, ``C`` the longest run (or into
+a single row, ``one_row``)::
 
     padded, B=3 rows of P=3 prompt + T=3 response columns (_ is a pad)
         row 0:   _  a  b | c  _  _       positions   .  0  1 | 2  .  .
         row 1:   e  f  g | h  i  j                   0  1  2 | 3  4  5
         row 2:   _  _  k | l  _  _                   .  .  0 | 1  .  .
-    packed, R=2 rows of C=6 slots (~ is a row's tail: a sequence of its own, its outputs unused)
-        row 0:   e  f  g  h  i  j        positions   0  1  2  3  4  5
-        row 1:   a  b  c  k  l  ~                    0  1  2  0  1  0
-    logit_index, flat in R x C: 7 | 2 3 4 | 9    (the slots whose outputs predict c | h i j | l)
+    packed, R=2 rows of C=5 slots (~ is a row's tail: a sequence of its own, its outputs unused)
+        row 0:   e  f  g  h  i           positions   0  1  2  3  4
+        row 1:   a  b  k  ~  ~                       0  1  0  0  1
+    logit_index, flat in R x C: 6 | 2 3 4 | 7    (the slots whose outputs predict c | h i j | l)
 
 The model is called with ``attention_mask=None``, no cache and these position
 ids. transformers 5 reads a position that does not continue its predecessor as
@@ -36,10 +38,10 @@ what its own row computes, and the
 prompt's tokens are computed once instead of ``n`` times (their gradient sums
 the responses' contributions, as the rows' copies would)::
 
-    rows 0 and 1 share the prompt a b:   row 0: a b | c d     row 1: a b | e _
-    one unit:   a  b  c  d  e        positions  0  1  2  3  2
-    attends to: a: a   b: a b   c: a b c   d: a b c d   e: a b e
-    logit_index: 1 2 | 1   (b predicts c and e; c predicts d)
+    rows 0 and 1 share the prompt a b:   row 0: a b | c d e     row 1: a b | f g _
+    one unit:   a  b  c  d  f        positions  0  1  2  3  2
+    attends to: a: a   b: a b   c: a b c   d: a b c d   f: a b f
+    logit_index: 1 2 3 | 1 4   (b predicts c and f; c, d predict d, e; f predicts g)
 
 :func:`probe_packing` finds which layout a model confines, by running it: an
 attention implementation without a mask function (a custom one) would
@@ -110,20 +112,22 @@ def pack(batch: DataProto, packing: Packing = Packing()) -> PackedBatch:
     at position 0 and count up by one, and each row has a real prompt token
     before its response: the layout packing relies on.
     """
-    keep = batch.batch[ATTENTION_MASK].bool()
+    real = batch.batch[ATTENTION_MASK].bool()
     positions = batch.batch[POSITION_IDS]
     responses = batch.batch[RESPONSES]
     length = responses.shape[1]
-    rank_in_row = keep.long().cumsum(-1) - 1  # 0, 1, ... along each row's real tokens
-    real_positions = positions[keep]
-    if not torch.equal(real_positions, rank_in_row[keep]):
+    rank_in_row = real.long().cumsum(-1) - 1  # 0, 1, ... along each row's real tokens
+    if not torch.equal(positions[real], rank_in_row[real]):
         raise ValueError(
             "packing needs each row's real tokens (attention_mask == 1) to be contiguous with position ids "
             "0, 1, 2, ... from the row's first real token; this batch's are not (use_remove_padding=false pads instead)"
         )
-    if bool((rank_in_row[:, -length:][keep[:, -length:]] == 0).any()):
+    response_keep = real[:, -length:]
+    if bool((rank_in_row[:, -length:][response_keep] == 0).any()):
         raise ValueError("packing needs a real prompt token before every response (a row's first real token "
                          "is a response token)")
+    keep = _without_last_response_token(real, response_keep)
+    real_positions = positions[keep]
     prompt_keep = keep[:, :-length]
     groups = _prompt_groups(batch.batch[INPUT_IDS][:, :-length], prompt_keep, packing.share_prompts)
     prompt_lengths, lengths = prompt_keep.sum(-1).tolist(), keep.sum(-1).tolist()
@@ -147,7 +151,6 @@ def pack(batch: DataProto, packing: Packing = Packing()) -> PackedBatch:
     input_ids[slot[keep]] = batch.batch[INPUT_IDS][keep]  # a shared prompt's slots get the same ids from each member
     position_ids = tail.flatten().clamp(min=0)
     position_ids[slot[keep]] = real_positions
-    response_keep = keep[:, -length:]
     return PackedBatch(
         input_ids=input_ids.view(tail.shape),
         position_ids=position_ids.view(tail.shape),
@@ -156,6 +159,18 @@ def pack(batch: DataProto, packing: Packing = Packing()) -> PackedBatch:
         response_keep=response_keep,
         tree=tree,
     )
+
+
+def _without_last_response_token(real: torch.Tensor, response_keep: torch.Tensor) -> torch.Tensor:
+    """The tokens a forward computes: the real ones but each row's last response token, whose output would
+    score the token after the response (nothing does: the logits and values read are its predecessors')."""
+    length = response_keep.shape[1]
+    has_response = response_keep.any(-1)
+    last = length - 1 - response_keep.flip(-1).long().argmax(-1)  # the last real response column
+    keep = real.clone()
+    rows = has_response.nonzero().squeeze(-1)
+    keep[rows, real.shape[1] - length + last[rows]] = False
+    return keep
 
 
 def _prompt_groups(prompts: torch.Tensor, prompt_keep: torch.Tensor, share: bool) -> list[list[int]]:

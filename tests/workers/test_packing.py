@@ -57,38 +57,48 @@ def test_pack_lays_the_rows_end_to_end_as_the_docstring_draws():
         "position_ids": torch.tensor([[0, 0, 1, 2, 2, 2], [0, 1, 2, 3, 4, 5], [0, 0, 0, 1, 1, 1]]),
         "responses": torch.tensor([[13, 0, 0], [18, 19, 20], [22, 0, 0]]),
     })
-    packed = pack(batch)
-    assert packed.input_ids.tolist() == [[15, 16, 17, 18, 19, 20], [11, 12, 13, 21, 22, 0]]
-    assert packed.position_ids.tolist() == [[0, 1, 2, 3, 4, 5], [0, 1, 2, 0, 1, 0]]
-    assert packed.logit_index.tolist() == [7, 2, 3, 4, 9]  # b predicts c; g, h, i predict h, i, j; k predicts l
+    packed = pack(batch)  # a row's last response token (c, j, l) predicts nothing read: not computed
+    assert packed.input_ids.tolist() == [[15, 16, 17, 18, 19], [11, 12, 21, 0, 0]]
+    assert packed.position_ids.tolist() == [[0, 1, 2, 3, 4], [0, 1, 0, 0, 1]]
+    assert packed.logit_index.tolist() == [6, 2, 3, 4, 7]  # b predicts c; g, h, i predict h, i, j; k predicts l
     assert packed.response_tokens.tolist() == [13, 18, 19, 20, 22]
     assert unpack(torch.arange(1.0, 6.0), packed).tolist() == [[1, 0, 0], [2, 3, 4], [5, 0, 0]]
-    one_row = pack(batch, Packing(one_row=True))  # longest first: e..j, then a b c, then k l
-    assert one_row.input_ids.tolist() == [[15, 16, 17, 18, 19, 20, 11, 12, 13, 21, 22]]
-    assert one_row.position_ids.tolist() == [[0, 1, 2, 3, 4, 5, 0, 1, 2, 0, 1]]
-    assert one_row.logit_index.tolist() == [7, 2, 3, 4, 9]
+    one_row = pack(batch, Packing(one_row=True))  # longest first: e..i, then a b, then k
+    assert one_row.input_ids.tolist() == [[15, 16, 17, 18, 19, 11, 12, 21]]
+    assert one_row.position_ids.tolist() == [[0, 1, 2, 3, 4, 0, 1, 0]]
+    assert one_row.logit_index.tolist() == [6, 2, 3, 4, 7]
 
 
 def test_rows_of_one_prompt_pack_as_the_docstring_draws_their_tree():
-    # row 0: a b | c d    row 1: a b | e _    (a..e = 11..15): one unit, the prompt once
+    # row 0: a b | c d e    row 1: a b | f g _    (a..g = 11..17): one unit, the prompt once, no last tokens
     batch = DataProto.from_dict({
-        "input_ids": torch.tensor([[11, 12, 13, 14], [11, 12, 15, 0]]),
-        "attention_mask": torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]]),
-        "position_ids": torch.tensor([[0, 1, 2, 3], [0, 1, 2, 2]]),
-        "responses": torch.tensor([[13, 14], [15, 0]]),
+        "input_ids": torch.tensor([[11, 12, 13, 14, 15], [11, 12, 16, 17, 0]]),
+        "attention_mask": torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]]),
+        "position_ids": torch.tensor([[0, 1, 2, 3, 4], [0, 1, 2, 3, 3]]),
+        "responses": torch.tensor([[13, 14, 15], [16, 17, 0]]),
     })
     packed = pack(batch, Packing(share_prompts=True))
-    assert packed.input_ids.tolist() == [[11, 12, 13, 14, 15]]
+    assert packed.input_ids.tolist() == [[11, 12, 13, 14, 16]]
     assert packed.position_ids.tolist() == [[0, 1, 2, 3, 2]]
-    assert packed.logit_index.tolist() == [1, 2, 1]  # b predicts c and e, c predicts d
+    assert packed.logit_index.tolist() == [1, 2, 3, 1, 4]  # b predicts c and f; c, d predict d, e; f predicts g
     assert visible(packed.tree).long().tolist() == [
         [1, 0, 0, 0, 0],  # a
         [1, 1, 0, 0, 0],  # b
         [1, 1, 1, 0, 0],  # c
         [1, 1, 1, 1, 0],  # d
-        [1, 1, 0, 0, 1],  # e: the prompt and itself
+        [1, 1, 0, 0, 1],  # f: the prompt and itself
     ]
-    assert pack(batch).input_ids.numel() == 8  # unshared: two rows of 4
+    assert pack(batch).input_ids.numel() == 8  # unshared: two rows of 4 (a b c d, a b f)
+
+    one_token = DataProto.from_dict({  # row 1's response is one token: its branch computes nothing
+        "input_ids": torch.tensor([[11, 12, 13, 14], [11, 12, 16, 0]]),
+        "attention_mask": torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]]),
+        "position_ids": torch.tensor([[0, 1, 2, 3], [0, 1, 2, 2]]),
+        "responses": torch.tensor([[13, 14], [16, 0]]),
+    })
+    tree = pack(one_token, Packing(share_prompts=True))
+    assert tree.input_ids.tolist() == [[11, 12, 13]] and tree.logit_index.tolist() == [1, 2, 1]
+    assert visible(tree.tree).long().tolist() == [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
 
 
 def test_a_shared_prompt_is_packed_once_per_micro_batch():
@@ -97,10 +107,10 @@ def test_a_shared_prompt_is_packed_once_per_micro_batch():
     prompt = batch.batch["attention_mask"][:, :batch.batch["prompts"].shape[1]].sum(-1)
     packed = pack(batch, Packing(share_prompts=True))
     # the packed real tokens (ids 3..23; a row's tail filler is 0): rows 2 and 4's prompts once, row 7 whole,
-    # every response once
-    expected = 20 + 12 + int(lengths[7]) + int((lengths - prompt)[:7].sum())
-    assert int((packed.input_ids != 0).sum()) == expected == int(lengths.sum() - prompt[[0, 1, 3, 5, 6]].sum())
-    assert int((pack(batch).input_ids != 0).sum()) == int(lengths.sum())  # unshared: every row's own copy
+    # every response once, each but its last token
+    expected = 20 + 12 + int(lengths[7]) - 1 + int((lengths - prompt - 1)[:7].sum())
+    assert int((packed.input_ids != 0).sum()) == expected == int(lengths.sum() - prompt[[0, 1, 3, 5, 6]].sum()) - 8
+    assert int((pack(batch).input_ids != 0).sum()) == int(lengths.sum()) - 8  # unshared: every row's own copy
 
 
 def test_a_prompt_with_many_long_responses_stays_one_tree_in_one_row():
@@ -110,12 +120,12 @@ def test_a_prompt_with_many_long_responses_stays_one_tree_in_one_row():
     for key in ("prompts", "input_ids"):
         batch.batch[key][:, 0] = 7
     packed = pack(batch, Packing(share_prompts=True))
-    assert packed.input_ids.shape == (1, 1 + 6 * 30)
+    assert packed.input_ids.shape == (1, 1 + 6 * 29)  # each response's last token predicts nothing read
     assert packed.input_ids[0, 0] == 7  # the prompt once; then the responses' own tokens only
-    assert int((packed.input_ids[0, 1:] == 7).sum()) == int((batch.batch["responses"] == 7).sum())
+    assert int((packed.input_ids[0, 1:] == 7).sum()) == int((batch.batch["responses"][:, :-1] == 7).sum())
     seen = visible(packed.tree)
-    assert int(seen.sum()) == 1 + 6 * sum(1 + k for k in range(1, 31))  # the prompt: itself; token k: prompt + k
-    assert seen[1 + 30 + 4].nonzero().flatten().tolist() == [0, 31, 32, 33, 34, 35]  # response 2's 5th token
+    assert int(seen.sum()) == 1 + 6 * sum(1 + k for k in range(1, 30))  # the prompt: itself; token k: prompt + k
+    assert seen[1 + 29 + 4].nonzero().flatten().tolist() == [0, 30, 31, 32, 33, 34]  # response 2's 5th token
 
 
 def test_a_shared_prompt_keeps_its_responses_apart():
