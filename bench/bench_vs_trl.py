@@ -8,9 +8,9 @@ installed first, as the CPU wheel, and pinned so pip never replaces it)::
     .venv-bench/bin/pip install -c bench/requirements-trl.txt -r bench/requirements-trl.txt
     .venv-bench/bin/pip install -c bench/requirements-trl.txt -e .
 
-Run (one command; both trainers once per seed, one after the other)::
+Run (one command; both trainers once per seed, side by side in turns)::
 
-    .venv-bench/bin/python bench/bench_vs_trl.py [--seeds 0,1,2] [--steps 200] [--response-length 4] [--lr 2e-4] [--out FILE]
+    .venv-bench/bin/python bench/bench_vs_trl.py [--seeds 0,1,2] [--steps 200] [--response-length 4] [--lr 2e-4] [--sequential] [--out FILE]
 
 Both trainers get the same model (``builtin:small-qwen2``, random weights from
 the run's seed), the same synthetic train and validation prompts (generated once per seed,
@@ -23,7 +23,11 @@ the same verifier (hybridflow's ``arithmetic`` ``compute_score``, called from
 TRL's reward function). hybridflow runs one rank with 2 torch threads on a
 local Ray instance (``--hybridflow-ranks 2 --hybridflow-threads 1`` for its
 default layout); TRL runs in one process with 2 torch threads. Each trainer
-runs in its own child process, one after the other, once per seed.
+runs in its own child process, once per seed. The two children run side by
+side and take turns (``Baton``): one works (its setup, one step, its
+wrap-up) while the other waits idle, so both meet the same minutes of this
+machine, whose speed moves by 10-30% from one minute to the next
+(``--sequential``: one child after the other, as before 2026-12-02).
 
 One "step" below is one batch of 16 prompts x 8 samples: for hybridflow one
 trainer step, for TRL two optimizer steps (``steps_per_generation=2``; TRL
@@ -78,6 +82,42 @@ def step_stats(step_seconds: list[float], step_tokens: list[float], warmup: int)
     }
 
 
+class Baton:
+    """Turns between the two children over two pipes: a child computes only while it holds the baton.
+
+    ``spec`` is ``"read_fd,write_fd"`` (None: no turns, the ``--sequential`` mode). :meth:`take` waits for the
+    other child's :meth:`give`; once the other child has exited (its end of the pipe closed) a child keeps the
+    baton for good.
+    """
+
+    def __init__(self, spec: str | None) -> None:
+        self.read_fd, self.write_fd = (int(fd) for fd in spec.split(",")) if spec else (None, None)
+        for fd in (self.read_fd, self.write_fd):
+            if fd is not None:
+                os.set_inheritable(fd, False)  # Ray's processes must not hold the pipes open
+
+    def take(self) -> None:
+        """Wait for the turn."""
+        if self.read_fd is not None and os.read(self.read_fd, 1) == b"":
+            self.read_fd = None  # the other child is done
+
+    def give(self) -> None:
+        """Hand the turn to the other child."""
+        if self.write_fd is not None:
+            try:
+                os.write(self.write_fd, b".")
+            except BrokenPipeError:  # the other child is done
+                self.write_fd = None
+
+    def pass_turn(self) -> None:
+        """Between two steps: the other child's step, then this one's."""
+        self.give()
+        self.take()
+
+
+BATON = Baton(None)
+
+
 # ------------------------------------------------------------- hybridflow
 def run_hybridflow(args: argparse.Namespace, data: dict[str, str]) -> dict:
     """The real trainer (Hydra-composed default job, overridden as the module docstring says)."""
@@ -86,6 +126,7 @@ def run_hybridflow(args: argparse.Namespace, data: dict[str, str]) -> dict:
 
     from hybridflow.trainer.config_checks import check_config
     from hybridflow.trainer.main import build_and_fit  # registers the config schema
+    from hybridflow.trainer.ppo_trainer import PPOTrainer
 
     overrides = [
         f"actor_rollout_ref.model.path={args.model}",
@@ -116,6 +157,13 @@ def run_hybridflow(args: argparse.Namespace, data: dict[str, str]) -> dict:
         cfg = compose(config_name="ppo_trainer", overrides=overrides)
     config = OmegaConf.to_object(cfg)
     check_config(config)
+    train_step = PPOTrainer.train_step
+
+    def step_in_turn(trainer: PPOTrainer) -> dict[str, float]:  # the wait is outside the step's own timer
+        BATON.pass_turn()
+        return train_step(trainer)
+
+    PPOTrainer.train_step = step_in_turn
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
         start = time.perf_counter()
@@ -229,6 +277,8 @@ def run_trl(args: argparse.Namespace, data: dict[str, str]) -> dict:
             self.started = 0.0
 
         def on_step_begin(self, *_, **__):
+            if len(self.seconds) % 2 == 0:  # a generation batch's first optimizer step: hybridflow's step first
+                BATON.pass_turn()
             self.started = time.perf_counter()
 
         def on_step_end(self, *_, **__):
@@ -376,10 +426,45 @@ def format_table(args: argparse.Namespace, runs: list[tuple[int, dict, dict]], l
 
 
 def child(args: argparse.Namespace) -> None:
-    """Run one trainer (``--child``) and write its result as JSON."""
-    data = json.loads(args.data)
-    result = run_hybridflow(args, data) if args.child == "hybridflow" else run_trl(args, data)
-    Path(args.result).write_text(json.dumps(result))
+    """Run one trainer (``--child``) and write its result as JSON; in turns with the other child (``--baton``)."""
+    global BATON
+    BATON = Baton(args.baton)
+    BATON.take()
+    try:
+        data = json.loads(args.data)
+        result = run_hybridflow(args, data) if args.child == "hybridflow" else run_trl(args, data)
+        Path(args.result).write_text(json.dumps(result))
+    finally:
+        BATON.give()
+
+
+def run_children(commands: dict[str, list[str]], env: dict[str, dict[str, str]], sequential: bool) -> None:
+    """Run the two children (hybridflow first), one after the other or side by side in turns (``Baton``);
+    a child that fails stops the other."""
+    if sequential:
+        for name, cmd in commands.items():
+            subprocess.run(cmd, env=env[name], check=True)
+        return
+    to_trl, to_hybridflow = os.pipe(), os.pipe()
+    ends = {"hybridflow": (to_hybridflow[0], to_trl[1]), "trl": (to_trl[0], to_hybridflow[1])}
+    procs = {name: subprocess.Popen([*cmd, "--baton", "%d,%d" % ends[name]], env=env[name], pass_fds=ends[name])
+             for name, cmd in commands.items()}
+    os.write(to_hybridflow[1], b".")  # hybridflow holds the baton first
+    for fd in (*to_trl, *to_hybridflow):
+        os.close(fd)
+    try:
+        while any(p.poll() is None for p in procs.values()):
+            failed = [name for name, p in procs.items() if p.returncode not in (None, 0)]
+            if failed:
+                raise subprocess.CalledProcessError(procs[failed[0]].returncode, commands[failed[0]])
+            time.sleep(0.5)
+        for name, p in procs.items():
+            if p.returncode:
+                raise subprocess.CalledProcessError(p.returncode, commands[name])
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
 
 
 def main() -> None:
@@ -403,6 +488,9 @@ def main() -> None:
     parser.add_argument("--hybridflow-micro-batch", type=int, default=64,
                         help="rows per forward/backward on a rank (64: a whole mini-batch, as TRL's)")
     parser.add_argument("--out", help="also write the Markdown block to this file")
+    parser.add_argument("--sequential", action="store_true",
+                        help="run the two trainers one after the other instead of side by side in turns")
+    parser.add_argument("--baton", help=argparse.SUPPRESS)  # a child's ends of the turn pipes
     parser.add_argument("--child", choices=["hybridflow", "trl"], help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
@@ -424,15 +512,14 @@ def main() -> None:
     for seed in seeds:
         with tempfile.TemporaryDirectory() as tmp:
             data = generate_synthetic(f"{tmp}/data", seed=seed)  # once per seed, for both trainers
-            results = []
+            commands, env = {}, {}
             for name, threads in (("hybridflow", str(args.hybridflow_threads)), ("trl", str(args.trl_threads))):
-                result_path = Path(tmp) / f"{name}.json"
-                env = {**os.environ, "OMP_NUM_THREADS": threads, "TOKENIZERS_PARALLELISM": "false"}
-                cmd = [sys.executable, __file__, *argv, "--seed", str(seed), "--child", name, "--data", json.dumps(data),
-                       "--result", str(result_path)]
-                print(f"running {name}, seed {seed} ...", flush=True)
-                subprocess.run(cmd, env=env, check=True)
-                results.append(json.loads(result_path.read_text()))
+                env[name] = {**os.environ, "OMP_NUM_THREADS": threads, "TOKENIZERS_PARALLELISM": "false"}
+                commands[name] = [sys.executable, __file__, *argv, "--seed", str(seed), "--child", name,
+                                  "--data", json.dumps(data), "--result", str(Path(tmp) / f"{name}.json")]
+            print(f"running hybridflow and TRL, seed {seed} ...", flush=True)
+            run_children(commands, env, args.sequential)
+            results = [json.loads((Path(tmp) / f"{name}.json").read_text()) for name in commands]
             runs.append((seed, *results))
             print(f"seed {seed}: TRL / hybridflow s/step = {results[1]['step_s'] / results[0]['step_s']:.2f}", flush=True)
     args.argv = argv
