@@ -56,7 +56,9 @@ def test_refilled_slots_give_the_static_engines_greedy_outputs(engine_parts, mon
     for out in (refilled, chunked):
         for key in (RESPONSES, RESPONSE_MASK):
             assert torch.equal(out.batch[key], static.batch[key]), key
-        torch.testing.assert_close(out.batch[ROLLOUT_LOG_PROBS], static.batch[ROLLOUT_LOG_PROBS], rtol=0, atol=1e-5)
+        # float noise only: other batch shapes take other CPU kernels (AVX-512 ones sum differently, ~1e-5
+        # relative at this spiky model's large logits); a wrong context is off by far more
+        torch.testing.assert_close(out.batch[ROLLOUT_LOG_PROBS], static.batch[ROLLOUT_LOG_PROBS], rtol=1e-5, atol=1e-5)
     assert sum(c > 0 for c in trims) >= 1  # the shared cache outgrew P + 2T and dropped columns no row used
     assert 0.8 < refilled.meta_info[METRICS]["rollout/slot_utilization"] <= 1.0
     assert "rollout/slot_utilization" not in chunked.meta_info[METRICS]
