@@ -453,14 +453,14 @@ def run_children(commands: dict[str, list[str]], env: dict[str, dict[str, str]],
     for fd in (*to_trl, *to_hybridflow):
         os.close(fd)
     try:
-        while any(p.poll() is None for p in procs.values()):
-            failed = [name for name, p in procs.items() if p.returncode not in (None, 0)]
+        while True:
+            codes = {name: p.poll() for name, p in procs.items()}
+            failed = [name for name, code in codes.items() if code]
             if failed:
-                raise subprocess.CalledProcessError(procs[failed[0]].returncode, commands[failed[0]])
+                raise subprocess.CalledProcessError(codes[failed[0]], commands[failed[0]])
+            if None not in codes.values():
+                return
             time.sleep(0.5)
-        for name, p in procs.items():
-            if p.returncode:
-                raise subprocess.CalledProcessError(p.returncode, commands[name])
     finally:
         for p in procs.values():
             if p.poll() is None:
