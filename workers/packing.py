@@ -220,18 +220,22 @@ def packed_forward(model: nn.Module, packed: PackedBatch) -> torch.Tensor:
     """The model's output (logits, or the critic's values) at ``packed.logit_index``: (M, V) or (M, 1).
 
     A causal LM whose forward takes ``logits_to_keep`` (HF's; Qwen2, Llama, ...)
-    projects only those slots onto the vocabulary (a shared prompt's last slot
-    once, however many responses it predicts); other models compute every
-    slot and the response slots are picked out.
+    projects only the wanted columns onto the vocabulary (a shared prompt's last
+    slot once, however many responses it predicts); other models compute every
+    slot and the response slots are picked out. The columns go as a 1-D index,
+    which every transformers release that has ``logits_to_keep`` takes (a 2-D
+    mask only the newest do; vLLM's CPU build pins transformers < 5.20). With
+    several packed rows a column kept for one row is projected in all of them.
     """
     kwargs = dict(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False,
                   attention_mask=None if packed.tree is None else _tree_masks(model, packed.tree))
     if "logits_to_keep" not in inspect.signature(model.forward).parameters:
         return model(**kwargs).logits.flatten(0, 1)[packed.logit_index]
-    wanted = torch.zeros(packed.input_ids.numel(), dtype=torch.bool, device=packed.input_ids.device)
-    wanted[packed.logit_index] = True
-    logits = model(**kwargs, logits_to_keep=wanted.view(packed.input_ids.shape)).logits  # (unique slots, V), in order
-    return logits[torch.searchsorted(wanted.nonzero().squeeze(-1), packed.logit_index)]  # in logit_index order
+    width = packed.input_ids.shape[1]
+    row, column = packed.logit_index // width, packed.logit_index % width
+    columns = torch.unique(column)  # sorted
+    logits = model(**kwargs, logits_to_keep=columns).logits  # (rows, kept columns, V)
+    return logits[row, torch.searchsorted(columns, column)]  # in logit_index order
 
 
 def _tree_masks(model: nn.Module, tree: TreeLayout) -> dict[str, TreeLayout]:
