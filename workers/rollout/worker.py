@@ -53,6 +53,21 @@ def builtin_engine(model: torch.nn.Module, tokenizer: Any, rollout: Any, device:
         max_kv_cache_bytes=budget, max_num_seqs=rollout.max_num_seqs, refill=rollout.refill))
 
 
+def vllm_engine(config: PPOConfig, dims: ParallelDims, tokenizer: Any) -> Any:
+    """This rank's vLLM engine (``rollout.name=vllm``; collective over the rank's torch.distributed world), built
+    with dummy weights: the first push fills them. Its KV cache on a CPU holds one step's rows of this rank (or
+    ``rollout.max_num_seqs``) at full length; vLLM queues what does not fit."""
+    from hybridflow.workers.rollout.vllm_engine import VLLMRolloutEngine  # noqa: PLC0415 - imports vLLM when built
+
+    arr = config.actor_rollout_ref
+    rows = arr.rollout.max_num_seqs or dims.rows_per_step // dims.rollout.dp
+    return VLLMRolloutEngine.create(
+        arr.model.path, tokenizer, arr.rollout, dims.rollout.tp, device=config.trainer.device, rows=rows,
+        max_model_len=config.data.max_prompt_length + arr.rollout.response_length,
+        dtype=arr.model.dtype, seed=config.trainer.seed,
+    )
+
+
 def call_seed(meta: dict[str, Any], dp_rank: int) -> int:
     """The sampling seed of one generation call on rollout dp rank ``dp_rank`` (tp peers share it)."""
     return meta["seed"] * 1_000_003 + dp_rank
