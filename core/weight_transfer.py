@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-__all__ = ["Manifest", "TransferStats", "WeightTransfer", "buckets", "manifest_of"]
+__all__ = ["Incoming", "Manifest", "TransferStats", "WeightTransfer", "buckets", "manifest_of"]
 
 Manifest = list[tuple[str, tuple[int, ...], str]]
 """``(name, shape, dtype name)`` of every weight, in the order they are sent."""
@@ -121,20 +121,21 @@ class WeightTransfer:
     def receive(self, write: Callable[[str, torch.Tensor], None], bucket_bytes: int) -> TransferStats:
         """Members 1..R: receive one transfer; ``write(name, full tensor)`` is called for each weight (the
         tensor is a view of the bucket, valid during the call)."""
+        incoming = self.incoming(bucket_bytes)
+        for name, tensor in incoming:
+            write(name, tensor)
+        return incoming.stats()
+
+    def incoming(self, bucket_bytes: int) -> Incoming:
+        """Members 1..R: one transfer as an iterator of ``(name, full tensor)`` in manifest order (each a view of
+        its bucket, which is allocated fresh and stays alive as long as one of its views does). The header is
+        received here, before the first weight: ``.version`` is known at once, ``.stats()`` once drained. For
+        a consumer that pulls the weights itself (vLLM's in-place reload)."""
         manifest = self._need_manifest()
         start = time.perf_counter()
         header = torch.zeros(1, dtype=torch.long, device=self.device)
         self._broadcast(header)
-        received = 0
-        plan = buckets(manifest, bucket_bytes)
-        for bucket in plan:
-            sizes = [_numel(manifest[i][1]) for i in bucket]
-            flat = torch.empty(sum(sizes), dtype=getattr(torch, manifest[bucket[0]][2]), device=self.device)
-            self._broadcast(flat)
-            received += flat.numel() * flat.element_size()
-            for i, part in zip(bucket, flat.split(sizes)):
-                write(manifest[i][0], part.view(manifest[i][1]))
-        return TransferStats(int(header.item()), time.perf_counter() - start, received, len(plan))
+        return Incoming(self, manifest, buckets(manifest, bucket_bytes), int(header.item()), start)
 
     def close(self) -> None:
         """Let go of the group (the store closes with the last reference)."""
@@ -147,6 +148,34 @@ class WeightTransfer:
         if self.manifest is None:
             raise RuntimeError("no manifest yet: member 0 calls publish(), the others read_manifest(), once")
         return self.manifest
+
+
+class Incoming:
+    """One transfer being received (:meth:`WeightTransfer.incoming`): iterate it once, then ask for its stats."""
+
+    def __init__(self, transfer: WeightTransfer, manifest: Manifest, plan: list[list[int]], version: int,
+                 start: float) -> None:
+        self.transfer, self.manifest, self.plan = transfer, manifest, plan
+        self.version, self.start = version, start
+        self.received = 0
+        self.done = False
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        manifest = self.manifest
+        for bucket in self.plan:
+            sizes = [_numel(manifest[i][1]) for i in bucket]
+            flat = torch.empty(sum(sizes), dtype=getattr(torch, manifest[bucket[0]][2]), device=self.transfer.device)
+            self.transfer._broadcast(flat)
+            self.received += flat.numel() * flat.element_size()
+            for i, part in zip(bucket, flat.split(sizes)):
+                yield manifest[i][0], part.view(manifest[i][1])
+        self.done = True
+
+    def stats(self) -> TransferStats:
+        """The transfer's version, seconds from the header to the last bucket, bytes and broadcasts."""
+        if not self.done:
+            raise RuntimeError("the transfer was not received to its end: every bucket's broadcast must be taken")
+        return TransferStats(self.version, time.perf_counter() - self.start, self.received, len(self.plan))
 
 
 def manifest_of(weights: Iterator[tuple[str, torch.Tensor]] | Iterable[tuple[str, torch.Tensor]]) -> Manifest:

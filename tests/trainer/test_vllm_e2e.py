@@ -1,8 +1,8 @@
 """End-to-end with vLLM generating: the real trainer on a local Ray instance, vLLM's CPU build in the ranks.
 
 The policy is ``builtin:tiny-qwen2-h32`` (the default task's model with 32-wide heads, the smallest vLLM's
-CPU attention runs). A large learning rate makes every update move the policy far, so a rollout that
-sampled with the weights of an earlier update would show in ``rollout/log_prob_gap_max`` (vLLM's log-probs
+CPU attention runs). A dense reward and a large learning rate make every update move the policy far, so a
+rollout that sampled with the weights of an earlier update would show in ``rollout/log_prob_gap_max`` (vLLM's log-probs
 of the sampled tokens against the training forward's, on the same weights: rounding only).
 """
 
@@ -25,6 +25,19 @@ if BUILD is None or BUILD.device != "cpu":
 else:
     pytestmark = pytest.mark.slow
 
+def digit_reward(tmp_path) -> str:
+    """A dense reward (the share of digits in the response): an untrained policy's samples differ in score from
+    the first step, so every update moves the policy (the task's 0/1 reward is 0 for all of them at first)."""
+    path = tmp_path / "digit_share.py"
+    path.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
+                    "    return sum(c.isdigit() for c in solution_str) / max(len(solution_str), 1)\n")
+    return str(path)
+
+
+def vllm_config(tmp_path, **overrides):
+    return small_config(tmp_path, **VLLM, **{"reward.custom_reward_function.path": digit_reward(tmp_path), **overrides})
+
+
 VLLM = {
     "actor_rollout_ref.rollout.name": "vllm",
     "actor_rollout_ref.rollout.enforce_eager": True,
@@ -39,8 +52,8 @@ PARAM_BYTES = 4 * (32 * 64 + 2 * LAYER + 64)  # fp32: the tied embedding (32 x 6
 
 
 def test_colocated_vllm_samples_with_every_update_and_reports_the_push(ray_session, tmp_path):
-    config = small_config(tmp_path, **VLLM, **{"trainer.n_gpus_per_node": 2, "trainer.total_training_steps": 4,
-                                               "trainer.test_freq": 2, "data.val_batch_size": 16})
+    config = vllm_config(tmp_path, **{"trainer.n_gpus_per_node": 2, "trainer.total_training_steps": 4,
+                                      "trainer.test_freq": 2, "data.val_batch_size": 16})
     summary = build_and_fit(config, tmp_path / "run")
     assert summary.steps == 4 and math.isfinite(summary.val_after["val/accuracy"])
     steps = [m for m in read_metrics(tmp_path / "run") if m["step"] > 0]  # step 0: the first validation
@@ -49,3 +62,33 @@ def test_colocated_vllm_samples_with_every_update_and_reports_the_push(ray_sessi
         assert m["rollout/log_prob_gap_max"] < 1e-4, m["rollout/log_prob_gap_max"]
     pushed = [m for m in steps if "weight_sync/bytes" in m]
     assert pushed and all(m["weight_sync/bytes"] == PARAM_BYTES and m["weight_sync/seconds"] > 0 for m in pushed)
+
+
+SPLIT = {"trainer.placement": "split", "trainer.rollout_ranks": 1, "trainer.n_gpus_per_node": 1,
+         "trainer.rollout_mode": "async"}
+
+
+def test_split_async_with_staleness_zero_samples_with_the_weights_just_sent(ray_session, tmp_path):
+    """vLLM on a rank of its own, stepped by the stream; each batch is submitted once the trainer holds its
+    version, so the swap between steps must have taken the sent weights: the gap stays at rounding."""
+    config = vllm_config(tmp_path, **SPLIT, **{"trainer.max_staleness": 0, "trainer.total_training_steps": 3})
+    build_and_fit(config, tmp_path / "run")
+    steps = [m for m in read_metrics(tmp_path / "run") if m["step"] > 0]
+    assert len(steps) == 3 and len({m["actor/param_norm"] for m in steps}) == 3
+    for m in steps:
+        assert m["async/staleness_max"] == 0
+        assert m["rollout/log_prob_gap_max"] < 1e-4, m["rollout/log_prob_gap_max"]
+        assert m["weight_sync/bytes"] == PARAM_BYTES and m["weight_sync/receive_seconds"] > 0
+
+
+def test_split_async_with_staleness_one_is_bounded_and_resumes(ray_session, tmp_path):
+    overrides = {**SPLIT, "trainer.max_staleness": 1, "algorithm.rollout_correction.rollout_is": "token",
+                 "trainer.save_freq": 2}
+    build_and_fit(vllm_config(tmp_path, **overrides, **{"trainer.total_training_steps": 2}), tmp_path / "run")
+    first = [m for m in read_metrics(tmp_path / "run") if m["step"] > 0]
+    assert first[0]["async/staleness_max"] == 0 and first[0]["rollout/log_prob_gap_max"] < 1e-4
+    assert first[1]["async/staleness_max"] == 1 and first[1]["rollout/log_prob_gap_max"] > 1e-3  # one version old
+    build_and_fit(vllm_config(tmp_path, **overrides, **{"trainer.total_training_steps": 4}), tmp_path / "run")
+    resumed = [m for m in read_metrics(tmp_path / "run") if m["step"] > 0]
+    assert [m["step"] for m in resumed] == [1, 2, 3, 4]
+    assert all(m["async/staleness_max"] <= 1 and "rollout_corr/rollout_is_mean" in m for m in resumed)

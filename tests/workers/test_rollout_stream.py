@@ -40,7 +40,7 @@ def prompts_of(tokenizer, texts):
 
 def stream_of(model, tokenizer, swap="step"):
     engine = RolloutEngine(model, tokenizer, RolloutConfig(max_num_seqs=SLOTS))
-    return engine, RolloutStream(engine, SLOTS, N, SamplingParams(max_new_tokens=STEPS), swap)
+    return engine, RolloutStream.builtin(engine, SLOTS, N, SamplingParams(max_new_tokens=STEPS), swap)
 
 
 def test_one_request_at_a_time_samples_what_a_generate_call_samples(parts):

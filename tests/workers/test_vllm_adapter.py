@@ -140,8 +140,9 @@ class FakeLLM:
     def wake_up(self, tags):
         self.events.append(f"wake:{','.join(tags)}")
 
-    def reset_prefix_cache(self):
+    def reset_prefix_cache(self, reset_running_requests=False):
         self.events.append("reset_prefix_cache")
+        return True
 
 
 PUSH_EVENTS = ["reload_weights", "apply_model:refresh_tied_head", "reset_prefix_cache"]

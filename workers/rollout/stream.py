@@ -20,6 +20,11 @@ A request that arrives at an idle decoder reseeds the sampling generator with
 its seed, so a stream fed one request at a time samples exactly what
 :meth:`RolloutEngine.generate` samples for the same call with the same row
 slots (the ``max_staleness=0`` equivalence the tests check).
+
+The stream drives any decoder with :class:`SlotDecoder`'s shape (``add``,
+``step``, ``busy``, ``version``, ``slot_utilization``): the built-in engine's
+(:meth:`RolloutStream.builtin`) or vLLM's own continuous batching
+(:class:`~hybridflow.workers.rollout.vllm_stream.VLLMDecoder`).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import time
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 
@@ -40,7 +45,7 @@ from hybridflow.workers.rollout.continuous import SlotDecoder
 from hybridflow.workers.rollout.engine import RolloutEngine, assemble_rollout
 from hybridflow.workers.rollout.sampling import SamplingParams
 
-__all__ = ["RolloutStream", "SWAP_POINTS"]
+__all__ = ["BuiltinDecoder", "RolloutStream", "SWAP_POINTS"]
 
 SWAP_POINTS = ("step", "drained")
 """When new weights may enter: between any two decode steps (``async``) or only when nothing decodes (``one_step_off``)."""
@@ -48,10 +53,12 @@ SWAP_POINTS = ("step", "drained")
 
 @dataclass
 class _Request:
-    """One submitted batch of prompts and what has come back of its rows."""
+    """One submitted batch of prompts, its samples per prompt and call options, and what has come back of its rows."""
 
     prompts: DataProto
     seed: int
+    n: int
+    call: Any = None
     submitted: float = field(default_factory=time.perf_counter)
     done: int = 0
     rows: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]] = field(default_factory=dict)
@@ -60,19 +67,17 @@ class _Request:
 class RolloutStream:
     """Decodes submitted requests in a background thread (see the module docstring).
 
-    :param engine: the built-in engine whose model the thread decodes with.
-    :param slots: row slots (``rollout.max_num_seqs``; every row of one request when None).
-    :param n: samples per prompt.
-    :param sampling: the training rollout's sampling (temperature, top-p, top-k, ``max_new_tokens``).
+    :param decoder: what the thread steps: :class:`SlotDecoder`'s interface, with ``add`` taking each request's
+        seed and call options (:meth:`builtin` builds the built-in engine's).
+    :param n: samples per prompt (a request may ask for others, where its decoder takes call options).
     :param swap: one of :data:`SWAP_POINTS`.
     """
 
-    def __init__(self, engine: RolloutEngine, slots: int, n: int, sampling: SamplingParams, swap: str = "step") -> None:
+    def __init__(self, decoder: Any, n: int, swap: str = "step") -> None:
         if swap not in SWAP_POINTS:
             raise ValueError(f"swap={swap!r}; allowed: {', '.join(SWAP_POINTS)}")
-        self.engine, self.n, self.swap = engine, n, swap
-        self.generator = torch.Generator(device=engine.device)
-        self.decoder = SlotDecoder(engine, slots, n, sampling, False, self.generator, engine.eos_token_ids)
+        self.n, self.swap = n, swap
+        self.decoder = decoder
         self.requests: dict[int, _Request] = {}
         self.inbox: deque[int] = deque()
         self.lock = threading.Lock()  # held by the thread for each step; paused() takes it
@@ -84,15 +89,23 @@ class RolloutStream:
         self.thread = threading.Thread(target=self._run, name="rollout-stream", daemon=True)
         self.thread.start()
 
+    @classmethod
+    def builtin(cls, engine: RolloutEngine, slots: int, n: int, sampling: SamplingParams, swap: str = "step") -> RolloutStream:
+        """A stream over the built-in engine's model: a :class:`SlotDecoder` of ``slots`` row slots
+        (``rollout.max_num_seqs``) with the training rollout's sampling (temperature, top-p, top-k,
+        ``max_new_tokens``)."""
+        return cls(BuiltinDecoder(engine, slots, n, sampling), n, swap)
+
     @property
     def version(self) -> int:
         """The weight version the decoder samples with."""
         return self.decoder.version
 
-    def submit(self, request_id: int, prompts: DataProto, seed: int) -> None:
-        """Queue ``prompts`` (``input_ids``, ``attention_mask``, left-padded) under ``request_id``."""
+    def submit(self, request_id: int, prompts: DataProto, seed: int, *, n: int | None = None, call: Any = None) -> None:
+        """Queue ``prompts`` (``input_ids``, ``attention_mask``, left-padded) under ``request_id``: ``n`` samples
+        each (the stream's by default) with the decoder's call options ``call`` (None: the training rollout's)."""
         with self.wake:
-            self.requests[request_id] = _Request(prompts, seed)
+            self.requests[request_id] = _Request(prompts, seed, self.n if n is None else n, call)
             self.inbox.append(request_id)
             self.wake.notify_all()
 
@@ -102,7 +115,7 @@ class RolloutStream:
         thread had nothing to decode since the previous take, ``rollout/slot_utilization`` the live share of the
         slots over the stream's life."""
         request = self.requests[request_id]
-        rows = len(request.prompts) * self.n
+        rows = len(request.prompts) * request.n
         with self.wake:
             if not self.wake.wait_for(lambda: self.error is not None or request.done == rows, timeout_s):
                 raise TimeoutError(f"rollout request {request_id} not finished after {timeout_s} s")
@@ -184,13 +197,12 @@ class RolloutStream:
         for request_id in arrived:
             request = self.requests[request_id]
             with self.lock:
-                if not self.decoder.busy:  # an idle decoder: this request samples as a call of its own would
-                    self.generator.manual_seed(request.seed)
                 batch = request.prompts.batch
                 mask = batch[ATTENTION_MASK]
                 positions = batch.get(POSITION_IDS)
                 positions = positions_from_mask(mask) if positions is None else positions
-                self.decoder.add(batch[INPUT_IDS], mask, positions, [(request_id, i) for i in range(len(request.prompts))])
+                self.decoder.add(batch[INPUT_IDS], mask, positions, [(request_id, i) for i in range(len(request.prompts))],
+                                 seed=request.seed, n=request.n, call=request.call)
         return True
 
     def _collect(self, finished) -> None:
@@ -200,21 +212,42 @@ class RolloutStream:
                 if request is None:
                     continue
                 sample = int(finished.samples[k])
-                request.rows[prompt * self.n + sample] = (
+                request.rows[prompt * request.n + sample] = (
                     finished.tokens[k], finished.log_probs[k], finished.versions[k], int(finished.lengths[k]))
                 request.done += 1
             self.wake.notify_all()
 
     def _assemble(self, request: _Request) -> DataProto:
         prompts = request.prompts
-        order = [request.rows[i] for i in range(len(prompts) * self.n)]
+        order = [request.rows[i] for i in range(len(prompts) * request.n)]
         responses, log_probs, versions = (torch.stack([row[k] for row in order]) for k in range(3))
         lengths = torch.tensor([row[3] for row in order], device=responses.device)
         mask = prompts.batch[ATTENTION_MASK]
         positions = prompts.batch.get(POSITION_IDS)
         positions = positions_from_mask(mask) if positions is None else positions
-        out = assemble_rollout(prompts, self.n, prompts.batch[INPUT_IDS], mask, positions, responses, log_probs, lengths)
+        out = assemble_rollout(prompts, request.n, prompts.batch[INPUT_IDS], mask, positions, responses, log_probs, lengths)
         steps = torch.arange(responses.shape[1], device=responses.device)
         out.batch[ROLLOUT_VERSIONS] = torch.where(steps[None] < lengths[:, None], versions, -1)
         out.meta_info[METRICS] = {"rollout/generated_tokens": int(lengths.sum())}
         return out
+
+
+class BuiltinDecoder(SlotDecoder):
+    """The built-in engine's :class:`SlotDecoder` as a stream's decoder: its own sampling generator, reseeded
+    with a request's seed when the request arrives at an idle decoder (so it samples as a call of its own
+    would); the training rollout's sampling only."""
+
+    def __init__(self, engine: RolloutEngine, slots: int, n: int, sampling: SamplingParams) -> None:
+        self.generator = torch.Generator(device=engine.device)
+        super().__init__(engine, slots, n, sampling, False, self.generator, engine.eos_token_ids)
+
+    def add(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor, tags: list[Any], *,
+            seed: int | None = None, n: int | None = None, call: Any = None) -> None:
+        """Queue prompt rows as :meth:`SlotDecoder.add`; ``seed`` reseeds an idle decoder. A request for other
+        samples per prompt or other options is refused: the slots decode one sampling."""
+        if call is not None or (n is not None and n != self.n):
+            raise ValueError("the built-in stream decodes the training rollout's sampling only; generate other calls "
+                             "with the engine (RolloutWorker.generate_sequences)")
+        if seed is not None and not self.busy:
+            self.generator.manual_seed(seed)
+        super().add(input_ids, attention_mask, positions, tags)

@@ -58,6 +58,7 @@ from hybridflow.workers.rollout.vllm_build import (
 __all__ = [
     "SLEEP_TAGS",
     "VLLMRolloutEngine",
+    "completion_arrays",
     "iter_full_weights",
     "outputs_to_dataproto",
     "refresh_tied_head",
@@ -134,6 +135,7 @@ def vllm_engine_kwargs(
     dtype: str = "bfloat16",
     kv_cache_bytes: int | None = None,
     load_format: str = "dummy",
+    stepwise: bool = False,
 ) -> dict[str, Any]:
     """Keyword arguments of ``vllm.LLM`` for one rank of the rollout.
 
@@ -152,6 +154,9 @@ def vllm_engine_kwargs(
     :param dtype: ``actor_rollout_ref.model.dtype``.
     :param load_format: ``dummy`` (random weights: the actor pushes the real ones before the first
         generate, saving a disk read) or ``auto``.
+    :param stepwise: the engine is stepped by a rollout stream that swaps weights between two steps
+        (``workers/rollout/vllm_stream.py``): vLLM's async scheduling, which overlaps a step's forward with
+        the next one's scheduling, is turned off so that no forward runs across a swap.
     :returns: the kwargs; ``logprobs_mode="processed_logprobs"`` makes the sampled-token log-probs use
         the temperature-scaled distribution.
     """
@@ -186,6 +191,7 @@ def vllm_engine_kwargs(
         # Custom all-reduce keeps IPC buffers that sleep mode does not manage.
         "disable_custom_all_reduce": True,
         "disable_log_stats": True,
+        **({"async_scheduling": False} if stepwise else {}),
     }
 
 
@@ -230,8 +236,9 @@ def unpad_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list
     return out
 
 
-def _completion_arrays(completion: Any, response_length: int, where: str) -> tuple[list[int], list[float]]:
-    """Token ids and sampled-token log-probs of one vLLM ``CompletionOutput``, cut at ``response_length``."""
+def completion_arrays(completion: Any, response_length: int, where: str) -> tuple[list[int], list[float]]:
+    """Token ids and sampled-token log-probs of one vLLM ``CompletionOutput``, cut at ``response_length``
+    (``where`` names it in the error when it carries no log-probs)."""
     tokens = [int(t) for t in completion.token_ids][:response_length]
     if completion.logprobs is None:
         raise ValueError(f"{where} has no logprobs; request them with SamplingParams(logprobs=0)")
@@ -286,7 +293,7 @@ def outputs_to_dataproto(
         completions = list(request.outputs)
         if len(completions) not in (1, n):
             raise ValueError(f"prompt {i} has {len(completions)} completions; expected {n} (or 1 when greedy)")
-        decoded = [_completion_arrays(c, response_length, f"prompt {i} completion {j}") for j, c in enumerate(completions)]
+        decoded = [completion_arrays(c, response_length, f"prompt {i} completion {j}") for j, c in enumerate(completions)]
         generated += sum(len(tokens) for tokens, _ in decoded)
         for j in range(n):
             tokens, token_log_probs = decoded[j if len(decoded) == n else 0]
@@ -395,6 +402,7 @@ class VLLMRolloutEngine:
         dtype: str = "bfloat16",
         seed: int = 0,
         load_format: str = "dummy",
+        stepwise: bool = False,
     ) -> VLLMRolloutEngine:
         """Build this rank's vLLM engine (collective: every rank of the torch.distributed group, together).
 
@@ -421,7 +429,7 @@ class VLLMRolloutEngine:
             dtype_bytes = torch.empty((), dtype=getattr(torch, dtype)).element_size()
             kv_bytes = cpu_kv_cache_bytes(hf_config, dtype_bytes, max(rows, 1), max_model_len)
         kwargs = vllm_engine_kwargs(directory, rollout, tp_size, seed, max_model_len=max_model_len, device=device,
-                                    dtype=dtype, kv_cache_bytes=kv_bytes, load_format=load_format)
+                                    dtype=dtype, kv_cache_bytes=kv_bytes, load_format=load_format, stepwise=stepwise)
         quiet_expected_reload_warnings(bool(getattr(hf_config, "tie_word_embeddings", False)))
         with launcher_environment(device, tp_size):
             import vllm  # noqa: PLC0415 - optional dependency, imported only when used
@@ -498,7 +506,8 @@ class VLLMRolloutEngine:
         return self._sampling_params_cls, self._tokens_prompt_cls
 
     # -------------------------------------------------------------- weights
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> int:
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None, *,
+                       requests_in_flight: bool = False) -> int:
         """Push new weights into vLLM in place; returns how many tensors were pushed.
 
         Called by the actor before a generate whose weights are stale (collective when
@@ -508,8 +517,10 @@ class VLLMRolloutEngine:
         through :func:`vllm_weight_name`, each is loaded by the model's own ``load_weights``, and a
         layer is re-processed as soon as its last weight arrived, so at most one layer's tensors wait.
         Then a tied LM head is re-packed (:func:`refresh_tied_head`) and vLLM's prefix cache, which
-        holds KV computed with the old weights, is reset. Sets ``last_sync_bytes`` and
-        ``last_sync_seconds``. Needs the weights awake (``wake_up(["weights"])``).
+        holds KV computed with the old weights, is reset: with ``requests_in_flight`` (a stream swapping
+        between two steps) the running requests are preempted for it, to resume with their KV recomputed
+        under the new weights. Sets ``last_sync_bytes`` and ``last_sync_seconds``. Needs the weights awake
+        (``wake_up(["weights"])``).
         """
         if "weights" not in self._awake:
             raise RuntimeError("update_weights needs the weights awake; call wake_up(['weights']) first")
@@ -527,7 +538,9 @@ class VLLMRolloutEngine:
         start = time.perf_counter()
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": mapped(), "is_checkpoint_format": True})
         self.llm.apply_model(refresh_tied_head)
-        self.llm.reset_prefix_cache()
+        if not self.llm.reset_prefix_cache(reset_running_requests=requests_in_flight):
+            raise RuntimeError("vLLM did not reset its prefix cache after a weight push (requests were running: "
+                               "push between stream steps with requests_in_flight=True)")
         self.last_sync_seconds = time.perf_counter() - start
         self.weights_loaded = True
         self.weight_version = version

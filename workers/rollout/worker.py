@@ -1,19 +1,22 @@
 """The rollout worker: the policy's rollout layout on ranks of its own (``trainer.placement=split``).
 
 It holds only what generation needs: this rank's tensor-parallel block of
-the policy (``workers/rollout/tensor_parallel.py``), the built-in engine, and
-one end of the weight transfer (``core/weight_transfer.py``). It never loads
+the policy (``workers/rollout/tensor_parallel.py``) and the built-in engine, or
+this rank's vLLM engine (``rollout.name=vllm``), and one end of the weight
+transfer (``core/weight_transfer.py``). It never loads
 a checkpoint: the weights arrive from the trainer's ranks, versioned, right
 after start and after every update, and each generation reports the version
 it sampled with. Besides plain generation calls it runs a
 :class:`~hybridflow.workers.rollout.stream.RolloutStream` for the pipelined
 modes (``trainer.rollout_mode``): ``generate_stream`` calls may be in flight
 several at once (the group's actors are threaded) and all decode in one
-loop that keeps its row slots full.
+loop that keeps its row slots full. With vLLM that loop steps vLLM's own
+engine (``workers/rollout/vllm_stream.py``), and every call joins it.
 """
 
 from __future__ import annotations
 
+import itertools
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
@@ -21,7 +24,7 @@ import torch
 
 from hybridflow.configs.schema import PPOConfig
 from hybridflow.core import DP_COMPUTE_PROTO, ONE_TO_ALL, DataProto, Worker, register
-from hybridflow.core.keys import SEQUENCE_COLUMNS
+from hybridflow.core.keys import ROLLOUT_VERSIONS, SEQUENCE_COLUMNS
 from hybridflow.core.parallel_dims import ParallelDims
 from hybridflow.core.weight_transfer import WeightTransfer
 from hybridflow.workers.models import load_model_config, load_tokenizer, torch_dtype
@@ -31,6 +34,7 @@ from hybridflow.workers.rollout.sampling import SamplingParams
 from hybridflow.workers.rollout.stream import RolloutStream
 from hybridflow.workers.rollout.tensor_parallel import build_tp_rollout_model
 from hybridflow.workers.rollout.tp_plan import rollout_slice
+from hybridflow.workers.rollout.vllm_stream import VLLMCall, VLLMDecoder
 
 SWAP_FOR_MODE = {"async": "step", "one_step_off": "drained"}
 """When a stream lets new weights in, per pipelined ``trainer.rollout_mode`` (``workers/rollout/stream.py``)."""
@@ -53,18 +57,19 @@ def builtin_engine(model: torch.nn.Module, tokenizer: Any, rollout: Any, device:
         max_kv_cache_bytes=budget, max_num_seqs=rollout.max_num_seqs, refill=rollout.refill))
 
 
-def vllm_engine(config: PPOConfig, dims: ParallelDims, tokenizer: Any) -> Any:
+def vllm_engine(config: PPOConfig, dims: ParallelDims, tokenizer: Any, *, batches: int = 1, stepwise: bool = False) -> Any:
     """This rank's vLLM engine (``rollout.name=vllm``; collective over the rank's torch.distributed world), built
-    with dummy weights: the first push fills them. Its KV cache on a CPU holds one step's rows of this rank (or
-    ``rollout.max_num_seqs``) at full length; vLLM queues what does not fit."""
+    with dummy weights: the first push fills them. Its KV cache on a CPU holds ``batches`` steps' rows of this
+    rank (or ``rollout.max_num_seqs`` rows) at full length; vLLM queues what does not fit. ``stepwise``: a
+    stream steps it (:func:`~hybridflow.workers.rollout.vllm_engine.vllm_engine_kwargs`)."""
     from hybridflow.workers.rollout.vllm_engine import VLLMRolloutEngine  # noqa: PLC0415 - imports vLLM when built
 
     arr = config.actor_rollout_ref
-    rows = arr.rollout.max_num_seqs or dims.rows_per_step // dims.rollout.dp
+    rows = arr.rollout.max_num_seqs or batches * dims.rows_per_step // dims.rollout.dp
     return VLLMRolloutEngine.create(
         arr.model.path, tokenizer, arr.rollout, dims.rollout.tp, device=config.trainer.device, rows=rows,
         max_model_len=config.data.max_prompt_length + arr.rollout.response_length,
-        dtype=arr.model.dtype, seed=config.trainer.seed,
+        dtype=arr.model.dtype, seed=config.trainer.seed, stepwise=stepwise,
     )
 
 
@@ -94,6 +99,8 @@ class RolloutWorker(Worker):
         self.version = -1  # no weights yet
         self.transfer: WeightTransfer | None = None
         self.stream: RolloutStream | None = None
+        self.use_vllm = config.actor_rollout_ref.rollout.name == "vllm"
+        self._calls = itertools.count(-1, -1)  # stream ids of generate_sequences calls, apart from the driver's
 
     @property
     def tp_rank(self) -> int:
@@ -102,10 +109,19 @@ class RolloutWorker(Worker):
 
     @register(dispatch=ONE_TO_ALL)
     def init_model(self) -> None:
-        """Build this rank's block of the policy (zeros until the first weight transfer) and the engine."""
+        """Build this rank's block of the policy (zeros until the first weight transfer) and the engine; with
+        ``rollout.name=vllm``, this rank's vLLM engine (dummy weights until the first transfer) and, for a
+        pipelined ``trainer.rollout_mode``, the stream that steps it."""
         arr = self.config.actor_rollout_ref
         self.tokenizer = load_tokenizer(arr.model.path)
         self.hf_config = load_model_config(arr.model.path)
+        if self.use_vllm:
+            pipelined = self.config.trainer.rollout_mode in SWAP_FOR_MODE
+            self.engine = vllm_engine(self.config, self.dims, self.tokenizer, stepwise=pipelined,
+                                      batches=1 + self.config.trainer.batches_ahead())
+            if pipelined:  # every call goes through the stream: it alone steps the engine
+                self._stream(arr.rollout.n)
+            return
         tp_group = self.device_mesh.get_group("tp") if self.tp_size > 1 else None
         model = build_tp_rollout_model(self.hf_config, tp_group, self.tp_rank, self.tp_size,
                                        dtype=torch_dtype(arr.model.dtype), device=self.device)
@@ -129,9 +145,13 @@ class RolloutWorker(Worker):
         """Receive one transfer into the rollout blocks (with the trainer's ``send_weights``); its ``weight_sync/*``
         metrics. Inside a running stream it waits for the stream's swap point (``stream.paused``)."""
         bucket = int(self.config.actor_rollout_ref.rollout.reshard_bucket_mb * 2**20)
-        write = block_writer(self.params, self.hf_config, self.tp_rank, self.tp_size)
         with torch.no_grad(), self._paused():
-            stats = self.transfer.receive(write, bucket)
+            if self.use_vllm:  # vLLM pulls each weight from the transfer into its in-place reload
+                incoming = self.transfer.incoming(bucket)
+                self.engine.update_weights(incoming, version=incoming.version, requests_in_flight=self.stream is not None)
+                stats = incoming.stats()
+            else:
+                stats = self.transfer.receive(block_writer(self.params, self.hf_config, self.tp_rank, self.tp_size), bucket)
             self.version = stats.version
             if self.stream is not None:
                 self.stream.set_version(stats.version)
@@ -142,9 +162,17 @@ class RolloutWorker(Worker):
         """One generation call, as the actor's (``meta_info``: ``n``, ``greedy``, ``seed``, optionally
         ``max_new_tokens``, ``stop_token_ids``); a running stream pauses for it."""
         meta = prompts.meta_info
-        with self._paused():
-            out = self.engine.generate(prompts, n=meta["n"], sampling=sampling_for(self.config, meta), greedy=meta["greedy"],
-                                       seed=self._seed(meta), stop_token_ids=tuple(meta.get("stop_token_ids", ())))
+        stops = tuple(meta.get("stop_token_ids", ()))
+        if self.use_vllm and self.stream is not None:  # vLLM's engine is the stream's: the call joins its loop
+            request = next(self._calls)
+            call = VLLMCall(greedy=meta["greedy"], sampling=sampling_for(self.config, meta), stop_token_ids=stops)
+            self.stream.submit(request, prompts, self._seed(meta), n=meta["n"], call=call)
+            out = self.stream.take(request)
+            out.batch.pop(ROLLOUT_VERSIONS)
+        else:
+            with self._paused():
+                out = self.engine.generate(prompts, n=meta["n"], sampling=sampling_for(self.config, meta),
+                                           greedy=meta["greedy"], seed=self._seed(meta), stop_token_ids=stops)
         out.meta_info["weight_version"] = self.version
         return out
 
@@ -159,6 +187,10 @@ class RolloutWorker(Worker):
         return stream.take(int(meta["request"]))
 
     def _stream(self, n: int) -> RolloutStream:
+        if self.stream is None and self.use_vllm:
+            decoder = VLLMDecoder(self.engine, n, sampling_for(self.config, {}))
+            self.stream = RolloutStream(decoder, n, SWAP_FOR_MODE[self.config.trainer.rollout_mode])
+            self.stream.set_version(self.version)
         if self.stream is None:
             rows = self.dims.rows_per_step // self.dims.rollout.dp  # one step's rows on this rank
             # by default a slot for every row that may be in flight: this step's and those submitted ahead
@@ -166,7 +198,7 @@ class RolloutWorker(Worker):
             sampling = sampling_for(self.config, {})
             bound = self.engine._rows_at_once(self.config.data.max_prompt_length + 2 * sampling.max_new_tokens)
             slots = max(n, min(slots, bound) if bound is not None else slots)
-            self.stream = RolloutStream(self.engine, slots, n, sampling, SWAP_FOR_MODE[self.config.trainer.rollout_mode])
+            self.stream = RolloutStream.builtin(self.engine, slots, n, sampling, SWAP_FOR_MODE[self.config.trainer.rollout_mode])
             self.stream.set_version(self.version)
         return self.stream
 
