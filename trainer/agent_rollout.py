@@ -10,7 +10,9 @@ policy through:
   that gathers the loops' concurrent turns into ``generate_sequences`` calls;
 * ``rollout.mode=server``: the OpenAI-compatible server (``agents/server.py``),
   started here in front of the same worker group, with each loop an HTTP
-  client of it, as it would be of vLLM's own server.
+  client of it; with ``rollout.name=vllm``, vLLM's own server
+  (``workers/rollout/vllm_server.py``, started by the trainer), whose weight
+  version after the sync is the batch's.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ logger = logging.getLogger(__name__)
 class AgentRollout:
     """Runs the configured agent loop over a batch of prompts (module docstring)."""
 
-    def __init__(self, config: PPOConfig, actor: Any, tokenizer: Any, pad_token_id: int, eos_token_ids: list[int]) -> None:
+    def __init__(self, config: PPOConfig, actor: Any, tokenizer: Any, pad_token_id: int, eos_token_ids: list[int],
+                 server: Any = None) -> None:
         rollout = config.actor_rollout_ref.rollout
         tools = ToolBox.from_names(list(rollout.agent.tools), timeout_s=rollout.agent.tool_timeout_s,
                                    max_observation_chars=rollout.agent.max_observation_chars)
@@ -43,17 +46,23 @@ class AgentRollout:
         self.server_config = rollout.server
         self.mode = rollout.mode
         self.server = None
+        self.vllm_server = server  # a VLLMServer: the loops are its clients
 
     def generate(self, prompts: DataProto) -> DataProto:
         """``meta_info["n"]`` trajectories per prompt, laid out as the single-generation rollout is."""
         meta = prompts.meta_info
         greedy, seed = bool(meta.get("greedy", False)), int(meta.get("seed", 0))
-        return self.runner.run(prompts, lambda count: self._client(count, greedy, seed))
+        out = self.runner.run(prompts, lambda count: self._client(count, greedy, seed))
+        if self.vllm_server is not None:  # vLLM's completions carry no version: the server's is the batch's
+            out.meta_info["weight_version"] = self.vllm_server.weight_version()
+        return out
 
     def _client(self, count: int, greedy: bool, seed: int) -> Any:
         if self.mode == "server":
             from hybridflow.agents.http_client import CompletionsClient  # noqa: PLC0415 - aiohttp only when used
 
+            if self.vllm_server is not None:  # one seed for every request would give a prompt's n samples alike
+                return CompletionsClient(self.vllm_server.url, greedy=greedy, seed=None)
             return CompletionsClient(self._server_url(), greedy=greedy, seed=seed)
         batcher = GenerationBatcher(self.actor.generate_sequences, self.pad_token_id, self.eos_token_ids,
                                     greedy=greedy, seed=seed)
@@ -79,8 +88,9 @@ class AgentRollout:
 
 
 def agent_rollout_for(config: PPOConfig, actor: Any, tokenizer: Any, pad_token_id: int,
-                      eos_token_ids: list[int]) -> AgentRollout | None:
-    """The agent rollout of the configured loop, or None when it is a single generation per prompt."""
+                      eos_token_ids: list[int], server: Any = None) -> AgentRollout | None:
+    """The agent rollout of the configured loop, or None when it is a single generation per prompt; ``server``:
+    the run's ``vllm serve`` (``rollout.name=vllm``, ``rollout.mode=server``)."""
     if get_agent_loop(config.actor_rollout_ref.rollout.agent_loop).single_generate:
         return None
-    return AgentRollout(config, actor, tokenizer, pad_token_id, eos_token_ids)
+    return AgentRollout(config, actor, tokenizer, pad_token_id, eos_token_ids, server)

@@ -205,6 +205,21 @@ def _placement_problems(cfg: Any) -> Iterator[str]:
         yield "trainer.placement=split runs on one node for now; set trainer.nnodes=1"
 
 
+def _vllm_server_problems(cfg: Any) -> Iterator[str]:
+    """vLLM in server mode: a ``vllm serve`` process is the rollout, and the agent loops are its clients."""
+    trainer, rollout = cfg.trainer, cfg.actor_rollout_ref.rollout
+    if rollout.name != "vllm" or rollout.mode != "server":
+        return
+    if _single_generate(rollout.agent_loop):
+        yield (f"actor_rollout_ref.rollout.mode='server' with vLLM serves multi-turn agent loops; the agent loop "
+               f"{rollout.agent_loop!r} generates in one batched call: set actor_rollout_ref.rollout.agent_loop="
+               "tool_calling (experiment=tool_use), or actor_rollout_ref.rollout.mode=direct")
+    if trainer.placement != "colocated" or trainer.rollout_mode != "sync":
+        yield (f"actor_rollout_ref.rollout.mode='server' with vLLM runs the rollout in its own vllm serve process "
+               f"beside the training ranks: trainer.placement={trainer.placement!r} and trainer.rollout_mode="
+               f"{trainer.rollout_mode!r} must be colocated and sync")
+
+
 def _single_generate(loop: str) -> bool:
     try:
         return get_agent_loop(loop).single_generate
@@ -234,6 +249,7 @@ def config_problems(cfg: Any) -> list[str]:
     problems += _plugin_problems(cfg)
     problems += _name_problems(cfg)
     problems += _placement_problems(cfg)
+    problems += _vllm_server_problems(cfg)
     use_critic = not any(p.startswith("algorithm.adv_estimator:") for p in problems) and needs_critic(cfg)
     dims = ParallelDims.from_config(cfg, use_critic=use_critic)
     problems += dims.problems()

@@ -76,6 +76,7 @@ def build_and_fit(config: PPOConfig, run_dir: Path, facts: dict[str, Any] | None
     from hybridflow.workers.critic.worker import CriticWorker
     from hybridflow.workers.models import load_tokenizer
     from hybridflow.workers.reference import RefWorker
+    from hybridflow.workers.rollout.vllm_server import VLLMServer, uses_vllm_server
 
     train_files, val_files = resolve_data_files(config)
     tokenizer = load_tokenizer(config.actor_rollout_ref.model.path)
@@ -117,6 +118,8 @@ def build_and_fit(config: PPOConfig, run_dir: Path, facts: dict[str, Any] | None
             reward_manager = stack.enter_context(_reward_manager(config))
             for handle in handles.values():
                 handle.init_model()
+            if uses_vllm_server(config):  # the agent loops' vllm serve, filled by the first weight sync
+                handles["server"] = stack.enter_context(VLLMServer(config, run_dir / "vllm_server.log"))
             trainer = PPOTrainer(config, handles, reward_manager, tokenizer, train, val, run_dir, dims)
             return trainer.fit()
     finally:

@@ -97,7 +97,8 @@ class PPOTrainer:
         self.config = config
         self.dims = dims
         self.actor, self.ref, self.critic = groups["actor"], groups.get("ref"), groups.get("critic")
-        self.rollout_group = groups.get("rollout", self.actor)  # the group that generates: the actor's, unless split
+        # what generates: the actor's group, unless split (a rollout group) or vLLM serves (a vllm serve process)
+        self.rollout_group = groups.get("rollout", groups.get("server", self.actor))
         self.reward_fn, self.tokenizer = reward_fn, tokenizer
         self.run_dir = Path(run_dir)
         self.world_size = dims.world_size
@@ -105,7 +106,8 @@ class PPOTrainer:
         pad_id = int(info["pad_token_id"])
         self.pad_id = pad_id
         # a multi-turn agent loop runs here, on the driver; None for one generation per prompt (the default)
-        self.agents = agent_rollout_for(config, self.rollout_group, tokenizer, pad_id, list(info["eos_token_ids"]))
+        self.agents = agent_rollout_for(config, self.rollout_group, tokenizer, pad_id, list(info["eos_token_ids"]),
+                                        groups.get("server"))
         self.loader = PromptLoader(
             train_prompts, config.data.train_batch_size, pad_id, shuffle=config.data.shuffle, seed=config.trainer.seed
         )

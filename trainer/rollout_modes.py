@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -32,7 +33,8 @@ from hybridflow.core.keys import METRICS, RESPONSE_MASK, ROLLOUT_VERSIONS, WEIGH
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["GroupWeightSync", "NoWeightSync", "PipelinedRollout", "SyncRollout", "rollout_source", "weight_sync",
+__all__ = ["GroupWeightSync", "NoWeightSync", "PipelinedRollout", "ServerWeightSync", "SyncRollout", "rollout_source",
+           "weight_sync",
            "with_prompt_columns"]
 
 CALL_KEYS = ("seed", "request")
@@ -75,8 +77,34 @@ class GroupWeightSync:
         return out
 
 
-def weight_sync(groups: dict[str, Any]) -> NoWeightSync | GroupWeightSync:
-    """The weight sync the groups need: a transfer when a ``rollout`` group of its own exists."""
+class ServerWeightSync:
+    """The trainer's weights to a ``vllm serve`` process after each update (and once at start), in memory: the
+    same transfer, received by vLLM's weight-transfer routes (``workers/rollout/vllm_server.py``)."""
+
+    def __init__(self, actor: Any, server: Any) -> None:
+        self.actor, self.server = actor, server
+        host, port = actor.hosts.free_port()
+        members = 1 + server.config.actor_rollout_ref.rollout.tensor_model_parallel_size
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm-server-sync")
+        joined = self.pool.submit(server.join_weight_transfer, host, port, members)  # both ends wait for the group
+        actor.join_weight_transfer(host, port, members)
+        joined.result()
+
+    def __call__(self) -> dict[str, float]:
+        """Send the current weights while the server receives them, then commit them under their version."""
+        start = time.perf_counter()
+        receiving = self.pool.submit(self.server.receive_weights)
+        out = dict(self.actor.send_weights()[0])
+        out.update(receiving.result())
+        self.server.commit_weights(int(out["weight_sync/version"]))
+        out["timing_s/weight_sync"] = time.perf_counter() - start
+        return out
+
+
+def weight_sync(groups: dict[str, Any]) -> NoWeightSync | GroupWeightSync | ServerWeightSync:
+    """The weight sync the groups need: a transfer when a ``rollout`` group of its own, or a vLLM ``server``, exists."""
+    if "server" in groups:
+        return ServerWeightSync(groups["actor"], groups["server"])
     return GroupWeightSync(groups["actor"], groups["rollout"]) if "rollout" in groups else NoWeightSync()
 
 

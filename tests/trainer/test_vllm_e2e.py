@@ -92,3 +92,27 @@ def test_split_async_with_staleness_one_is_bounded_and_resumes(ray_session, tmp_
     resumed = [m for m in read_metrics(tmp_path / "run") if m["step"] > 0]
     assert [m["step"] for m in resumed] == [1, 2, 3, 4]
     assert all(m["async/staleness_max"] <= 1 and "rollout_corr/rollout_is_mean" in m for m in resumed)
+
+
+def test_tool_use_through_a_real_vllm_serve_trains_with_synced_weights_and_policy_token_masks(ray_session, tmp_path):
+    """experiment=tool_use's loop in rollout.mode=server against the ``vllm serve`` the trainer starts: the weights
+    reach it through vLLM's weight-transfer routes after every update, the loops are its HTTP clients.
+
+    The log-prob gap is taken over the response mask: vLLM's log-probs of the policy's tokens against the
+    training forward's, so it stays at rounding only if every sync landed *and* the mask holds the policy's
+    tokens alone (a tool observation's tokens carry no rollout log-prob: unmasked, they would be ~1 apart)."""
+    config = small_config(tmp_path, **VLLM, **{
+        "data.synthetic_task": "tool", "actor_rollout_ref.rollout.mode": "server",
+        "actor_rollout_ref.rollout.agent_loop": "tool_calling", "actor_rollout_ref.rollout.response_length": 6,
+        "actor_rollout_ref.rollout.agent.tools": ["reveal"],
+        "actor_rollout_ref.rollout.agent.options": {"format": "compact", "default_tool": "reveal", "max_turns": 2},
+        "data.train_batch_size": 8, "actor_rollout_ref.actor.ppo_mini_batch_size": 8, "trainer.total_training_steps": 3,
+    })
+    build_and_fit(config, tmp_path / "run")
+    steps = [m for m in read_metrics(tmp_path / "run") if m["step"] > 0]
+    assert [m["weight_sync/version"] for m in steps] == [1, 2, 3]  # the sync after each step's update
+    for m in steps:
+        assert m["rollout/log_prob_gap_max"] < 1e-4, m["rollout/log_prob_gap_max"]
+        assert m["weight_sync/bytes"] == PARAM_BYTES and m["weight_sync/receive_seconds"] > 0
+    assert sum(m["agent/tool_calls/mean"] for m in steps) > 0  # the loop called its tool through the server's turns
+    assert (tmp_path / "run" / "vllm_server.log").stat().st_size > 0

@@ -19,9 +19,10 @@ weight version (the number of updates so far); every generation reports the
 version it sampled with (``meta_info["weight_version"]``) and the driver checks it.
 
 With ``trainer.placement=split`` the rollout layout lives on ranks of its own
-(``workers/rollout/worker.py``): this worker then builds no rollout model and
-no engine, and :meth:`send_weights` broadcasts the gathered weights to those
-ranks after every update (``core/weight_transfer.py``).
+(``workers/rollout/worker.py``), and with vLLM in server mode in a ``vllm serve``
+process (``workers/rollout/vllm_server.py``): this worker then builds no rollout
+model and no engine, and :meth:`send_weights` broadcasts the gathered weights
+to those ranks after every update (``core/weight_transfer.py``).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from hybridflow.workers.rollout.tensor_parallel import build_tp_rollout_model
 from hybridflow.workers.rollout.worker import builtin_engine, call_seed, sampling_for, vllm_engine
 from hybridflow.workers.rollout.tp_plan import rollout_slice
 from hybridflow.workers.rollout.vllm_engine import iter_full_weights  # imports vLLM only when an engine is built
+from hybridflow.workers.rollout.vllm_server import uses_vllm_server
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +70,8 @@ class ActorRolloutWorker(Worker):
         arr = config.actor_rollout_ref
         self.init_device_mesh(*dims.actor.mesh)
         self.tp_size = dims.rollout.tp
-        self.split = dims.split  # the rollout runs on ranks of its own (workers/rollout/worker.py)
+        # the rollout runs on ranks of its own (workers/rollout/worker.py) or in a vllm serve process
+        self.split = dims.split or uses_vllm_server(config)
         self.rollout_mesh = None if self.split else self.init_device_mesh(*dims.rollout.mesh, name=ROLLOUT_MESH)
         self.use_vllm = arr.rollout.name == "vllm"
         self.transfer: WeightTransfer | None = None  # to the rollout's ranks, when split
@@ -253,7 +256,8 @@ class ActorRolloutWorker(Worker):
                 for _ in weights:  # the gathers need every training rank
                     pass
                 return {}
-            return self.transfer.send(weights, self.weight_version, bucket).metrics()
+            stats = self.transfer.send(weights, self.weight_version, bucket)
+            return {**stats.metrics(), "weight_sync/version": float(stats.version)}
 
     @register(dispatch=ONE_TO_ALL)
     def save_checkpoint(self, directory: str) -> None:

@@ -59,6 +59,7 @@ __all__ = [
     "SLEEP_TAGS",
     "VLLMRolloutEngine",
     "completion_arrays",
+    "generation_eos_ids",
     "iter_full_weights",
     "outputs_to_dataproto",
     "refresh_tied_head",
@@ -440,7 +441,7 @@ class VLLMRolloutEngine:
             llm,
             tokenizer,
             enable_sleep_mode=kwargs["enable_sleep_mode"],
-            eos_token_ids=_generation_eos_ids(directory),
+            eos_token_ids=generation_eos_ids(directory),
             weights_loaded=load_format != "dummy",
             sampling_params_cls=vllm.SamplingParams,
             tokens_prompt_cls=TokensPrompt,
@@ -592,7 +593,7 @@ class VLLMRolloutEngine:
         return frozenset(self._awake)
 
 
-def _generation_eos_ids(model_dir: str) -> list[int]:
+def generation_eos_ids(model_dir: str) -> list[int]:
     """EOS ids from the model directory's ``generation_config.json`` (vLLM stops on them too); [] if none."""
     from transformers import GenerationConfig  # noqa: PLC0415
 
