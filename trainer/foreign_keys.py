@@ -64,7 +64,8 @@ NO_RM = ("no reward-model worker: rewards come from verifier plugins routed by d
 NO_VLLM_ARG = ("vLLM's engine arguments other than gpu_memory_utilization, max_num_seqs, enforce_eager and "
                "enable_sleep_mode are "
                "fixed; its context is data.max_prompt_length + rollout.response_length")
-NO_SERVER = "vLLM runs inside the training workers; there is no separate vLLM server"
+NO_SERVER = ("vLLM runs inside the training workers, or, for multi-turn agent loops (rollout.mode=server), in a vllm "
+             "serve the trainer starts (rollout.server.url: one you started); TRL's server keys have no counterpart")
 ONE_BACKEND = "FSDP2 (with optional tensor parallelism) is the only training backend"
 STEPS = "a step here is one batch of data.train_batch_size prompts, however many optimizer steps it takes"
 PER_RANK = "veRL's global micro-batch (deprecated there); here per rank: divide by the data-parallel ranks"
@@ -392,9 +393,9 @@ TRL_NAMES: tuple[ForeignKey, ...] = (
        note="a run writes its metrics and checkpoints in its Hydra run directory"),
     _t("use_vllm", by_value={"true": ("rollout@actor_rollout_ref.rollout=vllm", "trainer=gpu"),
                              "false": (f"{R}.name=builtin",)},
-       value_notes={"true": "colocated on the training GPUs; written against vLLM's API, not yet run (docs/vllm.md)"},
+       value_notes={"true": "colocated on the training GPUs (on CPUs: trainer=cpu with vLLM's CPU build, docs/vllm.md)"},
        checked_with=(f"{M}.path=/models/Qwen2.5-0.5B-Instruct",)),
-    _t("vllm_mode", by_value={"colocate": ()}, note="vLLM always shares the training GPUs", missing=NO_SERVER),
+    _t("vllm_mode", by_value={"colocate": ()}, note="vLLM shares the training ranks", missing=NO_SERVER),
     _t("vllm_gpu_memory_utilization", R + ".gpu_memory_utilization={value}", example="0.3"),
     _t("vllm_tensor_parallel_size", R + ".tensor_model_parallel_size={value}", example="2",
        note="the same size for both rollout engines"),

@@ -159,7 +159,7 @@ def test_hydra_flags_are_still_left_to_hydra_but_foreign_names_beside_them_are_a
         "learning_rate is TRL's GRPOConfig name; here: actor_rollout_ref.actor.optim.lr=1e-6",
         "num_generations is TRL's GRPOConfig name; here: actor_rollout_ref.rollout.n=4",
         "use_vllm is TRL's GRPOConfig name; here: rollout@actor_rollout_ref.rollout=vllm trainer=gpu; "
-        "colocated on the training GPUs; written against vLLM's API, not yet run (docs/vllm.md)"]
+        "colocated on the training GPUs (on CPUs: trainer=cpu with vLLM's CPU build, docs/vllm.md)"]
 
 
 def test_the_command_answers_a_verl_key_and_exits_2(tmp_path):
