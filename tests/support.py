@@ -180,3 +180,38 @@ def small_config(tmp_path, **overrides):
 
 def read_metrics(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def mixed_precision_rank(rank, model_dir, out_dir, port):
+    """One gloo rank: ``experiment=gsm8k_grpo trainer=cpu`` composed, the actor loaded and sharded as its worker
+    does (master dtype, the role's compute dtype), one forward and one AdamW step; writes the dtypes seen."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from hybridflow.configs import CONFIG_DIR
+    from hybridflow.configs.schema import register_configs
+    from hybridflow.workers.fsdp import shard_role
+    from hybridflow.workers.models import load_model_and_tokenizer, torch_dtype
+    from hybridflow.workers.optim import build_optimizer
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=1)
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        cfg = compose("ppo_trainer", overrides=["experiment=gsm8k_grpo", "trainer=cpu",
+                                                f"actor_rollout_ref.model.path={model_dir}"])
+    arr = OmegaConf.to_object(cfg).actor_rollout_ref
+    fsdp = arr.actor.fsdp_config
+    mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("dp",))
+    model, _ = load_model_and_tokenizer(model_dir, dtype=torch_dtype(fsdp.master_dtype))
+    model = shard_role(model, mesh, fsdp, compute_dtype=fsdp.compute_dtype(arr.model))
+    optimizer, _ = build_optimizer(model, arr.actor.optim)
+    logits = model(input_ids=torch.tensor([[1, 2, 3, 4]])).logits
+    logits.float().mean().backward()
+    optimizer.step()
+    states = {str(t.dtype) for state in optimizer.state.values() for t in state.values() if t.dim() > 0}
+    with open(os.path.join(out_dir, "dtypes.json"), "w") as f:
+        json.dump({"parameters": sorted({str(p.dtype) for p in model.parameters()}), "logits": str(logits.dtype),
+                   "optimizer_state": sorted(states)}, f)
+    dist.destroy_process_group()

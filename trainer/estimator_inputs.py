@@ -62,14 +62,14 @@ class InputPlan:
 
 def recompute_old_log_prob(config: Any, *, needs_pass: bool) -> bool:
     """``actor.recompute_old_log_prob`` resolved: ``auto`` recomputes unless the rollout's log-probs are the
-    training forward's numbers (the built-in engine in the training dtype) and nothing else needs the pass
-    (a rollout correction comparing the two, an estimator's ``sum_pi_squared``: ``needs_pass``)."""
+    training forward's numbers (the built-in engine computing in fp32: it generates in the actor's compute dtype
+    from the same weights, and in bf16 the two passes' roundings differ by ~1e-2) and nothing else needs the pass (a rollout correction comparing the two, an estimator's
+    ``sum_pi_squared``: ``needs_pass``)."""
     arr = config.actor_rollout_ref
     setting = str(arr.actor.recompute_old_log_prob).lower()
     if setting != "auto":
         return setting == "true"
-    compute_dtype = arr.actor.fsdp_config.param_dtype or arr.model.dtype
-    same_numbers = arr.rollout.name == "builtin" and compute_dtype == arr.model.dtype
+    same_numbers = arr.rollout.name == "builtin" and arr.actor.fsdp_config.compute_dtype(arr.model) == "float32"
     stale = config.trainer.rollout_mode != "sync"  # the rollout's weights may be older than the trainer's
     return needs_pass or stale or config.algorithm.rollout_correction.rollout_is is not None or not same_numbers
 

@@ -453,9 +453,9 @@ TRL_NAMES: tuple[ForeignKey, ...] = (
     _t("max_grad_norm", A + ".optim.grad_clip={value}", example="1.0"),
     _t("gradient_checkpointing", M + ".enable_gradient_checkpointing={value}", example="true",
        note="one switch for the actor and the critic"),
-    _t("bf16", by_value={"true": (f"{A}.fsdp_config.param_dtype=bfloat16",), "false": (f"{A}.fsdp_config.param_dtype=null",)},
-       note="FSDP2 mixed precision, like TRL's autocast: bfloat16 compute over weights in actor_rollout_ref.model.dtype "
-            "(float32 keeps float32 master weights)"),
+    _t("bf16", by_value={"true": (f"{M}.dtype=bfloat16",), "false": (f"{M}.dtype=float32",)},
+       note="FSDP2 mixed precision, like TRL's autocast: bfloat16 compute over float32 master weights "
+            "(fsdp_config.master_dtype)"),
     _t("per_device_eval_batch_size", "data.val_batch_size", note="prompts per validation generation call, all ranks"),
     _t("shuffle_dataset", "data.shuffle={value}", example="true"),
     _t("resume_from_checkpoint", "trainer.resume_mode", by_value={"true": ("trainer.resume_mode=auto",)},

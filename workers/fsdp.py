@@ -156,13 +156,20 @@ def enable_activation_checkpointing(model: nn.Module) -> nn.Module:
     return model
 
 
-def shard_role(model: nn.Module, mesh: DeviceMesh, fsdp_config: FSDPConfig, *, gradient_checkpointing: bool = False) -> nn.Module:
+def shard_role(model: nn.Module, mesh: DeviceMesh, fsdp_config: FSDPConfig, *, compute_dtype: str,
+               gradient_checkpointing: bool = False) -> nn.Module:
     """A role's model as it trains or scores: activation checkpointing when asked (HF's, non-reentrant,
-    applied before sharding), then :func:`shard_model` with the mixed precision ``fsdp_config`` names."""
+    applied before sharding), then :func:`shard_model`, with FSDP2 mixed precision when the role computes in
+    another dtype than its weights are held in (``compute_dtype``: the role's ``fsdp_config.compute_dtype``;
+    an fp32 master copy computing in bf16, say) or names a ``param_dtype`` itself."""
     if gradient_checkpointing:
         enable_activation_checkpointing(model)
-    dtypes = [getattr(torch, name) if name else None for name in (fsdp_config.param_dtype, fsdp_config.reduce_dtype)]
-    policy = mixed_precision(*dtypes) if fsdp_config.param_dtype else None
+    held = next(model.parameters()).dtype
+    compute = getattr(torch, compute_dtype)
+    policy = None
+    if compute != held or fsdp_config.param_dtype:
+        reduce = getattr(torch, fsdp_config.reduce_dtype) if fsdp_config.reduce_dtype else None
+        policy = mixed_precision(compute, reduce)
     return shard_model(model, mesh, mp_policy=policy, reshard_after_forward=fsdp_config.reshard_after_forward)
 
 

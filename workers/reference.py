@@ -37,9 +37,11 @@ class RefWorker(Worker):
         """Load the initial policy weights, frozen, sharded over the ranks."""
         arr = self.config.actor_rollout_ref
         model_cfg, fsdp = arr.model, arr.ref.fsdp_config
-        self.model = load_sharded_model(
-            model_cfg.path, dtype=torch_dtype(model_cfg.dtype), seed=self.config.trainer.seed, mesh=self.device_mesh,
-            device=self.device, shard=lambda module, mesh: shard_role(module.eval().requires_grad_(False), mesh, fsdp),
+        self.model = load_sharded_model(  # no optimizer: held in the dtype it computes in
+            model_cfg.path, dtype=torch_dtype(fsdp.compute_dtype(model_cfg)), seed=self.config.trainer.seed,
+            mesh=self.device_mesh, device=self.device,
+            shard=lambda module, mesh: shard_role(module.eval().requires_grad_(False), mesh, fsdp,
+                                                  compute_dtype=fsdp.compute_dtype(model_cfg)),
         )
         self.packing = (probe_packing(self.model, share_prompts=model_cfg.share_prompts)
                         if model_cfg.use_remove_padding else None)

@@ -33,6 +33,7 @@ def config_with(**changes) -> PPOConfig:
     ({}, False),  # built-in engine, fp32 everywhere: the same numbers
     ({"actor_rollout_ref.rollout.name": "vllm"}, True),  # other kernels
     ({"actor_rollout_ref.actor.fsdp_config.param_dtype": "bfloat16"}, True),  # training computes in bf16
+    ({"actor_rollout_ref.model.dtype": "bfloat16"}, True),  # both compute in bf16: their roundings differ
     ({"actor_rollout_ref.actor.fsdp_config.param_dtype": "float32"}, False),  # the model's own dtype
     ({"algorithm.rollout_correction.rollout_is": "token"}, True),  # the correction compares the two
     ({"actor_rollout_ref.actor.recompute_old_log_prob": "True"}, True),  # Hydra's true, as a string

@@ -84,10 +84,11 @@ class ActorRolloutWorker(Worker):
         build the optimizer, the rollout layout (filled by the reshard) and the engine."""
         arr = self.config.actor_rollout_ref
         fsdp = arr.actor.fsdp_config
-        self.model = load_sharded_model(
-            arr.model.path, dtype=torch_dtype(arr.model.dtype), seed=self.config.trainer.seed, mesh=self.device_mesh,
+        self.model = load_sharded_model(  # the optimizer's master weights, computing in the compute dtype
+            arr.model.path, dtype=torch_dtype(fsdp.master_dtype), seed=self.config.trainer.seed, mesh=self.device_mesh,
             device=self.device, shard=lambda module, mesh: shard_role(
-                module, mesh, fsdp, gradient_checkpointing=arr.model.enable_gradient_checkpointing),
+                module, mesh, fsdp, compute_dtype=fsdp.compute_dtype(arr.model),
+                gradient_checkpointing=arr.model.enable_gradient_checkpointing),
         )
         self.tokenizer = tokenizer = load_tokenizer(arr.model.path)
         self.hf_config, self.generation_config = self.model.config, self.model.generation_config
@@ -120,9 +121,9 @@ class ActorRolloutWorker(Worker):
     def _build_rollout_model(self, model: torch.nn.Module) -> torch.nn.Module:
         """This rank's tp block of the policy (weights are written by the reshard)."""
         tp_group = self.rollout_mesh.get_group("tp") if self.tp_size > 1 else None
-        return build_tp_rollout_model(
-            model, tp_group, self.rollout_tp_rank, self.tp_size, dtype=model.dtype, device=self.device
-        )
+        arr = self.config.actor_rollout_ref
+        dtype = torch_dtype(arr.actor.fsdp_config.compute_dtype(arr.model))  # the reshard casts the master weights
+        return build_tp_rollout_model(model, tp_group, self.rollout_tp_rank, self.tp_size, dtype=dtype, device=self.device)
 
     def _plan_reshard(self, rollout_model: torch.nn.Module):
         """The train-to-rollout move, planned once (collective); its runs overwrite the rollout blocks."""

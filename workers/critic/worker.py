@@ -50,12 +50,12 @@ class CriticWorker(Worker):
     def init_model(self) -> None:
         """Build the value model, shard it, build its optimizer."""
         cfg = self.config
-        dtype = torch_dtype(cfg.actor_rollout_ref.model.dtype)
-        fsdp = cfg.critic.fsdp_config
-        self.model = load_sharded_model(
-            cfg.actor_rollout_ref.model.path, dtype=dtype, seed=cfg.trainer.seed, mesh=self.device_mesh,
+        fsdp, model_cfg = cfg.critic.fsdp_config, cfg.actor_rollout_ref.model
+        self.model = load_sharded_model(  # the optimizer's master weights, computing in the compute dtype
+            model_cfg.path, dtype=torch_dtype(fsdp.master_dtype), seed=cfg.trainer.seed, mesh=self.device_mesh,
             device=self.device, read=build_value_model, shard=lambda module, mesh: shard_role(
-                module, mesh, fsdp, gradient_checkpointing=cfg.actor_rollout_ref.model.enable_gradient_checkpointing),
+                module, mesh, fsdp, compute_dtype=fsdp.compute_dtype(model_cfg),
+                gradient_checkpointing=model_cfg.enable_gradient_checkpointing),
         )
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg.critic.optim)
         self.offload = StateOffloader(self.model, self.optimizer, params=fsdp.param_offload,

@@ -91,6 +91,7 @@ class VLLMServer:
 
         config, arr = self.config, self.config.actor_rollout_ref
         rollout = arr.rollout
+        dtype = arr.actor.fsdp_config.compute_dtype(arr.model)  # the rollout generates in the actor's compute dtype
         max_len = config.data.max_prompt_length + rollout.response_length
         directory = model_directory(arr.model.path)
         # vLLM's api_server module, which ``vllm serve`` runs: the CPU build's own ``vllm`` command fails in 0.32
@@ -98,7 +99,7 @@ class VLLMServer:
         command = [
             sys.executable, "-W", "ignore::DeprecationWarning", "-m", "vllm.entrypoints.openai.api_server",
             "--model", directory, "--host", host, "--port", str(port), "--served-model-name", "policy",
-            "--dtype", arr.model.dtype, "--max-model-len", str(max_len), "--seed", str(config.trainer.seed),
+            "--dtype", dtype, "--max-model-len", str(max_len), "--seed", str(config.trainer.seed),
             "--tensor-parallel-size", str(rollout.tensor_model_parallel_size), "--load-format", "dummy",
             "--logprobs-mode", "processed_logprobs", "--enable-prefix-caching", "--disable-log-stats",
             "--weight-transfer-config", json.dumps({"backend": BACKEND}),
@@ -108,7 +109,7 @@ class VLLMServer:
         if rollout.max_num_seqs is not None:
             command += ["--max-num-seqs", str(rollout.max_num_seqs)]
         if config.trainer.device == "cpu":
-            dtype_bytes = torch_dtype(arr.model.dtype).itemsize
+            dtype_bytes = torch_dtype(dtype).itemsize
             rows = rollout.max_num_seqs or config.data.train_batch_size * rollout.n
             command += ["--kv-cache-memory-bytes", str(cpu_kv_cache_bytes(load_model_config(arr.model.path), dtype_bytes,
                                                                           rows, max_len))]

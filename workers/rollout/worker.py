@@ -69,7 +69,7 @@ def vllm_engine(config: PPOConfig, dims: ParallelDims, tokenizer: Any, *, batche
     return VLLMRolloutEngine.create(
         arr.model.path, tokenizer, arr.rollout, dims.rollout.tp, device=config.trainer.device, rows=rows,
         max_model_len=config.data.max_prompt_length + arr.rollout.response_length,
-        dtype=arr.model.dtype, seed=config.trainer.seed, stepwise=stepwise,
+        dtype=arr.actor.fsdp_config.compute_dtype(arr.model), seed=config.trainer.seed, stepwise=stepwise,
     )
 
 
@@ -124,7 +124,7 @@ class RolloutWorker(Worker):
             return
         tp_group = self.device_mesh.get_group("tp") if self.tp_size > 1 else None
         model = build_tp_rollout_model(self.hf_config, tp_group, self.tp_rank, self.tp_size,
-                                       dtype=torch_dtype(arr.model.dtype), device=self.device)
+                                       dtype=torch_dtype(arr.actor.fsdp_config.compute_dtype(arr.model)), device=self.device)
         self.params = dict(model.named_parameters())
         self.engine = builtin_engine(model, self.tokenizer, arr.rollout, self.device)
 
