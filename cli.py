@@ -5,6 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+TRAIN_HINT = ("Training is its own command: train with hybridflow-train (Hydra overrides, e.g. "
+              "hybridflow-train algorithm.adv_estimator=rloo trainer.seed=1; see README).")
+"""The end of ``hybridflow --help``: where the training command is."""
+
 
 def _plugins(args: argparse.Namespace) -> int:
     from hybridflow.plugins import get_plugin_manager
@@ -48,7 +52,7 @@ def _export(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``hybridflow`` console script."""
-    parser = argparse.ArgumentParser(prog="hybridflow", description=__doc__)
+    parser = argparse.ArgumentParser(prog="hybridflow", description=__doc__, epilog=TRAIN_HINT)
     sub = parser.add_subparsers(dest="command", required=True)
     plugins = sub.add_parser("plugins", help="list installed plugins and what each registered")
     plugins.add_argument("-v", "--verbose", action="store_true", help="also each name's options and docstring summary")

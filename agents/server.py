@@ -73,6 +73,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from aiohttp import log as aiohttp_log
 from aiohttp import web
 
 from hybridflow.agents.batcher import GenerationBatcher
@@ -146,16 +147,19 @@ class PolicyServer:
     :param eos_token_ids: the engine's EOS tokens (tells ``"stop"`` from ``"length"``); default the tokenizer's.
     :param default_max_tokens: ``max_tokens`` of a request that gives none.
     :param full_batch_size: a call goes without waiting ``max_wait_s`` once this many requests wait.
+    :param access_log: log one line per request (aiohttp's ``aiohttp.access`` logger, at INFO); off by
+        default: every agent turn is a request, and a 4-step agent run logged 2,081 such lines in 2,108.
     """
 
     def __init__(
         self, generate_fn: Callable[[DataProto], DataProto], tokenizer: Any, *, model_name: str = "hybridflow-policy",
         host: str = "127.0.0.1", port: int = 0, max_wait_s: float = 0.005, seed: int = 0,
         eos_token_ids: Sequence[int] | None = None, default_max_tokens: int = 16, full_batch_size: int = 256,
+        access_log: bool = False,
     ) -> None:
         self.tokenizer, self.model_name, self.host, self.port = tokenizer, model_name, host, port
         self.max_wait_s, self.seed, self.default_max_tokens = max_wait_s, seed, default_max_tokens
-        self.full_batch_size = full_batch_size
+        self.full_batch_size, self.access_log = full_batch_size, access_log
         eos = [tokenizer.eos_token_id] if eos_token_ids is None else list(eos_token_ids)
         self.eos_token_ids = [int(t) for t in eos if t is not None]
         pad = tokenizer.pad_token_id
@@ -205,7 +209,8 @@ class PolicyServer:
         loop = self._loop
         asyncio.set_event_loop(loop)
         try:
-            runner = web.AppRunner(self._app(), shutdown_timeout=1.0)
+            access_log = aiohttp_log.access_logger if self.access_log else None  # None: aiohttp logs no request
+            runner = web.AppRunner(self._app(), shutdown_timeout=1.0, access_log=access_log)
             loop.run_until_complete(runner.setup())
             site = web.TCPSite(runner, self.host, self.port)
             loop.run_until_complete(site.start())

@@ -238,6 +238,11 @@ class ServerConfig:
     """``rollout.name=vllm``: the address of a ``vllm serve`` you started (``http://host:port``, with
     ``VLLM_SERVER_DEV_MODE=1``, ``--weight-transfer-config '{"backend": "hybridflow"}'`` and ``--load-format
     dummy``; ``docs/vllm.md``) instead of the one the trainer starts on ``host``:``port``."""
+    access_log: bool = False
+    """Log one line per HTTP request the server answers: aiohttp's ``aiohttp.access`` lines in the run's log (the
+    built-in engine's server), uvicorn's in ``<run>/vllm_server.log`` (the ``vllm serve`` the trainer starts, which
+    otherwise gets ``--disable-uvicorn-access-log``). Off by default: every agent turn is a request, and a 4-step
+    agent run logged 2,081 such lines in 2,108."""
 
     def problems(self) -> list[str]:
         """Broken rules of this section."""

@@ -304,3 +304,14 @@ def test_a_seed_names_a_stream_and_idle_old_streams_are_forgotten(engine, monkey
         assert ask(server.url, 13) != first[13]  # stream 13's second call: seed 14
         assert ask(server.url, 13) == ask(server.url, 15)  # its third call (seed 15) is a fresh stream 15's first
         assert ask(server.url, 11) == first[11]  # forgotten, so it starts again at 11
+
+
+@pytest.mark.parametrize("access_log", [False, True])
+def test_requests_are_logged_only_with_access_log(engine, caplog, access_log):
+    caplog.set_level("INFO", logger="aiohttp.access")
+    kwargs = {"access_log": True} if access_log else {}  # the default is off
+    with PolicyServer(engine_generate_fn(engine), engine.tokenizer, **kwargs) as server:
+        for _ in range(3):
+            assert post(server.url + "/completions", {"prompt": [5, 6], "max_tokens": 2})[0] == 200
+    lines = [r.getMessage() for r in caplog.records if r.name == "aiohttp.access"]
+    assert len([line for line in lines if '"POST /v1/completions HTTP/1.1" 200' in line]) == (3 if access_log else 0)

@@ -87,6 +87,7 @@ def test_third_party_plugin_is_found_and_attributed(fresh, tmp_path):
     assert get_estimator("zero_adv").summary == "Zero advantage, for tests."
     [reg] = get_plugin_manager().registry(ESTIMATORS).by_name["zero_adv"]
     assert (reg.source.distribution, reg.source.version) == ("fakeplug-one", "2.5")
+    assert rows(format_plugin_table(get_plugin_manager()))["zero_adv"] == ["fakeplug-one", "2.5", "-"]
 
 
 def test_two_plugins_claiming_one_name_names_both_distributions(fresh, tmp_path):
@@ -95,7 +96,10 @@ def test_two_plugins_claiming_one_name_names_both_distributions(fresh, tmp_path)
         get_estimator("grpo")
     assert "hybridflow" in str(err.value) and "fakeplug-a" in str(err.value)
     assert get_estimator("rloo").name == "rloo"  # other names are unaffected
-    assert "CONFLICT estimator 'grpo'" in format_plugin_table(get_plugin_manager())
+    listing = format_plugin_table(get_plugin_manager())
+    assert "CONFLICT estimator 'grpo'" in listing
+    grpo = [line.split()[1] for line in listing.splitlines() if line.startswith("  grpo ")]
+    assert sorted(grpo) == ["fakeplug-a", "hybridflow"]  # one row per registration
 
 
 def test_plugin_that_fails_to_import_is_reported_and_others_work(fresh, tmp_path):
@@ -176,10 +180,58 @@ def test_manager_without_autoload_argument(fresh):
     assert set(manager.registry(ESTIMATORS).names()) == BUILTINS
 
 
-def test_cli_lists_builtins_with_distribution():
+def rows(listing):
+    """The compact table's rows, by name: the words after it (distribution, version, what it declares)."""
+    return {line.split()[0]: line.split(maxsplit=1)[1].replace(",", "").split()
+            for line in listing.splitlines() if line.startswith("  ")}
+
+
+def sections(listing):
+    """The compact table's kinds, in order, each with its row names."""
+    out = {}
+    for line in listing.splitlines():
+        if line.startswith("  "):
+            out[kind].append(line.split()[0])
+        elif " (" in line and "distribution" in line:
+            kind = line.split(" (")[0]
+            out[kind] = []
+    return out
+
+
+def test_cli_lists_one_row_per_name_grouped_by_kind_with_what_an_estimator_needs():
     out = subprocess.run(
         [sys.executable, "-m", "hybridflow", "plugins"], capture_output=True, text=True, timeout=120, check=True
     ).stdout
+    by_kind = sections(out)
+    assert list(by_kind) == ["estimators", "reward verifiers", "policy losses", "batch hooks", "agent loops", "tools"]
+    assert set(by_kind["estimators"]) == BUILTINS and by_kind["estimators"] == sorted(BUILTINS)
+    table = rows(out)
+    assert table["grpo"] == ["hybridflow", "0.1.0", "groups"]
+    assert table["gae"] == ["hybridflow", "0.1.0", "critic"]
+    assert table["rloo"] == ["hybridflow", "0.1.0", "groups"]
+    assert table["reinforce_plus_plus"] == ["hybridflow", "0.1.0", "-"]  # needs nothing beyond the rewards
+    assert table["remax"] == ["hybridflow", "0.1.0", "reward_baselines"]
+    assert table["gdpo"] == ["hybridflow", "0.1.0", "groups", "reward_components"]
+    assert table["optimal_token_baseline"][2:] == ["groups", "old_log_probs", "sum_pi_squared", "rollout_is_weights",
+                                                   "(optional)"]
+    assert " ".join(table["dr_grpo"][2:]) == "groups; actor defaults: loss_agg_mode=seq-mean-token-sum-norm"
+    assert table["dynamic_sampling"] == ["hybridflow", "0.1.0", "after_reward"]
+    assert table["tool_calling"] == ["hybridflow", "0.1.0", "multi-turn"]
+    assert table["single_turn"] == ["hybridflow", "0.1.0", "one", "generation"]
+    assert table["vanilla"] == table["gsm8k"] == table["reveal"] == ["hybridflow", "0.1.0"]
+    # compact: a line per name and kind, none per plugin (hooks are --verbose's)
+    names = sum(len(v) for v in by_kind.values())
+    assert len(out.splitlines()) == names + len(by_kind) + 1 and "hooks:" not in out
+
+
+def test_cli_verbose_lists_each_plugin_with_its_hooks_and_each_name_with_its_options():
+    out = subprocess.run(
+        [sys.executable, "-m", "hybridflow", "plugins", "--verbose"], capture_output=True, text=True, timeout=120,
+        check=True,
+    ).stdout
+    lines = out.splitlines()
     for name in BUILTINS:
-        assert f"{name}  (hybridflow 0.1.0)" in out
-        assert f"estimators: {name}" in out
+        block = lines.index(f"{name}  (hybridflow 0.1.0)")
+        assert lines[block + 1] == "    hooks: hybridflow_register_estimators"
+        assert lines[block + 2] == f"    estimators: {name}"
+        assert lines[block + 3].startswith(f"        {name}(")

@@ -2,12 +2,15 @@
 
 The critic is the policy's architecture with a one-output token head
 (``AutoModelForTokenClassification``, ``num_labels=1``, no dropout), its
-backbone initialized from the policy's weights and its head fresh.
+backbone initialized from the policy's weights and its head fresh (a :class:`ValueHead`).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 from transformers import AutoModelForTokenClassification
 
 from hybridflow.configs.schema import PPOConfig
@@ -23,8 +26,38 @@ from hybridflow.workers.models import load_model_and_tokenizer, torch_dtype
 from hybridflow.workers.optim import build_optimizer
 
 
+class ValueHead(nn.Linear):
+    """The critic's token head (HF's ``score``): the same ``nn.Linear``, but its output is not a view.
+
+    With a bias, torch computes a linear over (B, T, H) as one ``addmm`` over the (B*T, H) view and returns
+    a (B, T, 1) *view* of that product. The head is the last op of the root FSDP2 module's forward, so the
+    critic's logits were a view and FSDP2 warned on every forward with grad (an in-place op on a returned
+    view would drop its pre-backward hook). Without the bias torch goes through ``matmul``, whose result
+    owns its storage, and the bias is added out of place. Parameters (``weight``, ``bias``) and state-dict
+    keys are nn.Linear's; the values agree to rounding (one fused add less).
+    """
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        out = F.linear(hidden, self.weight)
+        return out if self.bias is None else out + self.bias
+
+    @classmethod
+    def like(cls, linear: nn.Linear) -> ValueHead:
+        """A head holding ``linear``'s own parameters (on any device, meta included)."""
+        head = cls(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta")
+        head.weight, head.bias = linear.weight, linear.bias
+        return head
+
+
+def with_value_head(model: nn.Module) -> nn.Module:
+    """``model`` (a token-classification model) with its ``score`` head a :class:`ValueHead`; in place."""
+    model.score = ValueHead.like(model.score)
+    return model
+
+
 def build_value_model(path: str, dtype: torch.dtype, seed: int) -> torch.nn.Module:
-    """A token-classification model with one output, backbone copied from the policy at ``path``."""
+    """A token-classification model with one output (its head a :class:`ValueHead`), backbone copied from the
+    policy at ``path``."""
     policy, _ = load_model_and_tokenizer(path, dtype=dtype, seed=seed)
     config = policy.config
     config.num_labels = 1
@@ -32,10 +65,25 @@ def build_value_model(path: str, dtype: torch.dtype, seed: int) -> torch.nn.Modu
     with torch.random.fork_rng(devices=[]):  # the head's seeded init leaves the caller's random stream alone
         torch.manual_seed(seed)
         critic = AutoModelForTokenClassification.from_config(config).to(dtype)
+    with_value_head(critic)  # the seeded init, in a head whose output is no view
     missing = critic.model.load_state_dict(policy.model.state_dict())
     if missing.missing_keys or missing.unexpected_keys:
         raise RuntimeError(f"critic backbone does not match the policy: {missing}")
     return critic
+
+
+def load_value_model(config: PPOConfig, mesh: DeviceMesh, device: torch.device | str) -> nn.Module:
+    """The critic sharded over ``mesh`` as it trains: fp32 master weights (``fsdp_config.master_dtype``),
+    computing in the role's compute dtype; collective (:func:`~hybridflow.workers.loading.load_sharded_model`)."""
+    fsdp, model_cfg = config.critic.fsdp_config, config.actor_rollout_ref.model
+
+    def shard(skeleton: nn.Module, mesh: DeviceMesh) -> nn.Module:
+        # every rank's skeleton is built from the reader's class and config, which know nothing of the head
+        return shard_role(with_value_head(skeleton), mesh, fsdp, compute_dtype=fsdp.compute_dtype(model_cfg),
+                          gradient_checkpointing=model_cfg.enable_gradient_checkpointing)
+
+    return load_sharded_model(model_cfg.path, dtype=torch_dtype(fsdp.master_dtype), seed=config.trainer.seed,
+                              mesh=mesh, device=device, read=build_value_model, shard=shard)
 
 
 class CriticWorker(Worker):
@@ -50,13 +98,8 @@ class CriticWorker(Worker):
     def init_model(self) -> None:
         """Build the value model, shard it, build its optimizer."""
         cfg = self.config
-        fsdp, model_cfg = cfg.critic.fsdp_config, cfg.actor_rollout_ref.model
-        self.model = load_sharded_model(  # the optimizer's master weights, computing in the compute dtype
-            model_cfg.path, dtype=torch_dtype(fsdp.master_dtype), seed=cfg.trainer.seed, mesh=self.device_mesh,
-            device=self.device, read=build_value_model, shard=lambda module, mesh: shard_role(
-                module, mesh, fsdp, compute_dtype=fsdp.compute_dtype(model_cfg),
-                gradient_checkpointing=model_cfg.enable_gradient_checkpointing),
-        )
+        fsdp = cfg.critic.fsdp_config
+        self.model = load_value_model(cfg, self.device_mesh, self.device)
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg.critic.optim)
         self.offload = StateOffloader(self.model, self.optimizer, params=fsdp.param_offload,
                                       optimizer_state=fsdp.optimizer_offload)

@@ -12,8 +12,8 @@ transfer as the backend (``workers/rollout/vllm_transfer.py``)::
 
 The server is started with dummy weights (``--load-format dummy``: the first sync fills them),
 ``VLLM_SERVER_DEV_MODE=1`` (vLLM serves its RL routes only then) and, on a CPU, an explicit KV cache.
-Its output goes to ``vllm_server.log`` in the run directory; a server that does not come up is an error
-that quotes that log's last lines.
+Its output goes to ``vllm_server.log`` in the run directory, without uvicorn's line per request unless
+``rollout.server.access_log``; a server that does not come up is an error that quotes that log's last lines.
 """
 
 from __future__ import annotations
@@ -113,6 +113,8 @@ class VLLMServer:
             "--logprobs-mode", "processed_logprobs", "--enable-prefix-caching", "--disable-log-stats",
             "--weight-transfer-config", json.dumps({"backend": BACKEND}),
         ]
+        if not rollout.server.access_log:  # uvicorn's INFO line per request: one per agent turn
+            command.append("--disable-uvicorn-access-log")
         if rollout.enforce_eager:
             command.append("--enforce-eager")
         if rollout.max_num_seqs is not None:
