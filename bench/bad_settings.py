@@ -23,17 +23,79 @@ what happened then for the first nine).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 BASE = ["trainer.total_training_steps=3", "trainer.test_freq=0"]
 
-# (label, overrides); {tmp} is a fresh directory per case, {notckpt} a directory that is not a checkpoint
+SERVER = ["experiment=tool_use", "actor_rollout_ref.rollout.mode=server"]
+
+# (label, overrides): the settings of issue 27; tests/trainer/test_bad_settings.py also runs each through the
+# real command
+ISSUE_27_CASES: list[tuple[str, list[str]]] = [
+    ("typo in a policy loss option", ["+actor_rollout_ref.actor.policy_loss_options.clip_ratio_hgh=0.28"]),
+    ("text for a policy loss option", ["+actor_rollout_ref.actor.policy_loss_options.clip_ratio_high=high"]),
+    ("true for an estimator option", ["+algorithm.estimator_options.epsilon=true"]),
+    ("text for an agent loop option", ["experiment=tool_use", "actor_rollout_ref.rollout.agent.options.max_turns=two"]),
+    ("a number for a batch hook option", ["algorithm.batch_hooks=[dynamic_sampling]",
+                                           "+algorithm.batch_hook_options.dynamic_sampling.metric=1"]),
+    ("missing train file", ["data.train_files=[{tmp}/missing.parquet]"]),
+    ("zero-byte train file", ["data.train_files=[{tmp}/zero.parquet]"]),
+    ("train file of no rows", ["data.train_files=[{tmp}/no_rows.parquet]"]),
+    ("train file without a prompt column", ["data.train_files=[{tmp}/no_prompt.parquet]"]),
+    ("text file named .parquet", ["data.train_files=[{tmp}/text.parquet]"]),
+    ("validation file without a prompt column", ["data.val_files=[{tmp}/no_prompt.parquet]"]),
+    ("more rollout ranks than the machine holds",  # 1026 quarter-CPU ranks: more than a machine of < 257 cores holds
+     ["trainer.placement=split", "trainer.rollout_ranks=1024", "data.train_batch_size=1024"]),
+    ("server on a busy port", [*SERVER, "actor_rollout_ref.rollout.server.port={busy_port}"]),
+    ("server on an address not of this machine", [*SERVER, "actor_rollout_ref.rollout.server.host=192.0.2.1"]),
+]
+
+
+def bad_data_files(directory: Path) -> None:
+    """The bad data files the cases name, written into ``directory``: ``zero.parquet`` (0 bytes),
+    ``no_rows.parquet``, ``no_prompt.parquet`` (no ``prompt`` column), ``text.parquet`` (a text file)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    row = {"data_source": "synthetic/arithmetic", "prompt": "1+1=", "reward_model": {"ground_truth": "2"}}
+    (directory / "zero.parquet").write_bytes(b"")
+    pq.write_table(pa.Table.from_pylist([row]).slice(0, 0), directory / "no_rows.parquet")
+    no_prompt = {k: v for k, v in row.items() if k != "prompt"}
+    pq.write_table(pa.Table.from_pylist([no_prompt]), directory / "no_prompt.parquet")
+    (directory / "text.parquet").write_text("data_source,prompt\nsynthetic/arithmetic,1+1=\n")
+
+
+@contextlib.contextmanager
+def busy_port() -> Iterator[int]:
+    """A local port with a socket listening on it, until the block ends."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
+def filled(overrides: list[str], tmp: str | Path, port: int) -> list[str]:
+    """``overrides`` with the placeholders of :data:`CASES` filled in (``{tmp}``, ``{notckpt}``, ``{busy_port}``)."""
+    marks = {"{tmp}": str(tmp), "{notckpt}": f"{tmp}/not_a_checkpoint", "{busy_port}": str(port)}
+    out = []
+    for override in overrides:
+        for mark, value in marks.items():
+            override = override.replace(mark, value)
+        out.append(override)
+    return out
+
+
+# (label, overrides); {tmp} is a fresh directory per case holding the bad data files of bad_data_files(),
+# {notckpt} a directory that is not a checkpoint, {busy_port} a port that a socket listens on during the case
 CASES: list[tuple[str, list[str]]] = [
     # the issue's list of settings that failed late, unclearly or not at all
     ("negative learning rate", ["actor_rollout_ref.actor.optim.lr=-0.001"]),
@@ -76,7 +138,7 @@ CASES: list[tuple[str, list[str]]] = [
     ("zero gradient clip", ["actor_rollout_ref.actor.optim.grad_clip=0"]),
     ("a beta of 1.5", ["actor_rollout_ref.actor.optim.betas=[0.9,1.5]"]),
     ("negative warm-up", ["actor_rollout_ref.actor.optim.warmup_steps=-1"]),
-    ("negative top_k", ["actor_rollout_ref.rollout.top_k=-1"]),
+    ("negative top_k", ["actor_rollout_ref.rollout.top_k=-2"]),  # -1 is veRL's "off": translated to 0
     ("zero reshard bucket", ["actor_rollout_ref.rollout.reshard_bucket_mb=0"]),
     ("vLLM memory fraction 1.5", ["actor_rollout_ref.rollout.gpu_memory_utilization=1.5"]),
     ("zero adaptive KL target", ["algorithm.kl_ctrl.target_kl=0"]),
@@ -86,8 +148,8 @@ CASES: list[tuple[str, list[str]]] = [
     ("zero prompt length", ["data.max_prompt_length=0"]),
     ("zero epochs", ["trainer.total_epochs=0"]),
     ("zero nodes", ["trainer.nnodes=0"]),
-    ("negative test_freq", ["trainer.test_freq=-1"]),
-    ("negative save_freq", ["trainer.save_freq=-1"]),
+    ("negative test_freq", ["trainer.test_freq=-2"]),  # -1 is veRL's "off": translated to 0
+    ("negative save_freq", ["trainer.save_freq=-2"]),  # -1 is veRL's "off": translated to 0
     ("unknown device", ["trainer.device=tpu"]),
     ("overlong zone as long as the response", ["reward.overlong_buffer.enable=true", "reward.overlong_buffer.len=4"]),
     ("options for an unknown verifier", ["+reward.verifier_kwargs={nosuch: {a: 1}}"]),
@@ -95,15 +157,17 @@ CASES: list[tuple[str, list[str]]] = [
     ("unknown in-reward KL estimator", ["algorithm.kl_penalty=k7"]),
     ("misspelt key", ["trainer.total_trainig_steps=3"]),
     ("text where a number goes", ["data.train_batch_size=sixteen"]),
+    # issue 27: found late (in a worker, by Ray or by Hydra), now refused before Ray
+    *ISSUE_27_CASES,
 ]
 
 
 def run_case(overrides: list[str], code: str | None, timeout_s: float) -> dict:
     """Run one case in a fresh directory; what happened."""
-    with tempfile.TemporaryDirectory() as tmp:
-        notckpt = Path(tmp) / "not_a_checkpoint"
-        notckpt.mkdir()
-        args = [o.replace("{tmp}", tmp).replace("{notckpt}", str(notckpt)) for o in overrides]
+    with tempfile.TemporaryDirectory() as tmp, busy_port() as port:
+        (Path(tmp) / "not_a_checkpoint").mkdir()
+        bad_data_files(Path(tmp))
+        args = filled(overrides, tmp, port)
         env = {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": ""}
         if code:  # an older checkout: import hybridflow from it
             shim = Path(tmp) / "shim"
@@ -147,9 +211,10 @@ def check_only() -> dict:
     register_configs()
     results = {}
     for label, overrides in CASES:
-        with tempfile.TemporaryDirectory() as tmp:
+        with tempfile.TemporaryDirectory() as tmp, busy_port() as port:
             (Path(tmp) / "not_a_checkpoint").mkdir()
-            args = [o.replace("{tmp}", tmp).replace("{notckpt}", f"{tmp}/not_a_checkpoint") for o in BASE + overrides]
+            bad_data_files(Path(tmp))
+            args = filled(BASE + overrides, tmp, port)
             try:
                 with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
                     config = OmegaConf.to_object(compose("ppo_trainer", overrides=args))

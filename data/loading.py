@@ -3,8 +3,8 @@
 :func:`load_rows` reads one or more files in veRL's schema and checks them
 before anything trains on them; every error names the file (and the row):
 
-* a missing file, an empty file, a missing column (``data_source``,
-  ``prompt``, ``reward_model``);
+* a missing file, a zero-byte or non-parquet file, a file of no rows, a
+  missing column (``data_source``, ``prompt``, ``reward_model``);
 * a column of the wrong type: ``data_source`` text; ``prompt`` text or a
   list of ``{"role", "content"}`` messages; ``reward_model`` a struct with a
   text ``ground_truth``; ``extra_info`` (optional) a struct or map;
@@ -65,7 +65,8 @@ def check_schema(path: str, schema: pa.Schema) -> None:
     """Raise :class:`DatasetError` naming ``path`` for missing or mistyped columns."""
     missing = [c for c in REQUIRED_COLUMNS if c not in schema.names]
     if missing:
-        raise DatasetError(f"{path}: missing column(s) {missing}; it has {schema.names}")
+        raise DatasetError(f"{path}: missing column(s) {missing} (required: {', '.join(REQUIRED_COLUMNS)}); "
+                           f"it has {schema.names}")
     problems = []
     if not _is_text(schema.field("data_source").type):
         problems.append(f"data_source must be text, is {schema.field('data_source').type}")
@@ -125,7 +126,9 @@ def load_rows(
     report = LoadReport()
     for path in paths:
         if not os.path.isfile(path):
-            raise FileNotFoundError(f"training file not found: {path}")
+            raise FileNotFoundError(f"{path}: {'a directory, not a file' if os.path.isdir(path) else 'no such file'}")
+        if os.path.getsize(path) == 0:
+            raise DatasetError(f"{path}: the file is empty (0 bytes), not a parquet file")
         try:
             table = pq.read_table(path)
         except (pa.ArrowInvalid, OSError) as exc:

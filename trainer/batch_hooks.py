@@ -15,6 +15,7 @@ import numpy as np
 from hybridflow.core import DataProto
 from hybridflow.core.keys import UID
 from hybridflow.plugins import BatchHook, UnknownNameError, get_batch_hook
+from hybridflow.plugins.options import option_problems
 
 
 def hook_problems(names: list[str], options: dict[str, dict[str, Any]]) -> list[str]:
@@ -26,9 +27,8 @@ def hook_problems(names: list[str], options: dict[str, dict[str, Any]]) -> list[
         except UnknownNameError as err:
             problems.append(f"algorithm.batch_hooks: {err}")
             continue
-        unknown = set(options.get(name, {})) - set(hook.options)
-        if unknown:
-            problems.append(f"algorithm.batch_hook_options[{name!r}] has {sorted(unknown)}; hook {name!r} takes {hook.options}")
+        problems += option_problems(f"algorithm.batch_hook_options[{name!r}]", options.get(name, {}), hook.options,
+                                    f"hook {name!r}")
     stray = sorted(set(options) - set(names))
     if stray:
         problems.append(f"algorithm.batch_hook_options has options for {stray}, which algorithm.batch_hooks does not run")

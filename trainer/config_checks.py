@@ -6,16 +6,20 @@ reported at once, so a user fixes a config in one pass. Where the rules live:
 * a section's own fields: its dataclass's ``problems()`` in ``configs/schema.py``;
 * sizes that must divide over the ranks: :class:`hybridflow.core.parallel_dims.ParallelDims`;
 * here: rules that span sections, ask the plugin manager (estimator, loss,
-  verifier names), or look at the machine (paths, checkpoints, GPUs).
+  verifier names and their options' names and types), or look at the machine
+  (paths, data files, checkpoints, GPUs, CPUs for the ranks, the server's address).
 
-:func:`check_datasets` runs once the prompts are loaded (still before Ray):
-a train batch larger than the training set is an error there.
+:func:`dataset_rows` loads the data files (still before Ray): one that is not
+parquet, has no rows or lacks a column is an error naming its key there, and
+:func:`check_datasets` then refuses a train batch larger than the training set.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,8 +27,11 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from hybridflow.core.parallel_dims import ParallelDims
+from hybridflow.core.resource_pool import DEFAULT_CPUS_PER_CPU_BUNDLE
+from hybridflow.data.loading import REQUIRED_COLUMNS, DatasetError, load_rows
 from hybridflow.losses import KL_PENALTIES, LOSS_AGG_MODES
 from hybridflow.plugins import UnknownNameError, get_agent_loop, get_estimator, get_policy_loss, get_reward_verifier, get_tool
+from hybridflow.plugins.options import option_problems
 from hybridflow.trainer.batch_hooks import hook_problems
 from hybridflow.trainer.estimator_inputs import input_problems
 from hybridflow.trainer.tracking import SINKS
@@ -32,6 +39,11 @@ from hybridflow.trainer.tracking import SINKS
 
 class ConfigError(ValueError):
     """One or more invalid settings; the message lists each with its key."""
+
+
+DATA_FILES = (f"parquet files with rows in veRL's schema (columns {', '.join(REQUIRED_COLUMNS)}; "
+              "python -m hybridflow.data.preprocess writes them)")
+"""What ``data.train_files`` and ``data.val_files`` take, as the messages say it."""
 
 
 def section_problems(node: Any, prefix: str = "") -> Iterator[str]:
@@ -49,17 +61,19 @@ def _plugin_problems(cfg: Any) -> Iterator[str]:
     algo, actor, rollout = cfg.algorithm, cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
     yield from hook_problems(list(algo.batch_hooks), dict(algo.batch_hook_options))
     try:
-        get_policy_loss(actor.policy_loss)
+        loss = get_policy_loss(actor.policy_loss)
     except UnknownNameError as err:
         yield f"actor_rollout_ref.actor.policy_loss: {err}"
+    else:
+        yield from option_problems("actor_rollout_ref.actor.policy_loss_options", actor.policy_loss_options,
+                                   loss.options, f"policy loss {actor.policy_loss!r}")
     try:
         estimator = get_estimator(algo.adv_estimator)
     except UnknownNameError as err:
         yield f"algorithm.adv_estimator: {err}"
         return
-    unknown = set(algo.estimator_options) - set(estimator.options)
-    if unknown:
-        yield f"algorithm.estimator_options has {sorted(unknown)}; estimator {algo.adv_estimator!r} takes {estimator.options}"
+    yield from option_problems("algorithm.estimator_options", algo.estimator_options, estimator.options,
+                               f"estimator {algo.adv_estimator!r}")
     if estimator.needs_groups and rollout.n < 2:
         yield (f"actor_rollout_ref.rollout.n={rollout.n}: estimator {algo.adv_estimator!r} compares the responses "
                "of one prompt and needs n >= 2")
@@ -82,9 +96,8 @@ def _agent_problems(rollout: Any) -> Iterator[str]:
     except UnknownNameError as err:
         yield f"{key}.agent_loop: {err}"
         return
-    unknown = set(rollout.agent.options) - set(loop.options)
-    if unknown:
-        yield f"{key}.agent.options has {sorted(unknown)}; agent loop {rollout.agent_loop!r} takes {loop.options}"
+    yield from option_problems(f"{key}.agent.options", rollout.agent.options, loop.options,
+                               f"agent loop {rollout.agent_loop!r}")
     if loop.single_generate and rollout.mode == "server":
         yield (f"{key}.mode=server serves agent loops, but {rollout.agent_loop!r} is one generation per prompt "
                "(set rollout.agent_loop to a multi-turn loop, or mode=direct)")
@@ -220,6 +233,90 @@ def _vllm_server_problems(cfg: Any) -> Iterator[str]:
                f"{trainer.rollout_mode!r} must be colocated and sync")
 
 
+def _capacity_problems(trainer: Any) -> Iterator[str]:
+    """The ranks fit the local Ray instance this run starts (no ``trainer.ray_address`` / ``RAY_ADDRESS``).
+
+    Each rank is one bundle (``core/resource_pool.py``): a quarter CPU with ``trainer.device=cpu``, one CPU and
+    one GPU with ``cuda``; the training pool and the rollout's (``trainer.placement=split``) are held at once, on the
+    CPUs Ray finds on this machine. A cluster's room is checked as the pools are placed (``trainer/main.py``).
+    """
+    if trainer.ray_address or os.environ.get("RAY_ADDRESS") or trainer.nnodes != 1:
+        return  # nnodes > 1 needs a cluster: the pool names the nodes it did not find
+    try:  # Ray is not started here: only its count of this machine's CPUs, as a local instance will see them
+        from ray._private.utils import get_num_cpus  # Ray's own count: cgroup limits included
+    except ImportError:  # a Ray that moved it
+        def get_num_cpus() -> int:
+            return len(os.sched_getaffinity(0))
+
+    cuda = trainer.device == "cuda"
+    per_rank = 1.0 if cuda else DEFAULT_CPUS_PER_CPU_BUNDLE
+    train, rollout = trainer.n_gpus_per_node, trainer.rollout_ranks if trainer.placement == "split" else 0
+    gpus = _gpu_count() if cuda else 0
+    if cuda and gpus < train:
+        return  # fewer GPUs than training ranks: _device_problems says so
+    cpus = get_num_cpus()
+    room = int(cpus / per_rank)
+    asked = f"{train + rollout} ranks of {per_rank:g} CPU each (trainer.device={trainer.device!r})"
+    join = "or join a Ray cluster that has room (trainer.ray_address)"
+    if rollout and train <= room < train + rollout:
+        yield (f"trainer.rollout_ranks={rollout} with trainer.placement=split beside trainer.n_gpus_per_node={train} "
+               f"training ranks asks for {asked}, but this machine has {cpus} CPUs: at most {room - train} rollout "
+               f"ranks beside them; lower trainer.rollout_ranks, {join}")
+    elif train + rollout > room:
+        ranks, keys = f"trainer.n_gpus_per_node={train} training ranks", "trainer.n_gpus_per_node"
+        if rollout:
+            ranks, keys = f"{ranks} + trainer.rollout_ranks={rollout}", f"{keys} and trainer.rollout_ranks"
+        yield (f"{ranks} ask for {asked}, but this machine has {cpus} CPUs: at most {room} ranks in all; "
+               f"lower {keys}, {join}")
+    if cuda and gpus < train + rollout:
+        yield (f"trainer.rollout_ranks={rollout} with trainer.placement=split needs {rollout} GPUs beside the "
+               f"{train} of trainer.n_gpus_per_node, but this machine has {gpus}: at most {gpus - train} rollout "
+               f"ranks; lower trainer.rollout_ranks, {join}")
+
+
+def _gpu_count() -> int:
+    """The GPUs torch sees on this machine."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _server_problems(rollout: Any) -> Iterator[str]:
+    """``rollout.mode=server``: this machine can listen on ``rollout.server.host``:``port``, where the driver starts
+    the server (``agents/server.py``, or ``vllm serve`` with ``name=vllm``). Tried by binding a socket (with
+    ``SO_REUSEADDR``, as both servers do) to each address the host resolves to, and closing it."""
+    server, key = rollout.server, "actor_rollout_ref.rollout.server"
+    if rollout.mode != "server" or (rollout.name == "vllm" and server.url):
+        return  # server.url: a vllm serve of the user's, not bound here
+    local = ("use a local address: 127.0.0.1 (this machine only), 0.0.0.0 (every interface) or an address of one of "
+             "its interfaces")
+    try:
+        infos = socket.getaddrinfo(server.host, server.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as err:
+        yield f"{key}.host={server.host!r} is not an address this machine resolves ({err}); {local}"
+        return
+    for family, kind, proto, _, address in dict.fromkeys(infos):
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(address)
+            except OSError as err:
+                yield _bind_problem(key, server, address[0], err, local)
+                return
+
+
+def _bind_problem(key: str, server: Any, address: str, err: OSError, local: str) -> str:
+    """The message for a server address this machine cannot listen on, by what bind said."""
+    free = "use a free port, or 0 to let the server pick one (the URL is logged)"
+    if err.errno == errno.EADDRINUSE:
+        return f"{key}.port={server.port}: port {server.port} on {address} is in use ({err.strerror}); {free}"
+    if err.errno == errno.EACCES:
+        return f"{key}.port={server.port}: listening on it needs privileges ({err.strerror}); {free} (above 1023)"
+    if err.errno == errno.EADDRNOTAVAIL:
+        return f"{key}.host={server.host!r} is not an address of this machine ({err.strerror}); {local}"
+    return f"{key}.host={server.host!r}, {key}.port={server.port}: cannot listen there ({err}); {local}, and {free}"
+
+
 def _single_generate(loop: str) -> bool:
     try:
         return get_agent_loop(loop).single_generate
@@ -250,6 +347,8 @@ def config_problems(cfg: Any) -> list[str]:
     problems += _name_problems(cfg)
     problems += _placement_problems(cfg)
     problems += _vllm_server_problems(cfg)
+    problems += _server_problems(cfg.actor_rollout_ref.rollout)
+    problems += _capacity_problems(cfg.trainer)
     use_critic = not any(p.startswith("algorithm.adv_estimator:") for p in problems) and needs_critic(cfg)
     dims = ParallelDims.from_config(cfg, use_critic=use_critic)
     problems += dims.problems()
@@ -284,6 +383,32 @@ def check_config(cfg: Any) -> None:
     problems = config_problems(cfg)
     if problems:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(problems))
+
+
+def dataset_rows(data: Any, train_files: list[str], val_files: list[str]) -> tuple[list[dict], list[dict]]:
+    """The validated rows of the training and validation files as :func:`~hybridflow.trainer.main.resolve_data_files`
+    gave them (:func:`hybridflow.data.loading.load_rows`; files given for both are read once).
+
+    Raises :class:`ConfigError` when a file is refused (missing, zero bytes, not parquet, no rows, a column
+    missing or mistyped, a null), naming its key (``data.val_files`` when set, else ``data.train_files``,
+    whose files stand in for it), the file and what is wrong, for both at once. (Run where the rows load,
+    before Ray: documented commands name data files that only the reader has, and the config check passes them.)
+    """
+    sets = {"train": ("data.train_files", train_files),
+            "val": ("data.val_files" if data.val_files else "data.train_files", val_files)}
+    rows: dict[str, list[dict]] = {}
+    problems = []
+    for split, (key, files) in sets.items():
+        if split == "val" and files == train_files:
+            rows["val"] = rows.get("train", [])
+            continue
+        try:
+            rows[split] = load_rows(files)[0]
+        except (DatasetError, OSError) as err:
+            problems.append(f"{key}: {err}; allowed: {DATA_FILES}")
+    if problems:
+        raise ConfigError("invalid config:\n  - " + "\n  - ".join(problems))
+    return rows["train"], rows["val"]
 
 
 def check_datasets(cfg: Any, train_prompts: int, val_prompts: int, files: dict[str, list[str]]) -> None:

@@ -26,7 +26,7 @@ from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf
 
 from hybridflow.configs.schema import PPOConfig, register_configs
-from hybridflow.trainer.config_checks import ConfigError, check_config, check_datasets, config_warnings
+from hybridflow.trainer.config_checks import ConfigError, check_config, check_datasets, config_warnings, dataset_rows
 from hybridflow.trainer.overrides import override_problems
 from hybridflow.trainer.ppo_trainer import RunSummary
 from hybridflow.trainer.sweep import current_job, logger_names, run_sweep_job
@@ -67,9 +67,13 @@ def build_and_fit(config: PPOConfig, run_dir: Path, facts: dict[str, Any] | None
     started it. ``facts``, when given, receives the Ray node and GCS address the
     run used and when it connected and let go (``job_status.json`` of a sweep job records them).
     """
+    train_files, val_files = resolve_data_files(config)
+    # first, before the workers' imports: a data file that is not parquet, has no rows or lacks a column is a
+    # ConfigError naming its key, file (and row) within seconds; without data.val_files the training rows validate
+    train_rows, val_rows = dataset_rows(config.data, train_files, val_files)
+
     from hybridflow.core import ColocatedWorkerGroup, GroupOptions, RoleSpec, init_ray, shutdown
     from hybridflow.core.parallel_dims import ParallelDims
-    from hybridflow.data.loading import load_rows
     from hybridflow.trainer.ppo_trainer import PPOTrainer, needs_critic, needs_reference, resolve_loss_agg_mode
     from hybridflow.trainer.prompt_loader import PromptSet
     from hybridflow.workers.actor.worker import ActorRolloutWorker
@@ -78,13 +82,10 @@ def build_and_fit(config: PPOConfig, run_dir: Path, facts: dict[str, Any] | None
     from hybridflow.workers.reference import RefWorker
     from hybridflow.workers.rollout.vllm_server import VLLMServer, uses_vllm_server
 
-    train_files, val_files = resolve_data_files(config)
     tokenizer = load_tokenizer(config.actor_rollout_ref.model.path)
     max_len = config.data.max_prompt_length
-    # load_rows validates the files (schema, types, empty files, naming file and row);
-    # PromptSet tokenizes once and drops (and counts) over-long prompts
-    train = PromptSet.from_rows(load_rows(train_files)[0], tokenizer, max_len)
-    val = PromptSet.from_rows(load_rows(val_files)[0], tokenizer, max_len)
+    train = PromptSet.from_rows(train_rows, tokenizer, max_len)
+    val = PromptSet.from_rows(val_rows, tokenizer, max_len)
     check_datasets(config, len(train), len(val), {"train": train_files, "val": val_files})
     dims = ParallelDims.from_config(config, use_critic=needs_critic(config))
 
@@ -158,21 +159,28 @@ def _shut_down_started(start: Future | None) -> None:
 
 
 def _resource_pool(config: PPOConfig, ranks: list[int] | None = None):
-    """The placement of the run's training ranks (or of ``ranks`` per node); a cluster that cannot hold them
-    is a config error naming the keys."""
+    """The placement of the run's training ranks (or of the rollout's ``ranks`` per node, ``trainer.placement=split``),
+    reserved; a cluster that cannot hold them is a config error naming the keys."""
     from hybridflow.core import ResourcePool
     from hybridflow.core.resource_pool import ResourceUnavailableError
 
     trainer = config.trainer
+    pool = ResourcePool(process_on_nodes=ranks or [trainer.n_gpus_per_node] * trainer.nnodes,
+                        use_gpu=trainer.device == "cuda")
     try:
-        nodes = ranks or [trainer.n_gpus_per_node] * trainer.nnodes
-        return ResourcePool(process_on_nodes=nodes, use_gpu=trainer.device == "cuda")
+        pool.bundles()  # reserved here (the groups start on them), so that a pool that does not fit is refused here
     except ResourceUnavailableError as err:
-        raise ConfigError(
-            f"invalid config:\n  - trainer.nnodes={trainer.nnodes} x trainer.n_gpus_per_node={trainer.n_gpus_per_node} "
-            f"ranks with trainer.device={trainer.device!r} do not fit the Ray cluster: lower trainer.n_gpus_per_node or "
-            f"trainer.nnodes, use trainer=cpu, or add nodes ({str(err).split('. Nodes', 1)[-1].strip('. ')})"
-        ) from None
+        cluster = str(err).split("Nodes in the cluster: ", 1)[-1].split(". Lower", 1)[0]
+        if ranks:
+            what = (f"trainer.rollout_ranks={trainer.rollout_ranks} rollout ranks (trainer.placement=split) with "
+                    f"trainer.device={trainer.device!r}, beside the training ranks, do not fit the Ray cluster: lower "
+                    "trainer.rollout_ranks, use trainer.placement=colocated, or add a node with room")
+        else:
+            what = (f"trainer.nnodes={trainer.nnodes} x trainer.n_gpus_per_node={trainer.n_gpus_per_node} ranks with "
+                    f"trainer.device={trainer.device!r} do not fit the Ray cluster: lower trainer.n_gpus_per_node or "
+                    "trainer.nnodes, use trainer=cpu, or add nodes")
+        raise ConfigError(f"invalid config:\n  - {what} (the cluster: {cluster})") from None
+    return pool
 
 
 def _reward_manager(config: PPOConfig):

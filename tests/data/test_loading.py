@@ -60,10 +60,25 @@ def test_missing_file_and_empty_file(tmp_path):
         load_rows(str(tmp_path / "junk.parquet"))
 
 
+def test_zero_bytes_and_a_directory_are_named_as_such(tmp_path):
+    (tmp_path / "zero.parquet").write_bytes(b"")
+    with pytest.raises(DatasetError, match=r"zero.parquet: the file is empty \(0 bytes\), not a parquet file"):
+        load_rows(str(tmp_path / "zero.parquet"))
+    (tmp_path / "dir.parquet").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"dir.parquet: a directory, not a file"):
+        load_rows(str(tmp_path / "dir.parquet"))
+    with pytest.raises(FileNotFoundError, match=r"nope.parquet: no such file"):
+        load_rows(str(tmp_path / "nope.parquet"))
+
+
 def test_missing_column(tmp_path):
     rows = [{k: v for k, v in row(0).items() if k != "reward_model"}]
     with pytest.raises(DatasetError, match=r"m.parquet: missing column\(s\) \['reward_model'\]"):
         load_rows(write(tmp_path / "m.parquet", rows))
+    rows = [{k: v for k, v in row(0).items() if k != "prompt"}]
+    with pytest.raises(DatasetError, match=r"p.parquet: missing column\(s\) \['prompt'\] \(required: data_source, "
+                       r"prompt, reward_model\); it has \['data_source', 'reward_model', 'extra_info'\]"):
+        load_rows(write(tmp_path / "p.parquet", rows))
 
 
 @pytest.mark.parametrize(

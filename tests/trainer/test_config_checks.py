@@ -1,8 +1,13 @@
+import socket
+
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from omegaconf import OmegaConf
 
 from hybridflow.configs.schema import PPOConfig
-from hybridflow.trainer.config_checks import ConfigError, check_config
+from hybridflow.plugins.options import option_problems
+from hybridflow.trainer.config_checks import ConfigError, check_config, config_problems, dataset_rows
 
 
 def cfg(**overrides):
@@ -55,6 +60,35 @@ def test_defaults_are_valid():
          "trainer.rollout_ranks=1 must be a multiple of 2 (rollout tensor-parallel groups"),
         ({"trainer.placement": "split", "trainer.rollout_mode": "one_step_off", "actor_rollout_ref.rollout.agent_loop":
           "tool_calling"}, "the agent loop 'tool_calling' runs with trainer.rollout_mode=sync"),
+        # options: names and types against the plugin's defaults
+        ({"actor_rollout_ref.actor.policy_loss_options": {"clip_ratio_hgh": 0.28}},
+         "actor_rollout_ref.actor.policy_loss_options has ['clip_ratio_hgh']; policy loss 'vanilla' takes "
+         "{'clip_ratio_low': 0.2, 'clip_ratio_high': 0.2, 'clip_ratio_c': 3.0}"),
+        ({"actor_rollout_ref.actor.policy_loss_options": {"clip_ratio_high": "0.28"}},
+         "actor_rollout_ref.actor.policy_loss_options.clip_ratio_high='0.28' is text; policy loss 'vanilla' takes a "
+         "number there (default 0.2)"),
+        ({"algorithm.estimator_options": {"norm_by_std": 1}},
+         "algorithm.estimator_options.norm_by_std=1 is an integer; estimator 'grpo' takes true or false there (default True)"),
+        ({"algorithm.estimator_options": {"epsilon": True}},
+         "algorithm.estimator_options.epsilon=True is true or false; estimator 'grpo' takes a number there"),
+        ({"actor_rollout_ref.rollout.agent_loop": "tool_calling", "actor_rollout_ref.rollout.agent.options": {"max_turns": 2.5}},
+         "actor_rollout_ref.rollout.agent.options.max_turns=2.5 is a number; agent loop 'tool_calling' takes an integer "
+         "there (default 4)"),
+        ({"algorithm.batch_hooks": ["dynamic_sampling"], "algorithm.batch_hook_options": {"dynamic_sampling": {"metric": 1}}},
+         "algorithm.batch_hook_options['dynamic_sampling'].metric=1 is an integer; hook 'dynamic_sampling' takes text"),
+        # ranks against the CPUs of the local Ray instance (a quarter CPU per CPU rank): no machine of < 257 cores
+        ({"trainer.placement": "split", "trainer.rollout_ranks": 1024, "data.train_batch_size": 1024},
+         "trainer.rollout_ranks=1024 with trainer.placement=split beside trainer.n_gpus_per_node=2 training ranks asks "
+         "for 1026 ranks of 0.25 CPU each (trainer.device='cpu'), but this machine has"),
+        ({"trainer.n_gpus_per_node": 2048}, "trainer.n_gpus_per_node=2048 training ranks ask for 2048 ranks of 0.25 CPU "
+         "each (trainer.device='cpu'), but this machine has"),
+        # the server's address
+        ({"actor_rollout_ref.rollout.agent_loop": "tool_calling", "actor_rollout_ref.rollout.mode": "server",
+          "actor_rollout_ref.rollout.server.host": "192.0.2.1"},
+         "actor_rollout_ref.rollout.server.host='192.0.2.1' is not an address of this machine"),
+        ({"actor_rollout_ref.rollout.agent_loop": "tool_calling", "actor_rollout_ref.rollout.mode": "server",
+          "actor_rollout_ref.rollout.server.host": "no-such-host.invalid"},
+         "actor_rollout_ref.rollout.server.host='no-such-host.invalid' is not an address this machine resolves"),
     ],
 )
 def test_each_invalid_setting_names_key_value_and_allowed(overrides, message):
@@ -72,3 +106,62 @@ def test_all_problems_are_reported_at_once():
     with pytest.raises(ConfigError) as err:
         check_config(cfg(**{"actor_rollout_ref.rollout.n": 0, "trainer.device": "tpu"}))
     assert "rollout.n=0" in str(err.value) and "trainer.device='tpu'" in str(err.value)
+
+
+def test_an_option_takes_a_value_of_its_defaults_type():
+    defaults = {"ratio": 0.2, "turns": 4, "flag": True, "name": "x", "anything": None}
+    good = {"ratio": 1, "turns": 2, "flag": False, "name": "y", "anything": [1, "a"]}
+    assert option_problems("k", good, defaults, "loss 'l'") == []
+    assert option_problems("k", {"ratio": 0.5}, defaults, "loss 'l'") == []
+    bad = {"ratio": True, "turns": 2.0, "flag": 1, "name": 3, "typo": 1}
+    assert option_problems("k", bad, defaults, "loss 'l'") == [
+        f"k has ['typo']; loss 'l' takes {defaults}",
+        "k.ratio=True is true or false; loss 'l' takes a number there (default 0.2)",
+        "k.turns=2.0 is a number; loss 'l' takes an integer there (default 4)",
+        "k.flag=1 is an integer; loss 'l' takes true or false there (default True)",
+        "k.name=3 is an integer; loss 'l' takes text there (default 'x')",
+    ]
+
+
+def test_room_for_the_ranks_is_left_to_the_cluster_given_an_address(monkeypatch):
+    split = {"trainer.placement": "split", "trainer.rollout_ranks": 1024, "data.train_batch_size": 1024}
+    assert any("this machine has" in p for p in config_problems(cfg(**split)))
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
+    assert not any("this machine has" in p for p in config_problems(cfg(**split)))
+    assert not any("this machine has" in p for p in config_problems(cfg(**split, **{"trainer.ray_address": "auto"})))
+
+
+SERVER = {"actor_rollout_ref.rollout.agent_loop": "tool_calling", "actor_rollout_ref.rollout.mode": "server"}
+
+
+def test_a_busy_server_port_is_refused_and_a_free_one_passes():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        problems = config_problems(cfg(**SERVER, **{"actor_rollout_ref.rollout.server.port": port}))
+        assert (f"actor_rollout_ref.rollout.server.port={port}: port {port} on 127.0.0.1 is in use (Address already in "
+                "use); use a free port, or 0 to let the server pick one (the URL is logged)") in problems
+    for free in ({}, {"actor_rollout_ref.rollout.server.port": port}):  # port 0 (any free one), the port let go
+        assert not any("rollout.server" in p for p in config_problems(cfg(**SERVER, **free)))
+
+
+def test_bad_data_files_name_their_key_and_file(tmp_path):
+    row = {"data_source": "d", "prompt": "1+1=", "reward_model": {"ground_truth": "2"}}
+    good, no_rows, text = tmp_path / "good.parquet", tmp_path / "no_rows.parquet", tmp_path / "text.parquet"
+    pq.write_table(pa.Table.from_pylist([row]), good)
+    pq.write_table(pa.Table.from_pylist([row]).slice(0, 0), no_rows)
+    text.write_text("not parquet")
+    with pytest.raises(ConfigError) as err:
+        dataset_rows(cfg(**{"data.val_files": [str(no_rows)]}).data, [str(text)], [str(no_rows)])
+    lines = str(err.value).splitlines()
+    assert lines[1].startswith(f"  - data.train_files: {text}: not a readable parquet file")
+    assert lines[2].startswith(f"  - data.val_files: {no_rows}: the file has no rows; allowed: parquet files with rows")
+    train, val = dataset_rows(cfg().data, [str(good)], [str(good)])  # no data.val_files: the training rows validate
+    assert train == [row] and val is train
+    # the synthetic task's own validation split (resolve_data_files gives it without data.val_files) is what
+    # validates, not the training rows: taking those made a vLLM e2e run validate on every training prompt (3x)
+    other = tmp_path / "val.parquet"
+    pq.write_table(pa.Table.from_pylist([{**row, "prompt": "2+2="}] * 3), other)
+    train, val = dataset_rows(cfg().data, [str(good)], [str(other)])
+    assert train == [row] and len(val) == 3 and val[0]["prompt"] == "2+2="

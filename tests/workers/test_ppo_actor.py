@@ -113,7 +113,7 @@ def test_kl_loss_is_the_estimator_value_and_pulls_the_policy_towards_the_referen
 
 
 def test_unknown_policy_loss_option_is_an_error():
-    with pytest.raises(ValueError, match=r"has \['clip'\], which policy loss 'vanilla' does not take"):
+    with pytest.raises(ValueError, match=r"policy_loss_options has \['clip'\]; policy loss 'vanilla' takes"):
         make_actor(tiny_model(), micro=8, policy_loss_options={"clip": 0.1})
 
 

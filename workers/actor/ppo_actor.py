@@ -98,12 +98,12 @@ class PPOActor:
         self.dp_group = dp_group
         self.dp_size = dist.get_world_size(dp_group) if dp_group is not None else 1
         self.policy_loss = get_policy_loss(config.policy_loss)
-        unknown = set(config.policy_loss_options) - set(self.policy_loss.options)
+        # the config check (trainer/config_checks.py) refuses these before Ray starts; this is for a config that
+        # reached the worker another way, in one line that names the key
+        unknown = sorted(set(config.policy_loss_options) - set(self.policy_loss.options))
         if unknown:
-            raise ValueError(
-                f"actor.policy_loss_options has {sorted(unknown)}, which policy loss {config.policy_loss!r} "
-                f"does not take; its options are {self.policy_loss.options}"
-            )
+            raise ValueError(f"actor_rollout_ref.actor.policy_loss_options has {unknown}; policy loss "
+                             f"{config.policy_loss!r} takes {self.policy_loss.options}")
 
     @torch.no_grad()
     def compute_log_prob(
