@@ -602,7 +602,9 @@ class TrainerConfig:
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     """Metric sinks: ``console``, ``jsonl`` (``metrics.jsonl`` in the run directory), ``wandb``
     (offline under the run directory unless ``WANDB_API_KEY`` or ``WANDB_MODE`` is set),
-    ``tensorboard`` (event files in ``tensorboard/`` of the run directory; ``pip install hybridflow[tensorboard]``)."""
+    ``tensorboard`` (event files in ``tensorboard/`` of the run directory; ``pip install hybridflow[tensorboard]``).
+    ``metrics.jsonl`` is written whether ``jsonl`` is listed or not (``[console,wandb]`` logs to all three): it is
+    what ``hybridflow compare`` reads, and a resumed run rewinds it to its checkpoint's step."""
     project_name: str = "hybridflow"
     """Project name for loggers."""
     experiment_name: str = "default"

@@ -2,10 +2,14 @@
 
 ::
 
-    python -m hybridflow.data.preprocess gsm8k --input test-00000-of-00001.parquet --output data/gsm8k
-    python -m hybridflow.data.preprocess math --input train.jsonl --output data/math --split train
-    python -m hybridflow.data.preprocess synthetic --output data/synthetic --train-size 8192
-    python -m hybridflow.data.preprocess synthetic_tool --output data/synthetic_tool
+    python -m hybridflow.data.preprocess gsm8k --input test-00000-of-00001.parquet   # to ~/data/gsm8k
+    python -m hybridflow.data.preprocess math --input train.jsonl --split train       # to ~/data/math
+    python -m hybridflow.data.preprocess synthetic --train-size 8192                  # to ~/data/synthetic
+    python -m hybridflow.data.preprocess synthetic_tool --output runs/tool_data
+
+The output directory is ``--output``, by default ``~/data/<dataset>`` as in
+veRL's examples (``configs/data/gsm8k.yaml`` reads ``~/data/gsm8k``): a
+dataset lives outside the source tree, whatever directory the command runs in.
 
 Input files are the datasets as a user downloads them, jsonl or parquet:
 GSM8K rows have ``question`` and ``answer`` (the reasoning, then
@@ -34,6 +38,9 @@ from hybridflow.rewards.gsm8k import ground_truth_answer
 from hybridflow.rewards.math_answer import last_boxed
 
 logger = logging.getLogger(__name__)
+
+DEFAULT_OUTPUT_ROOT = "~/data"
+"""Where each dataset's directory goes when ``--output`` is not given (``~/data/gsm8k``, as veRL's examples)."""
 
 GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 MATH_INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
@@ -125,6 +132,11 @@ def write_rows(rows: list[dict[str, Any]], output_dir: str, split: str) -> str:
     return path
 
 
+def default_output(dataset: str) -> str:
+    """The output directory of ``dataset`` when ``--output`` is not given: ``~/data/<dataset>``, expanded."""
+    return os.path.join(os.path.expanduser(DEFAULT_OUTPUT_ROOT), dataset)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m hybridflow.data.preprocess", description="Convert public datasets to the training schema (veRL parquet)."
@@ -133,13 +145,14 @@ def _parser() -> argparse.ArgumentParser:
     for name in ("gsm8k", "math"):
         p = sub.add_parser(name, help=f"convert a downloaded {name.upper()} file (jsonl or parquet)")
         p.add_argument("--input", required=True, help="the downloaded file")
-        p.add_argument("--output", required=True, help="output directory (gets <split>.parquet)")
+        p.add_argument("--output",
+                       help=f"output directory (gets <split>.parquet; default {DEFAULT_OUTPUT_ROOT}/{name})")
         p.add_argument("--split", help="split name (default: test if the file name says so, else train)")
         if name == "math":
             p.add_argument("--data-source", default="lighteval/MATH", help="data_source of the rows (routes the reward)")
     for name, task in (("synthetic", "the synthetic arithmetic task"), ("synthetic_tool", "the synthetic tool task")):
         p = sub.add_parser(name, help=f"generate {task}")
-        p.add_argument("--output", required=True)
+        p.add_argument("--output", help=f"output directory (default {DEFAULT_OUTPUT_ROOT}/{name})")
         p.add_argument("--train-size", type=int)
         p.add_argument("--val-size", type=int)
         p.add_argument("--seed", type=int, default=0)
@@ -149,6 +162,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> dict[str, str]:
     """Run the command line; returns split name -> written parquet path."""
     args = _parser().parse_args(argv)
+    args.output = default_output(args.dataset) if args.output is None else os.path.expanduser(args.output)
     if args.dataset in ("synthetic", "synthetic_tool"):
         from hybridflow.data import SYNTHETIC_GENERATORS  # written alongside, imported only when asked
 

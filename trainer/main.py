@@ -29,6 +29,7 @@ from hybridflow.configs.schema import PPOConfig, register_configs
 from hybridflow.trainer.config_checks import ConfigError, check_config, check_datasets, config_warnings, dataset_rows
 from hybridflow.trainer.overrides import override_problems
 from hybridflow.trainer.ppo_trainer import RunSummary
+from hybridflow.trainer.run_dir import remove_unused_run_dir
 from hybridflow.trainer.sweep import current_job, logger_names, run_sweep_job
 
 logger = logging.getLogger("hybridflow.train")
@@ -201,22 +202,41 @@ def _reward_manager(config: PPOConfig):
 
 
 def format_summary(summary: RunSummary, config: PPOConfig) -> str:
-    """The table printed at the end of a run."""
-    def accuracy(metrics: dict[str, float]) -> str:
-        return f"{metrics['val/accuracy']:.3f}" if "val/accuracy" in metrics else "not run (trainer.test_freq=0)"
+    """The table printed at the end of a run: what it reached, and where it wrote it."""
+    resumed = summary.resumed_at is not None
 
+    def accuracy(metrics: dict[str, float]) -> str:
+        if "val/accuracy" in metrics:
+            return f"{metrics['val/accuracy']:.3f}"
+        if config.trainer.test_freq == 0:
+            return "not run (trainer.test_freq=0)"
+        return f"not run (resumed at step {summary.resumed_at})" if resumed else "not run"
+
+    before = accuracy(summary.val_before)
+    if resumed and "val/accuracy" in summary.val_before:
+        before += " (the first run's, at step 0)"
     rows = [
         ("estimator", config.algorithm.adv_estimator),
-        ("steps", str(summary.steps)),
-        ("validation accuracy before", accuracy(summary.val_before)),
+        ("steps", str(summary.steps) + (f" (resumed at step {summary.resumed_at})" if resumed else "")),
+        ("validation accuracy before", before),
         ("validation accuracy after", accuracy(summary.val_after)),
         ("train score (last step)", f"{summary.last_metrics.get('score/mean', float('nan')):.3f}"),
         ("wall time", f"{summary.wall_time_s:.1f} s"),
+        ("run directory", str(summary.run_dir) if summary.run_dir is not None else "-"),
+        ("checkpoints", _checkpoints_row(summary, config)),
+        ("hf export", "none (trainer.save_hf_on_end=false)" if summary.hf_export is None else str(summary.hf_export)),
     ]
     width = max(len(k) for k, _ in rows)
     lines = ["", "hybridflow run summary", "-" * (width + 20)]
     lines += [f"{k.ljust(width)}  {v}" for k, v in rows]
     return "\n".join(lines)
+
+
+def _checkpoints_row(summary: RunSummary, config: PPOConfig) -> str:
+    """How many checkpoints the run saved and kept, and the last one's path."""
+    if not summary.checkpoints:
+        return "none saved" + (" (trainer.save_freq=0)" if config.trainer.save_freq == 0 else "")
+    return f"{len(summary.checkpoints)} saved, {summary.checkpoints_kept} kept, last: {summary.checkpoints[-1]}"
 
 
 def train(cfg: DictConfig, facts: dict[str, Any] | None = None) -> float:
@@ -227,7 +247,8 @@ def train(cfg: DictConfig, facts: dict[str, Any] | None = None) -> float:
         logger.warning(warning)
     trainer = config.trainer
     trainer.run_group, trainer.run_name = logger_names(trainer.run_group, trainer.run_name, trainer.experiment_name)
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    run_dir = Path(HydraConfig.get().runtime.output_dir).resolve()
+    logger.info("run directory: %s", run_dir)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     summary = build_and_fit(config, run_dir, facts)
     print(format_summary(summary, config), file=sys.stdout, flush=True)
@@ -239,7 +260,8 @@ def hydra_main(cfg: DictConfig) -> float:
     """Hydra's task function; returns the final validation accuracy (for sweepers; NaN for a failed sweep job).
 
     A single run raises its errors, except two that end it with a message
-    and no traceback: an invalid config (exit status 2) and Ctrl-C (130,
+    and no traceback: an invalid config (exit status 2; the run directory
+    Hydra made goes too when the run wrote nothing into it) and Ctrl-C (130,
     after ``fit`` logged the step it reached). Under ``--multirun`` a
     failing job is logged and recorded in its directory and the next job starts.
     """
@@ -249,6 +271,7 @@ def hydra_main(cfg: DictConfig) -> float:
             return train(cfg)
         except ConfigError as err:
             print(f"hybridflow-train: {err}", file=sys.stderr, flush=True)
+            remove_unused_run_dir()
             sys.exit(2)
         except KeyboardInterrupt:
             sys.exit(130)

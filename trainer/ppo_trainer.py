@@ -15,6 +15,7 @@ import logging
 import sys
 import time
 import uuid
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from hybridflow.configs.schema import PPOConfig
 from hybridflow.agents.runner import AGENT_METRICS_PREFIX
@@ -53,7 +55,15 @@ from hybridflow.trainer.kl_control import KLController, apply_kl_penalty
 from hybridflow.trainer.metrics import StageTimer, compute_data_metrics, throughput_metrics
 from hybridflow.trainer.prompt_loader import PromptLoader, PromptSet
 from hybridflow.trainer.rollout_modes import rollout_source, weight_sync, with_prompt_columns
-from hybridflow.trainer.tracking import GENERATION_COLUMNS, RunInfo, Tracking, generation_rows
+from hybridflow.trainer.tracking import (
+    GENERATION_COLUMNS,
+    GENERATIONS_TABLE,
+    METRICS_FILE,
+    RunInfo,
+    Tracking,
+    generation_rows,
+    read_step,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -65,8 +75,19 @@ class RunSummary:
     steps: int = 0
     wall_time_s: float = 0.0
     val_before: dict[str, float] = field(default_factory=dict)
+    """The validation before the first step; on a resumed run, the first run's (from ``metrics.jsonl``)."""
     val_after: dict[str, float] = field(default_factory=dict)
     last_metrics: dict[str, float] = field(default_factory=dict)
+    run_dir: Path | None = None
+    """The run directory, absolute."""
+    resumed_at: int | None = None
+    """The step of the checkpoint this run resumed from; None for a run that started afresh."""
+    checkpoints: list[Path] = field(default_factory=list)
+    """The checkpoints this run saved, oldest first (older ones may have been pruned: ``trainer.max_ckpt_to_keep``)."""
+    checkpoints_kept: int = 0
+    """How many checkpoints the checkpoint directory holds at the end."""
+    hf_export: Path | None = None
+    """The transformers directory written at the end (``trainer.save_hf_on_end``), if any."""
 
 
 class PPOTrainer:
@@ -147,33 +168,40 @@ class PPOTrainer:
             if self.agents is not None:
                 self.agents.close()
         summary.steps = self.global_step
+        summary.checkpoints_kept = len(ckpt.list_checkpoints(self.checkpoint_root))
         summary.val_after = {k: v for k, v in summary.last_metrics.items() if k.startswith("val/")}
         summary.wall_time_s = time.perf_counter() - start
         return summary
 
     def _fit(self, summary: RunSummary) -> None:
-        resumed = self.resume()
-        # a resumed run logged this step's validation before it stopped: log each step once
-        if self.config.trainer.test_freq > 0 and not resumed:
+        summary.run_dir = self.run_dir.resolve()
+        if self.resume():
+            summary.resumed_at = self.global_step
+            # a resumed run logged this step's validation before it stopped: log each step once, and
+            # report the first run's validation before training (logged at step 0) as this run's
+            summary.val_before = {k: v for k, v in read_step(self.run_dir / METRICS_FILE, 0).items()
+                                  if k.startswith("val/")}
+        elif self.config.trainer.test_freq > 0:
             summary.val_before = self.validate()
             self.tracking.log(summary.val_before, self.global_step)
         last_val = summary.val_before.get("val/accuracy", float("nan"))
-        progress = Progress(self.total_steps, self.global_step)
-        while self.global_step < self.total_steps:
-            metrics = self.train_step()
-            self.global_step += 1
-            last = self.global_step == self.total_steps
-            if self.config.trainer.test_freq > 0 and (self._due(self.config.trainer.test_freq) or last):
-                metrics.update(self.validate())
-            if self._due(self.config.trainer.save_freq) or (last and self.config.trainer.save_freq > 0):
-                self.save_checkpoint()
-            self.tracking.log(metrics, self.global_step)
-            last_val = metrics.get("val/accuracy", last_val)
-            progress.update(score=metrics["score/mean"], val_acc=last_val)
-            summary.last_metrics = metrics
-        progress.close()
+        with Progress(self.total_steps, self.global_step) as progress:  # log lines print above its bar
+            while self.global_step < self.total_steps:
+                metrics = self.train_step()
+                self.global_step += 1
+                last = self.global_step == self.total_steps
+                if self.config.trainer.test_freq > 0 and (self._due(self.config.trainer.test_freq) or last):
+                    metrics.update(self.validate())
+                if self._due(self.config.trainer.save_freq) or (last and self.config.trainer.save_freq > 0):
+                    summary.checkpoints.append(self.save_checkpoint())
+                self.tracking.log(metrics, self.global_step)
+                last_val = metrics.get("val/accuracy", last_val)
+                progress.update(score=metrics["score/mean"], val_acc=last_val)
+                summary.last_metrics = metrics
         if self.config.trainer.save_hf_on_end:  # the final policy as a transformers directory
-            self.actor.save_hf_model(str(self.run_dir / "hf_model"))
+            summary.hf_export = (self.run_dir / "hf_model").resolve()
+            self.actor.save_hf_model(str(summary.hf_export))
+            logger.info("exported the policy as a transformers model: %s", summary.hf_export)
 
     def train_step(self) -> dict[str, float]:
         """One RL step: the seven stages of DESIGN.md, in order (1-4 in :meth:`rollout`)."""
@@ -356,7 +384,7 @@ class PPOTrainer:
             sources.extend(out.non_tensor_batch[DATA_SOURCE].tolist())
             shown += generation_rows(out, scores[-1].tolist(), self.tokenizer, keep - len(shown))
         if shown:
-            self.tracking.log_table("val/generations", GENERATION_COLUMNS, shown, self.global_step)
+            self.tracking.log_table(GENERATIONS_TABLE, GENERATION_COLUMNS, shown, self.global_step)
         all_scores = torch.cat(scores)
         metrics = {"val/accuracy": (all_scores >= 1.0).float().mean().item(), "val/score": all_scores.mean().item()}
         for source in sorted(set(sources)):
@@ -366,7 +394,8 @@ class PPOTrainer:
 
     # ---------------------------------------------------------- checkpoints
     def save_checkpoint(self) -> Path:
-        """Sharded worker state plus the driver's position, published atomically."""
+        """Sharded worker state plus the driver's position, published atomically; returns its (absolute) path,
+        which is logged."""
         staged = ckpt.staging_dir(self.checkpoint_root, self.global_step)
         staged.mkdir(parents=True, exist_ok=True)
         self.actor.save_checkpoint(str(staged))
@@ -377,7 +406,9 @@ class PPOTrainer:
         driver_state = {"global_step": self.global_step, "loader": loader, "rollout_batches": batches,
                         "kl_coef": self.kl_ctrl.value}
         (staged / ckpt.DRIVER_STATE).write_text(json.dumps(driver_state))
-        return ckpt.publish(self.checkpoint_root, self.global_step, self.config.trainer.max_ckpt_to_keep)
+        path = ckpt.publish(self.checkpoint_root, self.global_step, self.config.trainer.max_ckpt_to_keep).resolve()
+        logger.info("saved checkpoint of step %d: %s", self.global_step, path)
+        return path
 
     def resume(self) -> bool:
         """Load the checkpoint ``trainer.resume_mode`` names (auto: the latest, if any); whether one was loaded."""
@@ -397,7 +428,9 @@ class PPOTrainer:
         self.source.drawn = state.get("rollout_batches", self.global_step)  # batch indices (and seeds) continue
         self.kl_ctrl.value = state["kl_coef"]
         self.sync_weights()  # the loaded weights to a rollout of its own
-        logger.info("resumed from %s at step %d", path, self.global_step)
+        # a run killed after its last checkpoint logged steps it will train again: drop them (metrics.jsonl)
+        self.tracking.rewind(self.global_step)
+        logger.info("resumed from %s at step %d", path.resolve(), self.global_step)
         return True
 
     # -------------------------------------------------------------- helpers
@@ -410,12 +443,25 @@ class PPOTrainer:
 
 
 class Progress:
-    """The step counter: a tqdm bar on a terminal; in a redirected log one plain line per tenth of the run."""
+    """The step counter: a tqdm bar on a terminal; in a redirected log one plain line per tenth of the run.
+
+    Used as a context manager: while the bar is shown, the root logger's console lines go through
+    ``tqdm.write`` (``logging_redirect_tqdm``), which prints each above the bar instead of into its line.
+    """
 
     def __init__(self, total: int, initial: int) -> None:
         self.total, self.step = total, initial
         self.bar = tqdm(total=total, initial=initial, desc="training", unit="step", dynamic_ncols=True) if sys.stderr.isatty() else None
         self.every = max(1, total // 10)
+        self._redirect = ExitStack()
+
+    def __enter__(self) -> Progress:
+        if self.bar is not None:
+            self._redirect.enter_context(logging_redirect_tqdm())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def update(self, **values: float) -> None:
         """One more step done; ``values`` are shown beside the count."""
@@ -428,9 +474,10 @@ class Progress:
             logger.info("training: step %d/%d %s", self.step, self.total, " ".join(f"{k}={v}" for k, v in shown.items()))
 
     def close(self) -> None:
-        """Finish the bar (nothing to do for plain lines)."""
+        """Finish the bar and give the console back to the log handlers (nothing to do for plain lines)."""
         if self.bar is not None:
             self.bar.close()
+        self._redirect.close()
 
 
 def run_info(config: PPOConfig, run_dir: Path) -> RunInfo:

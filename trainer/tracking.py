@@ -5,7 +5,9 @@ line per step through ``logging``), ``jsonl`` (every metric of every step in
 ``metrics.jsonl`` in the run directory), ``wandb`` (a W&B run, offline without
 an account) and ``tensorboard`` (event files under ``tensorboard/`` in the run
 directory). Each implements ``log``, ``log_table`` and ``close``; ``SINKS``
-names them.
+names them. ``jsonl`` is always on, whatever ``trainer.logger`` lists:
+``metrics.jsonl`` is the run's own record (``hybridflow compare`` reads it,
+a resumed run rewinds it with :meth:`Tracking.rewind`).
 
 Tables are rows of text and numbers under named columns, such as the
 validation generations (:data:`GENERATION_COLUMNS`, rows from
@@ -38,6 +40,15 @@ Row = Sequence[Any]
 
 GENERATION_COLUMNS = ("prompt", "response", "ground_truth", "score")
 """The columns of the validation generations table (``trainer.log_val_generations``)."""
+
+GENERATIONS_TABLE = "val/generations"
+"""The name of the validation generations table."""
+
+KNOWN_TABLES = (GENERATIONS_TABLE,)
+"""The tables the trainer logs: a resumed run rewinds their ``jsonl`` files with ``metrics.jsonl``."""
+
+METRICS_FILE = "metrics.jsonl"
+"""Every metric of every step, in the run directory (written whatever ``trainer.logger`` lists)."""
 
 CONSOLE_TEXT_CHARS = 200
 """The console shows at most this many characters of each text cell."""
@@ -119,10 +130,63 @@ class JsonlSink:
         file.write(json.dumps(clean) + "\n")
         file.flush()
 
+    def rewind(self, step: int) -> None:
+        """Drop what was logged after ``step`` from ``metrics.jsonl`` and the tables written beside it (a run
+        resumed from the checkpoint of ``step`` logs those steps again)."""
+        self.close()
+        tables = [self.path.parent / f"{name.replace('/', '_')}.jsonl" for name in KNOWN_TABLES]
+        for path in (self.path, *tables):
+            drop_steps_after(path, step)
+        self._file = self.path.open("a", encoding="utf-8")
+        self._tables = {}
+
     def close(self) -> None:
         self._file.close()
         for file in self._tables.values():
             file.close()
+
+
+def drop_steps_after(path: str | Path, step: int) -> int:
+    """Rewrite the JSON lines file ``path`` without its records of steps after ``step``, atomically (written
+    beside it, then renamed over it); a line that is not a JSON record (a write cut short by a kill) goes too.
+    Returns how many lines were dropped; a missing file is left missing."""
+    path = Path(path)
+    if not path.is_file():
+        return 0
+    kept, dropped = [], 0
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+            keep = isinstance(record, dict) and int(record.get("step", 0)) <= step
+        except (ValueError, TypeError):
+            keep = False
+        if keep:
+            kept.append(line + "\n")
+        else:
+            dropped += 1
+    if dropped:
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text("".join(kept), encoding="utf-8")
+        os.replace(tmp, path)
+        logger.info("%s: dropped %d line(s) logged after step %d (resumed from its checkpoint)", path, dropped, step)
+    return dropped
+
+
+def read_step(path: str | Path, step: int) -> dict[str, Any]:
+    """The metrics logged for ``step`` in the JSON lines file ``path`` (merged when several lines hold it);
+    empty when the file or the step is missing."""
+    path = Path(path)
+    found: dict[str, Any] = {}
+    if not path.is_file():
+        return found
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("step") == step:
+            found.update({k: v for k, v in record.items() if k != "step"})
+    return found
 
 
 @dataclass(frozen=True)
@@ -212,21 +276,22 @@ class TensorBoardSink:
 
 SINKS: dict[str, Callable[[RunInfo], MetricSink]] = {
     "console": lambda info: ConsoleSink(),
-    "jsonl": lambda info: JsonlSink(info.run_dir / "metrics.jsonl"),
+    "jsonl": lambda info: JsonlSink(info.run_dir / METRICS_FILE),
     "wandb": WandbSink,
     "tensorboard": TensorBoardSink,
 }
 
 
 class Tracking:
-    """Fans every ``log`` call out to the configured sinks."""
+    """Fans every ``log`` call out to the configured sinks, and always to ``jsonl`` (``metrics.jsonl``)."""
 
     def __init__(self, backends: list[str], info: RunInfo) -> None:
         unknown = [b for b in backends if b not in SINKS]
         if unknown:
             raise ValueError(f"trainer.logger has unknown back-end(s) {unknown}; allowed: {', '.join(SINKS)}")
         Path(info.run_dir).mkdir(parents=True, exist_ok=True)
-        self.sinks: list[MetricSink] = [SINKS[backend](info) for backend in backends]
+        names = list(dict.fromkeys([*backends, "jsonl"]))  # listed or not, once
+        self.sinks: list[MetricSink] = [SINKS[backend](info) for backend in names]
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         """Send ``metrics`` of ``step`` to every sink."""
@@ -237,6 +302,13 @@ class Tracking:
         """Send the table ``name`` of ``step`` (``rows``, each a value per one of ``columns``) to every sink."""
         for sink in self.sinks:
             sink.log_table(name, columns, rows, step)
+
+    def rewind(self, step: int) -> None:
+        """Forget what was logged after ``step`` where it can be rewritten (``metrics.jsonl`` and its tables):
+        a run resumed from the checkpoint of ``step`` logs each later step once."""
+        for sink in self.sinks:
+            if isinstance(sink, JsonlSink):
+                sink.rewind(step)
 
     def close(self) -> None:
         """Close every sink."""

@@ -75,3 +75,26 @@ def test_synthetic_subcommand_as_a_module(tmp_path):
     val, _ = load_rows(str(out / "val.parquet"))
     assert (len(train), len(val)) == (50, 10)
     assert train[0]["data_source"] == "synthetic/arithmetic"
+
+
+def test_default_output_is_home_data_outside_the_tree_and_data_gsm8k_reads_it(tmp_path, monkeypatch):
+    """Without ``--output`` GSM8K goes to ``~/data/gsm8k`` (veRL's place), whatever the working directory (the
+    repository root is the package: ``data/gsm8k`` there is inside it); ``data=gsm8k`` reads the same files."""
+    from hydra import compose, initialize_config_dir
+
+    from hybridflow.configs import CONFIG_DIR
+    from hybridflow.configs.schema import register_configs
+
+    home, work = tmp_path / "home", tmp_path / "work"
+    work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    source = write_jsonl(tmp_path / "test.jsonl", GSM8K_RECORDS)
+    paths = main(["gsm8k", "--input", source])
+    assert paths == {"test": str(home / "data" / "gsm8k" / "test.parquet")}
+    assert list(work.iterdir()) == []
+    register_configs()
+    with initialize_config_dir(CONFIG_DIR, version_base=None):
+        cfg = compose("ppo_trainer", overrides=["data=gsm8k"])
+    assert list(cfg.data.val_files) == [paths["test"]]
+    assert list(cfg.data.train_files) == [str(home / "data" / "gsm8k" / "train.parquet")]

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from hybridflow.configs.schema import PPOConfig
 from hybridflow.data.synthetic import generate_synthetic
 from hybridflow.trainer.checkpoint import list_checkpoints
-from hybridflow.trainer.main import build_and_fit
+from hybridflow.trainer.main import build_and_fit, format_summary
 
 pytestmark = pytest.mark.slow
 
@@ -51,7 +51,8 @@ def metrics(run_dir):
 # stopped after step 2 of 4 (mid-epoch: 3 steps an epoch), with the actor's and the critic's state (gae); two
 # steps to reproduce, the second across the epoch boundary (where the data order is drawn again). Validated
 # before training and every 2 steps: the stopped run validated and logged its last step, the resumed one must
-# not log it again.
+# not log it again. The stopped run is then made one that went on past its checkpoint and was killed (steps it
+# logged after it, and a line cut short): the resumed run drops them and logs each step once.
 def test_resumed_run_equals_uninterrupted_run(ray_session, tmp_path, stop_at=2, estimator="gae"):
     files = generate_synthetic(str(tmp_path / "data"), train_size=12, val_size=8, seed=0)
     straight = build_and_fit(config(files, 4, "disable", estimator, test_freq=2), tmp_path / "straight")
@@ -59,8 +60,16 @@ def test_resumed_run_equals_uninterrupted_run(ray_session, tmp_path, stop_at=2, 
     first = build_and_fit(config(files, stop_at, "disable", estimator, test_freq=2), tmp_path / "resumed")
     assert first.steps == stop_at
     assert [step for step, _ in list_checkpoints(tmp_path / "resumed" / "checkpoints")] == [stop_at]
-    second = build_and_fit(config(files, 4, "auto", estimator, test_freq=2), tmp_path / "resumed")
+    with (tmp_path / "resumed" / "metrics.jsonl").open("a") as logged:  # killed at step 4, after logging 3
+        logged.write(json.dumps({"step": stop_at + 1, "score/mean": 99.0}) + '\n{"step": 4, "scor')
+    second_config = config(files, 4, "auto", estimator, test_freq=2)
+    second = build_and_fit(second_config, tmp_path / "resumed")
     assert second.steps == 4
+    # the summary says what is true of a resumed run: the first run's validation before training (test_freq is 2)
+    rows = dict(line.split("  ", 1) for line in format_summary(second, second_config).splitlines() if "  " in line)
+    before = f"{first.val_before['val/accuracy']:.3f} (the first run's, at step 0)"
+    assert rows["validation accuracy before"].strip() == before
+    assert rows["steps"].strip() == f"4 (resumed at step {stop_at})"
     expected, got = metrics(tmp_path / "straight"), metrics(tmp_path / "resumed")
     lines = [json.loads(line) for line in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == [0, 1, 2, 3, 4]  # each step logged once: resumed, not restarted

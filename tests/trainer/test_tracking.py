@@ -11,7 +11,16 @@ from omegaconf import OmegaConf
 from hybridflow.configs.schema import PPOConfig
 from hybridflow.trainer.config_checks import ConfigError, check_config
 from hybridflow.trainer.sweep import job_run_name, logger_names, short_keys
-from hybridflow.trainer.tracking import SINKS, RunInfo, TensorBoardSink, Tracking
+from hybridflow.trainer.tracking import (
+    SINKS,
+    JsonlSink,
+    RunInfo,
+    TensorBoardSink,
+    Tracking,
+    WandbSink,
+    drop_steps_after,
+    read_step,
+)
 
 STEPS = [
     {"score/mean": 0.25, "actor/pg_loss": -0.5, "note": "not a number"},
@@ -118,7 +127,7 @@ def test_wandb_offline_run_has_the_configured_group_and_name(tmp_path, monkeypat
     info = RunInfo(run_dir=tmp_path, project="proj-x", name="lr=0.001,seed=2", group="my-sweep",
                    config={"trainer": {"seed": 2}, "installed_plugins": {"grpo": "hybridflow 0.1.0"}})
     tracking = Tracking(["wandb"], info)
-    [sink] = tracking.sinks
+    [sink] = [s for s in tracking.sinks if isinstance(s, WandbSink)]
     assert (sink.run.name, sink.run.group, sink.run.project) == ("lr=0.001,seed=2", "my-sweep", "proj-x")
     tracking.log({"score/mean": 0.5}, 1)
     tracking.log({"score/mean": 0.75}, 2)
@@ -207,3 +216,58 @@ def test_console_cuts_long_text_cells(caplog):
         ConsoleSink().log_table("t", ["text", "n"], [["x" * (CONSOLE_TEXT_CHARS + 50), 0.123456]], 1)
     [record] = caplog.records
     assert record.getMessage() == f"step 1 t[0]: text='{'x' * CONSOLE_TEXT_CHARS}...' n=0.1235"
+
+
+def read_lines(path):
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+@pytest.mark.parametrize("backends", [["console"], ["console", "wandb"], ["jsonl", "console"]])
+def test_metrics_jsonl_is_written_whatever_the_logger_lists(tmp_path, monkeypatch, backends):
+    """``hybridflow compare`` and a resume read ``metrics.jsonl``: a run that lists only console (and W&B) still
+    writes it, and one that lists ``jsonl`` writes each step once."""
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    tracking = Tracking(backends, RunInfo(run_dir=tmp_path))
+    for step, metrics in enumerate(STEPS, start=1):
+        tracking.log(metrics, step)
+    tracking.close()
+    assert sum(isinstance(s, JsonlSink) for s in tracking.sinks) == 1
+    logged = [(r["step"], r["score/mean"]) for r in read_lines(tmp_path / "metrics.jsonl")]
+    assert logged == [(1, 0.25), (2, 0.5), (3, 0.75)]
+
+
+def test_drop_steps_after_rewrites_the_file_without_later_steps_and_a_torn_line(tmp_path):
+    """A run killed at step 38 that resumes from its step-30 checkpoint: steps 31..38 go, and the line the kill cut
+    short; the file is replaced in one rename (no temporary file left beside it)."""
+    path = tmp_path / "metrics.jsonl"
+    lines = [json.dumps({"step": step, "score/mean": step / 100}) for step in range(39)]
+    path.write_text("\n".join(lines) + '\n{"step": 39, "score/me')  # killed mid-write
+    assert drop_steps_after(path, 30) == 9
+    assert [r["step"] for r in read_lines(path)] == list(range(31))
+    assert read_lines(path)[30] == {"step": 30, "score/mean": 0.3}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]
+    before = path.stat().st_mtime_ns
+    assert drop_steps_after(path, 30) == 0 and path.stat().st_mtime_ns == before  # nothing to drop: untouched
+    assert drop_steps_after(tmp_path / "missing.jsonl", 30) == 0 and not (tmp_path / "missing.jsonl").exists()
+
+
+def test_rewind_drops_later_steps_of_metrics_and_tables_and_logs_on_after_them(tmp_path):
+    from hybridflow.trainer.tracking import GENERATION_COLUMNS, GENERATIONS_TABLE
+
+    first = Tracking(["console"], RunInfo(run_dir=tmp_path))
+    for step in range(4):  # checkpoint at 2, killed after logging 3
+        first.log({"score/mean": step / 10, **({"val/accuracy": 0.25} if step == 0 else {})}, step)
+        first.log_table(GENERATIONS_TABLE, GENERATION_COLUMNS, [["p", "r", "t", float(step)]], step)
+    first.close()
+    resumed = Tracking(["console"], RunInfo(run_dir=tmp_path))  # opened before the checkpoint is loaded
+    resumed.rewind(2)
+    resumed.log({"score/mean": 0.99}, 3)
+    resumed.log_table(GENERATIONS_TABLE, GENERATION_COLUMNS, [["p", "r", "t", 9.0]], 3)
+    resumed.close()
+    assert [(r["step"], r["score/mean"]) for r in read_lines(tmp_path / "metrics.jsonl")] == [
+        (0, 0.0), (1, 0.1), (2, 0.2), (3, 0.99)]
+    assert [(r["step"], r["score"]) for r in read_lines(tmp_path / "val_generations.jsonl")] == [
+        (0, 0.0), (1, 1.0), (2, 2.0), (3, 9.0)]
+    assert read_step(tmp_path / "metrics.jsonl", 0) == {"score/mean": 0.0, "val/accuracy": 0.25}
+    assert read_step(tmp_path / "metrics.jsonl", 7) == {} and read_step(tmp_path / "missing.jsonl", 0) == {}
