@@ -271,6 +271,9 @@ class RolloutConfig:
     log_prob_max_token_len_per_gpu: Optional[int] = None
     """Their token budget per micro-batch on one rank (no activations are kept, so it can exceed the update's).
     None: ``actor.ppo_max_token_len_per_gpu``."""
+    log_prob_micro_batch_size_per_gpu: Optional[int] = None
+    """Rows per micro-batch of those passes on one rank when they are not token-budgeted (veRL's key; one
+    setting for the actor's and the reference's). None: ``actor.ppo_micro_batch_size_per_gpu``."""
     tensor_model_parallel_size: int = 1
     """Tensor-parallel degree q of the rollout layout: the ranks form groups of q consecutive ranks, each
     group holding one copy of the policy split Megatron-style and decoding the same prompts (rollout
@@ -329,7 +332,7 @@ class RolloutConfig:
             + within(self, "top_p", 0.0, 1.0, low_open=True)
             + at_least(self, 0, "top_k")
             + at_least(self, 1, "response_length")
-            + at_least(self, 1, "log_prob_max_token_len_per_gpu", optional=True)
+            + at_least(self, 1, "log_prob_max_token_len_per_gpu", "log_prob_micro_batch_size_per_gpu", optional=True)
             + within(self, "gpu_memory_utilization", 0.0, 1.0, low_open=True)
             + at_least(self, 1, "max_num_seqs", optional=True)
         )
@@ -583,6 +586,8 @@ class TrainerConfig:
     """Seed of model initialization, data order and sampling."""
     test_freq: int = 5
     """Validate every this many steps (and before the first and after the last); 0 disables."""
+    val_before_train: bool = True
+    """Validate before the first step too (when ``test_freq`` > 0), as veRL's key of that name."""
     save_freq: int = 0
     """Checkpoint every this many steps; 0 disables."""
     default_local_dir: str = "checkpoints"
@@ -627,7 +632,8 @@ class TrainerConfig:
             + at_least(self, 0, "max_staleness")
             + one_of(self, "placement", PLACEMENTS) + one_of(self, "rollout_mode", STEP_MODES)
             + at_least(self, 1, "total_training_steps", optional=True)
-            + at_least(self, 0, "test_freq", "save_freq", "max_ckpt_to_keep", "log_val_generations")
+            + at_least(self, 0, "max_ckpt_to_keep", "log_val_generations")
+            + [f"{m} (0 turns it off, as veRL's -1 does)" for m in at_least(self, 0, "test_freq", "save_freq")]
             + one_of(self, "device", DEVICES)
         )
 

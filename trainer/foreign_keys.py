@@ -38,7 +38,8 @@ class ForeignKey:
     """Overrides doing the same here; ``{value}`` becomes the user's value, ``{rest}`` the part of the key under
     a ``.*`` section. An item without ``=`` names the key to set, whose value is not the foreign one (``note``)."""
     by_value: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    """When the foreign value picks the setting: lower-cased value -> overrides (``()``: nothing to set)."""
+    """When the foreign value picks the setting: lower-cased value -> overrides (``()``: nothing to set, and a veRL
+    command line keeps going with a line saying so; the other overrides are applied when ``exact``)."""
     note: str = ""
     """How it differs, or how to get the value."""
     value_notes: Mapping[str, str] = field(default_factory=dict)
@@ -49,6 +50,14 @@ class ForeignKey:
     """A foreign value the tests put in for ``{value}``."""
     checked_with: tuple[str, ...] = ()
     """Overrides the suggestion is checked under in the tests (``note`` says when it applies)."""
+    exact: bool = False
+    """The overrides do what the foreign key does, whatever the value: a veRL command line is rewritten to them,
+    with one line at start, instead of refused (``trainer/overrides.py`` :func:`translate`)."""
+    ignored: str = ""
+    """Why the key changes nothing here, whatever its value: a veRL command line keeps going, with this line."""
+    same_as: str = ""
+    """A key of ours this one changes nothing beside when it repeats its value (``critic.model.path`` set to
+    the policy's path); any other value is refused with ``missing``."""
 
 
 A, R, M = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.model"
@@ -84,10 +93,11 @@ def _t(name: str, *here: str, **kw) -> ForeignKey:
 def _optim(p: str) -> tuple[ForeignKey, ...]:
     """veRL's optimizer keys, the same under the actor's and the critic's ``optim``."""
     return (
-        _v(f"{p}.lr_warmup_steps", p + ".warmup_steps={value}", note="0 disables it here (veRL's -1 defers to the ratio)",
-           example="10"),
+        _v(f"{p}.lr_warmup_steps", p + ".warmup_steps={value}", by_value={"-1": ()}, exact=True, example="10",
+           note="optimizer steps in both; 0 disables it here",
+           value_notes={"-1": "veRL's -1 defers to lr_warmup_steps_ratio; here no warm-up unless optim.warmup_steps is set"}),
         _v(f"{p}.lr_warmup_steps_ratio", f"{p}.warmup_steps", note="a step count here: the ratio x the run's optimizer steps"),
-        _v(f"{p}.clip_grad", p + ".grad_clip={value}"),
+        _v(f"{p}.clip_grad", p + ".grad_clip={value}", exact=True),
         _v(f"{p}.warmup_style", by_value={"constant": ()}, note=NO_COSINE, missing=NO_COSINE),
         _v(f"{p}.lr_scheduler_type", by_value={"constant": ()}, note=NO_COSINE, missing=NO_COSINE),
         _v(f"{p}.min_lr_ratio", missing=NO_COSINE),
@@ -106,15 +116,17 @@ FIXED_FSDP = "FSDP2 runs with fixed settings otherwise (offload: fsdp_config.par
 def _fsdp(theirs: str, ours: str) -> tuple[ForeignKey, ...]:
     """veRL's ``fsdp_config`` keys that ours lacks, and the shared ones where veRL's section sits elsewhere."""
     moved = () if theirs == ours else (
-        *(_v(f"{theirs}.{k}", f"{ours}.{k}={{value}}", example="true") for k in ("param_offload", "optimizer_offload")),
+        *(_v(f"{theirs}.{k}", f"{ours}.{k}={{value}}", example="true", exact=True)
+          for k in ("param_offload", "optimizer_offload")),
         _v(f"{theirs}.*", missing=FIXED_FSDP))
     compute = {k: (f"{ours}.param_dtype={v}",) for k, v in DTYPES.items()}
     return (
         *moved,
         _v(f"{theirs}.dtype", by_value=compute, missing="the compute dtype (param_dtype) is bfloat16 or float32"),
-        _v(f"{theirs}.mixed_precision.param_dtype", by_value=compute, missing="param_dtype is bfloat16 or float32"),
+        _v(f"{theirs}.mixed_precision.param_dtype", by_value=compute, missing="param_dtype is bfloat16 or float32",
+           exact=True),
         _v(f"{theirs}.mixed_precision.reduce_dtype", by_value={k: (f"{ours}.reduce_dtype={v}",) for k, v in DTYPES.items()},
-           missing="reduce_dtype is bfloat16 or float32"),
+           missing="reduce_dtype is bfloat16 or float32", exact=True),
         _v(f"{theirs}.mixed_precision.buffer_dtype", missing="no separate buffer dtype"),
         _v(f"{theirs}.model_dtype", by_value={k: (f"{M}.dtype={v}",) for k, v in DTYPES.items()},
            note="the policy's dtype serves every role", missing="actor_rollout_ref.model.dtype is bfloat16 or float32"),
@@ -134,19 +146,21 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
     # actor
     _v(f"{A}.ppo_micro_batch_size", f"{A}.ppo_micro_batch_size_per_gpu", note=PER_RANK),
     _v(f"{A}.clip_ratio", LOSS + ".clip_ratio_low={value}", LOSS + ".clip_ratio_high={value}", note=LOSS_OPTION,
-       example="0.2"),
-    _v(f"{A}.clip_ratio_low", LOSS + ".clip_ratio_low={value}", note=LOSS_OPTION, example="0.2"),
-    _v(f"{A}.clip_ratio_high", LOSS + ".clip_ratio_high={value}", note=LOSS_OPTION, example="0.28"),
-    _v(f"{A}.clip_ratio_c", LOSS + ".clip_ratio_c={value}", note=LOSS_OPTION + " (dual clip)", example="3.0"),
-    _v(f"{A}.tau_pos", LOSS + ".tau_pos={value}", note="an option of the sapo loss", checked_with=(f"{A}.policy_loss=sapo",)),
+       example="0.2", exact=True),
+    _v(f"{A}.clip_ratio_low", LOSS + ".clip_ratio_low={value}", note=LOSS_OPTION, example="0.2", exact=True),
+    _v(f"{A}.clip_ratio_high", LOSS + ".clip_ratio_high={value}", note=LOSS_OPTION, example="0.28", exact=True),
+    _v(f"{A}.clip_ratio_c", LOSS + ".clip_ratio_c={value}", note=LOSS_OPTION + " (dual clip)", example="3.0",
+       exact=True),
+    _v(f"{A}.tau_pos", LOSS + ".tau_pos={value}", note="an option of the sapo loss", checked_with=(f"{A}.policy_loss=sapo",),
+       exact=True),
     _v(f"{A}.tau_neg", LOSS + ".tau_neg={value}", note="an option of the sapo loss", example="1.05",
-       checked_with=(f"{A}.policy_loss=sapo",)),
-    _v(f"{A}.policy_loss.loss_mode", f"{A}.policy_loss={{value}}", example="gspo"),
+       checked_with=(f"{A}.policy_loss=sapo",), exact=True),
+    _v(f"{A}.policy_loss.loss_mode", f"{A}.policy_loss={{value}}", example="gspo", exact=True),
     *(_v(f"{A}.policy_loss.{k}", LOSS + f".{k}={{value}}", note="an option of the clip_cov loss", example=x,
-         checked_with=(f"{A}.policy_loss=clip_cov",))
+         checked_with=(f"{A}.policy_loss=clip_cov",), exact=True)
       for k, x in (("clip_cov_ratio", "0.0002"), ("clip_cov_lb", "1.0"), ("clip_cov_ub", "5.0"))),
     *(_v(f"{A}.policy_loss.{k}", LOSS + f".{k}={{value}}", note="an option of the kl_cov loss", example=x,
-         checked_with=(f"{A}.policy_loss=kl_cov",))
+         checked_with=(f"{A}.policy_loss=kl_cov",), exact=True)
       for k, x in (("kl_cov_ratio", "0.0002"), ("ppo_kl_coef", "0.1"))),
     _v(f"{A}.loss_scale_factor", missing="seq-mean-token-sum-norm divides by the padded response length "
        "(rollout.response_length); there is no separate constant"),
@@ -158,32 +172,28 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
             "trainer.save_hf_on_end=true, or hybridflow export of a checkpoint"),
     _v(f"{A}.checkpoint.*", missing="a checkpoint always holds the sharded model, optimizer and data position "
        "(trainer.save_freq)"),
-    _v(f"{A}.grad_clip", A + ".optim.grad_clip={value}"),
+    _v(f"{A}.grad_clip", A + ".optim.grad_clip={value}", exact=True),
     _v(f"{A}.entropy_from_logits_with_chunking", missing="entropy is computed from the full logits, unchunked"),
     _v(f"{A}.entropy_checkpointing", missing="entropy is computed from the full logits, without recomputation"),
     _v(f"{A}.data_loader_seed", "trainer.seed={value}", note="one seed for initialization, data order and sampling"),
     # reference
-    _v("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", f"{A}.ppo_micro_batch_size_per_gpu",
-       note="the reference's forward passes use the actor's micro-batch"),
-    _v("actor_rollout_ref.ref.log_prob_micro_batch_size", f"{A}.ppo_micro_batch_size_per_gpu",
-       note="the reference's forward passes use the actor's micro-batch, per rank"),
-    *(_v(f"actor_rollout_ref.ref.{k}", f"{R}.{k}={{value}}", example=x,
+    _v("actor_rollout_ref.ref.log_prob_micro_batch_size", f"{R}.log_prob_micro_batch_size_per_gpu", note=PER_RANK),
+    *(_v(f"actor_rollout_ref.ref.{k}", f"{R}.{k}={{value}}", example=x, exact=True,
          note="the reference's forward passes are micro-batched as the actor's old-log-prob pass")
-      for k, x in (("log_prob_use_dynamic_bsz", "true"), ("log_prob_max_token_len_per_gpu", "32768"))),
+      for k, x in (("log_prob_use_dynamic_bsz", "true"), ("log_prob_max_token_len_per_gpu", "32768"),
+                   ("log_prob_micro_batch_size_per_gpu", "16"))),
     _v("actor_rollout_ref.ref.ulysses_sequence_parallel_size", by_value={"1": ()}, missing=NO_SP),
     _v("actor_rollout_ref.ref.strategy", by_value={"fsdp": (), "fsdp2": ()}, note=ONE_BACKEND,
        missing=ONE_BACKEND + " (no Megatron)"),
     # rollout
-    _v(f"{R}.log_prob_micro_batch_size_per_gpu", f"{A}.ppo_micro_batch_size_per_gpu",
-       note="the actor computes the old log-probs in its own micro-batches"),
-    _v(f"{R}.log_prob_micro_batch_size", f"{A}.ppo_micro_batch_size_per_gpu",
-       note="the actor computes the old log-probs in its own micro-batches, per rank"),
-    _v(f"{R}.prompt_length", "data.max_prompt_length={value}", example="32"),
+    _v(f"{R}.log_prob_micro_batch_size", f"{R}.log_prob_micro_batch_size_per_gpu", note=PER_RANK),
+    _v(f"{R}.prompt_length", "data.max_prompt_length={value}", example="32", exact=True),
     _v(f"{R}.dtype", f"{M}.dtype", note="the rollout runs in the policy's dtype"),
-    _v(f"{R}.free_cache_engine", R + ".enable_sleep_mode={value}", example="true",
-       note="vllm only: frees the KV cache and offloads the weights while the actor trains"),
+    _v(f"{R}.free_cache_engine", R + ".enable_sleep_mode={value}", example="true", exact=True,
+       note="vLLM's sleep mode, as veRL's: frees the KV cache and offloads the weights while the actor trains"),
     _v(f"{R}.do_sample", by_value={"true": ()}, missing="training rollouts always sample (temperature, top_p, top_k)"),
-    _v(f"{R}.val_kwargs.do_sample", by_value={"true": (f"{R}.val_greedy=false",), "false": (f"{R}.val_greedy=true",)}),
+    _v(f"{R}.val_kwargs.do_sample", by_value={"true": (f"{R}.val_greedy=false",), "false": (f"{R}.val_greedy=true",)},
+       exact=True),
     *(_v(f"{R}.val_kwargs.{k}", missing="sampled validation (rollout.val_greedy=false) uses the training temperature, "
          "top_p and top_k") for k in ("temperature", "top_p", "top_k")),
     _v(f"{R}.val_kwargs.n", by_value={"1": ()}, missing="validation draws one response per prompt"),
@@ -203,9 +213,16 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
        note="the rollout's data-parallel size is the ranks / rollout.tensor_model_parallel_size"),
     _v(f"{R}.pipeline_model_parallel_size", missing="the rollout splits the model by tensor parallelism only"),
     _v(f"{R}.expert_parallel_size", missing="the rollout splits the model by tensor parallelism only"),
-    _v(f"{R}.checkpoint_engine.update_weights_bucket_megabytes", R + ".reshard_bucket_mb={value}", example="64"),
-    _v(f"{R}.update_weights_bucket_megabytes", R + ".reshard_bucket_mb={value}", example="64"),
+    _v(f"{R}.checkpoint_engine.update_weights_bucket_megabytes", R + ".reshard_bucket_mb={value}", example="64",
+       exact=True),
+    _v(f"{R}.update_weights_bucket_megabytes", R + ".reshard_bucket_mb={value}", example="64", exact=True),
     _v(f"{R}.ignore_eos", missing="generation stops at EOS"),
+    _v(f"{R}.load_format", ignored="the rollout receives the actor's weights in memory before it first generates; "
+       "nothing is loaded in a format of its own"),
+    _v(f"{R}.layered_summon", ignored="weights move to the rollout in buckets of rollout.reshard_bucket_mb, "
+       "never gathered whole"),
+    _v("actor_rollout_ref.nccl_timeout", ignored="no setting here: collectives keep torch.distributed's default "
+       "timeout"),
     # model
     _v(f"{M}.lora_rank", by_value={"0": ()}, missing=NO_LORA),
     *(_v(f"{M}.{k}", missing=NO_LORA) for k in ("lora_alpha", "target_modules", "exclude_modules", "lora_adapter_path")),
@@ -217,17 +234,26 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
     _v(f"{M}.custom_chat_template", missing="prompts use the tokenizer's own chat template"),
     _v(f"{M}.use_liger", missing="no Liger or fused kernels"),
     _v(f"{M}.use_fused_kernels", missing="no Liger or fused kernels"),
+    _v(f"{M}.fused_kernel_options.*", missing="no Liger or fused kernels"),
+    _v(f"{M}.use_shm", ignored="the model loads from its directory (no copy to shared memory first)"),
     _v(f"{M}.enable_activation_offload", missing="no activation offload"),
     _v("actor_rollout_ref.hybrid_engine", by_value={"true": ()}, note="the actor and the rollout always share ranks",
        missing="the actor and the rollout always share ranks; no separate rollout pool"),
     # data
-    _v("data.max_response_length", R + ".response_length={value}", example="16"),
+    _v("data.max_response_length", R + ".response_length={value}", example="16", exact=True),
     _v("data.prompt_key", by_value={"prompt": ()}, missing="the prompt column is always 'prompt' (data/loading.py)"),
     _v("data.reward_fn_key", by_value={"data_source": ()}, missing="routing always reads data_source (reward.route)"),
-    _v("data.filter_overlong_prompts", by_value={"true": ()}, note="always on here",
+    _v("data.filter_overlong_prompts", by_value={"true": ()}, note="prompts over data.max_prompt_length are always "
+       "dropped (and counted)",
        missing="prompts over data.max_prompt_length are always dropped (and counted)"),
     _v("data.filter_overlong_prompts_workers", missing="prompts are tokenized once, in the driver"),
-    _v("data.truncation", missing="prompts are never truncated: over-long ones are dropped (data.max_prompt_length)"),
+    _v("data.truncation", by_value={"error": ()},
+       note="prompts over data.max_prompt_length are dropped (and counted) before any could be truncated, as with "
+            "veRL's filter_overlong_prompts",
+       missing="prompts are never truncated: over-long ones are dropped (data.max_prompt_length)"),
+    _v("data.return_raw_chat", ignored="the driver renders each prompt's messages with the chat template; agent loops "
+       "and the server receive the messages themselves"),
+    _v("data.trust_remote_code", by_value={"false": ()}, missing="tokenizers load without remote code"),
     _v("data.seed", "trainer.seed={value}", note="one seed for initialization, data order and sampling"),
     _v("data.train_max_samples", missing="every row of the files is used; write a smaller file to use fewer"),
     _v("data.val_max_samples", missing="every row of the files is used; write a smaller file to use fewer"),
@@ -238,6 +264,7 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
     *(_v(f"data.{k}", missing="text only: no images or video") for k in ("image_key", "video_key",
                                                                         "return_multi_modal_inputs")),
     _v("data.apply_chat_template_kwargs", missing="the chat template is applied without extra arguments"),
+    _v("data.apply_chat_template_kwargs.*", missing="the chat template is applied without extra arguments"),
     _v("data.gen_batch_size", missing="no separate generation batch: each roll-out is data.train_batch_size prompts"),
     # reward
     _v("reward_model.*", missing=NO_RM),
@@ -250,35 +277,38 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
       for section in ("reward_model.reward_manager", "reward_manager.name")),
     _v("reward_manager.*", missing="a custom reward manager is a verifier plugin here "
        "(hybridflow_register_reward_verifiers; docs/writing-a-reward.md)"),
-    *(_v(f"{p}.{k}", f"reward.overlong_buffer.{k}={{value}}", example=x, checked_with=(LONGER,))
+    *(_v(f"{p}.{k}", f"reward.overlong_buffer.{k}={{value}}", example=x, checked_with=(LONGER,), exact=True)
       for p in ("reward_model.reward_kwargs.overlong_buffer_cfg", "reward_model.overlong_buffer")
       for k, x in (("enable", "true"), ("len", "4"), ("penalty_factor", "1.0"))),
     _v("reward_model.reward_kwargs.max_resp_len", f"{R}.response_length",
        note="the overlong zone ends at rollout.response_length"),
     _v("reward_model.sandbox_fusion.*", missing="code runs in the code verifier's local sandbox (docs/reliability.md); "
        "no SandboxFusion service"),
-    _v("custom_reward_function.path", "reward.custom_reward_function.path={value}", example="my_score.py"),
-    _v("custom_reward_function.name", "reward.custom_reward_function.name={value}", example="compute_score"),
-    _v("custom_reward_function.reward_kwargs", "+reward.custom_reward_function.kwargs={value}", example="{a:1}"),
-    _v("custom_reward_function.reward_kwargs.*", "+reward.custom_reward_function.kwargs.{rest}={value}"),
+    _v("custom_reward_function.path", "reward.custom_reward_function.path={value}", example="my_score.py", exact=True),
+    _v("custom_reward_function.name", "reward.custom_reward_function.name={value}", example="compute_score",
+       exact=True),
+    _v("custom_reward_function.reward_kwargs", "+reward.custom_reward_function.kwargs={value}", example="{a:1}",
+       exact=True),
+    _v("custom_reward_function.reward_kwargs.*", "+reward.custom_reward_function.kwargs.{rest}={value}", exact=True),
     # algorithm
     _v("algorithm.gamma", "+algorithm.estimator_options.gamma={value}", example="0.99",
        note="an option of the estimators that discount (gae, reinforce_plus_plus)",
-       checked_with=("algorithm.adv_estimator=gae",)),
+       checked_with=("algorithm.adv_estimator=gae",), exact=True),
     _v("algorithm.lam", "+algorithm.estimator_options.lam={value}", note="an option of gae", example="0.95",
-       checked_with=("algorithm.adv_estimator=gae",)),
+       checked_with=("algorithm.adv_estimator=gae",), exact=True),
     _v("algorithm.norm_adv_by_std_in_grpo", by_value={"true": (), "false": ("+algorithm.estimator_options.norm_by_std=false",)},
-       note="an option of grpo; algorithm.adv_estimator=dr_grpo also drops the std and aggregates the loss as Dr.GRPO"),
+       note="an option of grpo; algorithm.adv_estimator=dr_grpo also drops the std and aggregates the loss as Dr.GRPO",
+       exact=True),
     _v("algorithm.use_pf_ppo", by_value={"false": ()}, missing="no reweighted resampling of the batch"),
     _v("algorithm.pf_ppo.*", missing="no reweighted resampling of the batch"),
     _v("algorithm.filter_groups.enable", by_value={"true": ("'algorithm.batch_hooks=[dynamic_sampling]'",), "false": ()},
-       note="DAPO's dynamic sampling is the dynamic_sampling batch hook"),
+       note="DAPO's dynamic sampling is the dynamic_sampling batch hook", exact=True),
     _v("algorithm.filter_groups.metric", by_value={
         "score": ("+algorithm.batch_hook_options.dynamic_sampling.metric=score",),
         "seq_reward": ("+algorithm.batch_hook_options.dynamic_sampling.metric=reward",),
         "seq_final_reward": ("+algorithm.batch_hook_options.dynamic_sampling.metric=reward",)},
        missing="dynamic_sampling compares the verifiers' score or the reward after the KL penalty",
-       checked_with=("algorithm.batch_hooks=[dynamic_sampling]",)),
+       checked_with=("algorithm.batch_hooks=[dynamic_sampling]",), exact=True),
     _v("algorithm.filter_groups.max_num_gen_batches", "algorithm.max_rollout_batches={value}", example="4",
        note="at least 1 here (veRL's 0 is no limit); at the cap the batch is topped up with dropped groups"),
     _v("algorithm.rollout_correction.rollout_rs", "algorithm.rollout_correction.rollout_is_mode",
@@ -294,22 +324,24 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
     _v("critic.forward_micro_batch_size_per_gpu", "critic.ppo_micro_batch_size_per_gpu",
        note="one micro-batch size for the critic's forward passes and its update"),
     _v("critic.forward_micro_batch_size", "critic.ppo_micro_batch_size_per_gpu", note=PER_RANK),
-    _v("critic.grad_clip", "critic.optim.grad_clip={value}"),
+    _v("critic.grad_clip", "critic.optim.grad_clip={value}", exact=True),
     _v("critic.model.enable_gradient_checkpointing", M + ".enable_gradient_checkpointing={value}", example="true",
-       note="one switch for the actor and the critic"),
+       note="one switch for the actor and the critic", exact=True),
     _v("critic.model.use_remove_padding", M + ".use_remove_padding={value}", example="false",
-       note="one switch for the actor, the reference and the critic"),
+       note="one switch for the actor, the reference and the critic", exact=True),
+    _v("critic.model.path", same_as=f"{M}.path", example="/models/policy",
+       missing="the critic is a copy of the policy with a one-output value head: its path is "
+               "actor_rollout_ref.model.path (a separate critic checkpoint is not supported)"),
     _v("critic.model.*", missing="the critic is a copy of the policy (actor_rollout_ref.model.path, its dtype) "
        "with a one-output value head; it has no model settings of its own"),
     _v("critic.loss_agg_mode", missing="the value loss is a token mean over the mini-batch"),
     _v("critic.strategy", by_value={"fsdp": (), "fsdp2": ()}, note=ONE_BACKEND, missing=ONE_BACKEND + " (no Megatron)"),
     _v("critic.ulysses_sequence_parallel_size", by_value={"1": ()}, missing=NO_SP),
     # trainer
-    _v("trainer.val_before_train", by_value={"true": ()}, note="validation runs before the first step when test_freq > 0",
-       missing="validation always runs before the first step; trainer.test_freq=0 turns all validation off"),
     _v("trainer.val_only", missing="no validation-only run"),
     _v("trainer.resume_from_path", "trainer.resume_mode", note="give the checkpoint directory as trainer.resume_mode=<dir>"),
-    _v("trainer.max_actor_ckpt_to_keep", "trainer.max_ckpt_to_keep={value}", note="one limit for every role", example="2"),
+    _v("trainer.max_actor_ckpt_to_keep", "trainer.max_ckpt_to_keep={value}", note="one limit for every role", example="2",
+       exact=True),
     _v("trainer.max_critic_ckpt_to_keep", "trainer.max_ckpt_to_keep={value}", note="one limit for every role", example="2"),
     _v("trainer.critic_warmup", by_value={"0": ()}, missing="the actor updates from the first step (no critic warm-up)"),
     _v("trainer.balance_batch", by_value={"false": ()}, missing="rows are not reordered to balance tokens across ranks"),
@@ -317,6 +349,7 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
     _v("trainer.validation_data_dir", "trainer.log_val_generations",
        note="the first N validation rows go to val_generations.jsonl in the run directory (and the other sinks)"),
     _v("trainer.default_hdfs_dir", missing="checkpoints go to local disk (trainer.default_local_dir)"),
+    _v("trainer.use_legacy_worker_impl", ignored="one worker implementation"),
     _v("ray_kwargs.*", missing="Ray starts with its defaults (a fresh local instance, or trainer.ray_address)"),
     _v("global_profiler.*", missing="no profiler integration"),
 )
@@ -343,11 +376,13 @@ TRL_NAMES: tuple[ForeignKey, ...] = (
         "bnpo": (f"{A}.loss_agg_mode=token-mean-local",),
         "grpo": (f"{A}.loss_agg_mode=seq-mean-token-mean",),
         "dr_grpo": (f"{A}.loss_agg_mode=seq-mean-token-sum-norm",),
-        "cispo": (f"{A}.policy_loss=cispo", f"{A}.loss_agg_mode=token-mean"),
+        "cispo": (f"{A}.policy_loss=cispo", f"{A}.loss_agg_mode=token-mean", LOSS + ".clip_ratio_low=1.0"),
         "sapo": (f"{A}.policy_loss=sapo", f"{A}.loss_agg_mode=seq-mean-token-mean")},
        note="a TRL loss type is a policy loss and an aggregation mode here (losses/aggregation.py)",
        value_notes={"dr_grpo": "the constant is rollout.response_length, TRL's max_completion_length",
-                    "grpo": "fully masked rows do not count here; TRL counts them"},
+                    "grpo": "fully masked rows do not count here; TRL counts them",
+                    "cispo": "TRL clamps the weight from above only (clip_ratio_low=1.0: no lower bound); its "
+                             "epsilon_high is 1 + clip_ratio_high"},
        missing="the loss types here are dapo, bnpo, grpo, dr_grpo, cispo and sapo (no luspo or vespo)"),
     _t("scale_rewards", by_value={
         "group": ("algorithm.adv_estimator=grpo",), "true": ("algorithm.adv_estimator=grpo",),
@@ -380,8 +415,8 @@ TRL_NAMES: tuple[ForeignKey, ...] = (
     _t("eval_steps", "trainer.test_freq={value}", note=STEPS, example="10"),
     _t("eval_strategy", by_value={"no": ("trainer.test_freq=0",), "steps": ("trainer.test_freq",)},
        missing="validation runs every trainer.test_freq steps; no per-epoch schedule"),
-    _t("eval_on_start", by_value={"true": ()}, note="validation runs before the first step when trainer.test_freq > 0",
-       missing="validation always runs before the first step; trainer.test_freq=0 turns all validation off"),
+    _t("eval_on_start", "trainer.val_before_train={value}", example="false",
+       note="validation before the first step, when trainer.test_freq > 0 (true by default here)"),
     _t("report_to", by_value={
         "none": ("'trainer.logger=[console,jsonl]'",),
         "wandb": ("'trainer.logger=[console,jsonl,wandb]'",),
@@ -428,7 +463,8 @@ TRL_NAMES: tuple[ForeignKey, ...] = (
                                           "then sums"},
        checked_with=("reward.component_keys=[score]",)),
     _t("top_entropy_quantile", by_value={"1.0": (), "1": ()}, missing="no entropy-based token mask"),
-    _t("entropy_coef", A + ".entropy_coeff={value}", example="0.0"),
+    _t("entropy_coef", A + ".entropy_coeff={value}", example="0.0",
+       note="TRL's entropy bonus is a per-token mean; here actor.loss_agg_mode aggregates it, as the loss"),
     *(_t(k, missing="the entropy coefficient is fixed (actor.entropy_coeff)")
       for k in ("use_adaptive_entropy", "entropy_coef_min", "entropy_coef_max", "entropy_coef_delta", "entropy_target")),
     *(_t(k, missing="the reference stays the initial policy")
@@ -471,6 +507,18 @@ TRL_NAMES: tuple[ForeignKey, ...] = (
 
 TABLE: dict[str, ForeignKey] = {k.name: k for k in VERL_KEYS + TRL_NAMES}
 
+# Keys of ours whose veRL value means something else here: ``by_value`` gives our value (always ``exact``).
+VERL_VALUES: tuple[ForeignKey, ...] = (
+    *(_v(f"trainer.{k}", by_value={"-1": (f"trainer.{k}=0",)}, exact=True, note="veRL's -1 is off; 0 here")
+      for k in ("save_freq", "test_freq")),
+    _v(f"{R}.top_k", by_value={"-1": (f"{R}.top_k=0",)}, exact=True, note="veRL's -1 is off; 0 here"),
+    _v(f"{R}.mode", by_value={"async": (f"{R}.mode=direct",), "sync": (f"{R}.mode=direct",)}, exact=True,
+       note="veRL's rollout modes are how its engine is served; here the engine is called in-process (direct), "
+            "rollout.mode=server puts multi-turn agent loops behind an OpenAI-compatible server, and "
+            "trainer.rollout_mode (with trainer.placement=split) overlaps generation with training"),
+)
+VALUES: dict[str, ForeignKey] = {k.name: k for k in VERL_VALUES}
+
 
 def lookup(name: str) -> tuple[ForeignKey, str] | None:
     """The entry for ``name`` (exact, else the nearest ``.*`` section above it) and the part of the key under it."""
@@ -506,6 +554,8 @@ def explain(name: str, value: str) -> str | None:
         return None
     entry, rest = found
     head = f"{name} is {entry.origin} name"
+    if entry.ignored:
+        return f"{head}; it has no effect here ({entry.ignored}): leave it out"
     overrides = suggestion(entry, value, rest)
     if overrides is None:
         if entry.missing:

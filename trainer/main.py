@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from hybridflow.configs.schema import PPOConfig, register_configs
 from hybridflow.trainer.config_checks import ConfigError, check_config, check_datasets, config_warnings, dataset_rows
-from hybridflow.trainer.overrides import override_problems
+from hybridflow.trainer.overrides import override_problems, translate
 from hybridflow.trainer.ppo_trainer import RunSummary
 from hybridflow.trainer.run_dir import remove_unused_run_dir
 from hybridflow.trainer.sweep import current_job, logger_names, run_sweep_job
@@ -213,6 +213,8 @@ def format_summary(summary: RunSummary, config: PPOConfig) -> str:
         return f"not run (resumed at step {summary.resumed_at})" if resumed else "not run"
 
     before = accuracy(summary.val_before)
+    if not (resumed or summary.val_before or config.trainer.val_before_train) and config.trainer.test_freq:
+        before = "not run (trainer.val_before_train=false)"
     if resumed and "val/accuracy" in summary.val_before:
         before += " (the first run's, at step 0)"
     rows = [
@@ -280,11 +282,16 @@ def hydra_main(cfg: DictConfig) -> float:
 
 
 def main() -> None:
-    """The ``hybridflow-train`` command: the overrides checked against the schema, then :func:`hydra_main`."""
-    problems = override_problems(sys.argv[1:])
+    """The ``hybridflow-train`` command: veRL's spellings translated (one line each), the overrides checked
+    against the schema, then :func:`hydra_main` on the translated command line."""
+    translation = translate(sys.argv[1:])
+    for line in translation.lines:
+        print(f"hybridflow-train: {line}", file=sys.stderr, flush=True)
+    problems = override_problems(translation.args)
     if problems:
         print("hybridflow-train: invalid override:\n  - " + "\n  - ".join(problems), file=sys.stderr, flush=True)
         sys.exit(2)
+    sys.argv[1:] = translation.args
     hydra_main()
 
 

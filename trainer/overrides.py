@@ -9,12 +9,21 @@ veRL key or a TRL ``GRPOConfig`` argument, the key that does the same here:
 there are, a value of the wrong type with the type. Anything it does not
 understand (Hydra's own flags, ``hydra.*`` keys, interpolations) it leaves to
 Hydra, but still explains the veRL and TRL names among them (``--learning_rate 1e-6``).
+
+Before that check, :func:`translate` rewrites a veRL command line as veRL's
+users write it: a plain string where a list is expected is a one-item list
+(``data.train_files=$path``), an exact rename becomes our key, a key that
+changes nothing here is dropped, and a veRL value of one of our keys
+(``trainer.save_freq=-1``) becomes ours; each with one line said at start.
+What means something else here is left for the check to refuse.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
+import shlex
 import typing
 from pathlib import Path
 from typing import Any
@@ -23,7 +32,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from hybridflow.configs import CONFIG_DIR
 from hybridflow.configs.schema import PPOConfig
-from hybridflow.trainer.foreign_keys import argv_problems, explain
+from hybridflow.trainer.foreign_keys import VALUES, VERL, ForeignKey, argv_problems, explain, lookup, suggestion
 
 _FLAGS_WITHOUT_VALUE = ("--multirun", "-m")
 
@@ -73,6 +82,114 @@ def override_problems(args: list[str]) -> list[str]:
         elif not o.is_sweep_override():
             problems += _type_problem(o.get_key_element().lstrip("+~"), keys[name], o.value())
     return problems
+
+
+@dataclasses.dataclass
+class Translation:
+    """A command line rewritten by :func:`translate`."""
+
+    args: list[str]
+    """The arguments to hand to Hydra."""
+    lines: list[str]
+    """One per argument rewritten or dropped, saying what happened and why."""
+
+
+def translate(args: list[str]) -> Translation:
+    """``args`` (``sys.argv[1:]``) with veRL's spellings rewritten to ours where the meaning is the same.
+
+    Flags and what does not parse as an override are kept as they are; so is every foreign key that has no
+    exact counterpart, for :func:`override_problems` to explain.
+    """
+    keys = schema_keys()
+    given = {o.key_or_group: text.partition("=")[2] for text, o in _parsed(args)}
+    out: list[str] = []
+    lines: list[str] = []
+    for arg in args:
+        parsed = _parsed([arg])
+        rewritten = _rewrite(arg, parsed[0][1], keys, given) if parsed else None
+        if rewritten is None:
+            out.append(arg)
+        else:
+            out += rewritten[0]
+            lines.append(rewritten[1])
+    return Translation(out, lines)
+
+
+def _parsed(args: list[str]) -> list[tuple[str, Any]]:
+    """(text, parsed override) of each argument that is an override Hydra can parse."""
+    parser = OverridesParser.create()
+    found = []
+    for text in args:
+        if text.startswith("-") or "=" not in text:
+            continue
+        try:
+            found.append((text, parser.parse_overrides([text])[0]))
+        except Exception:  # noqa: BLE001, S112 - a syntax error: Hydra's own message says where
+            continue
+    return found
+
+
+def _rewrite(arg: str, o: Any, keys: dict[str, Any], given: dict[str, str]) -> tuple[list[str], str] | None:
+    """(the arguments that replace ``arg``, the line saying so), or None to keep ``arg``."""
+    key, value = o.key_or_group, arg.partition("=")[2]
+    if o.is_delete() or o.is_sweep_override() or key.split(".")[0] == "hydra":
+        return None
+    if key in keys:
+        if arg.startswith("+") and not arg.startswith("++") and _base_types(keys[key])[0] in (int, float, bool, str):
+            # veRL's '+' for a key its schema lacks: Hydra refuses to add a value that is there already
+            plain = arg[1:]
+            again = _rewrite(plain, o, keys, given)
+            return again if again is not None else ([plain], f"{key} is a key here: {plain}, without the '+'")
+        if key in VALUES:
+            return _apply(VALUES[key], key, value, "")
+        if _is_list(keys[key]) and isinstance(o.value(), str) and "${" not in value:
+            listed = f"{arg.partition('=')[0]}=[{_quoted(o.value())}]"
+            return [listed], f"{key}={value} is one item where a list is expected: {listed}"
+        return None
+    found = lookup(key)
+    if found is None or found[0].origin != VERL:
+        return None
+    entry, rest = found
+    if entry.ignored:
+        return [], f"veRL's {key} has no effect here: {entry.ignored}"
+    if entry.same_as:
+        if _same_value(given.get(entry.same_as), value):
+            return [], f"veRL's {key} repeats {entry.same_as}: nothing to set; {entry.missing}"
+        return None
+    return _apply(entry, key, value, rest)
+
+
+def _apply(entry: ForeignKey, key: str, value: str, rest: str) -> tuple[list[str], str] | None:
+    """The overrides an exact or no-effect ``entry`` stands for, with its line; None when it has neither."""
+    overrides = suggestion(entry, value, rest)
+    if overrides is None or not (entry.exact or overrides == ()):
+        return None
+    if not all("=" in item for item in overrides):
+        return None  # names a key whose value is not the foreign one: refused with the advice
+    note = entry.value_notes.get(value.strip("'\"").lower(), entry.note) or entry.missing
+    if not overrides:
+        return [], f"veRL's {key}={value} changes nothing here" + (f": {note}" if note else "")
+    args = [a for item in overrides for a in shlex.split(item)]
+    return args, f"veRL's {key}={value} -> {' '.join(overrides)}" + (f" ({note})" if note else "")
+
+
+def _same_value(ours: str | None, theirs: str) -> bool:
+    """Two values of a path key on one command line name the same thing (quotes and ``./`` aside)."""
+    if ours is None:
+        return False
+    ours, theirs = (os.path.normpath(os.path.expanduser(v.strip("'\""))) for v in (ours, theirs))
+    return ours == theirs
+
+
+def _quoted(value: str) -> str:
+    """``value`` as a quoted Hydra string."""
+    quote = '"' if "'" in value else "'"
+    return quote + value + quote
+
+
+def _is_list(hint: Any) -> bool:
+    base, _ = _base_types(hint)
+    return typing.get_origin(base) is list or base is list
 
 
 def _group_problem(o: Any, options: list[str]) -> list[str]:

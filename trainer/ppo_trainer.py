@@ -181,7 +181,7 @@ class PPOTrainer:
             # report the first run's validation before training (logged at step 0) as this run's
             summary.val_before = {k: v for k, v in read_step(self.run_dir / METRICS_FILE, 0).items()
                                   if k.startswith("val/")}
-        elif self.config.trainer.test_freq > 0:
+        elif self.config.trainer.test_freq > 0 and self.config.trainer.val_before_train:
             summary.val_before = self.validate()
             self.tracking.log(summary.val_before, self.global_step)
         last_val = summary.val_before.get("val/accuracy", float("nan"))

@@ -106,6 +106,13 @@ def _shared_count(needed: int, rows: int, group: dist.ProcessGroup | None, devic
     return min(int(counts[0]), -int(counts[1]))
 
 
+def log_prob_batching(arr: ActorRolloutRefConfig, rows: int) -> MicroBatching:
+    """The micro-batches of the no-grad log-prob passes: ``rollout.log_prob_micro_batch_size_per_gpu`` rows (or
+    the role's own ``rows``), or the token budget of :func:`log_prob_token_budget` when there is one."""
+    given = arr.rollout.log_prob_micro_batch_size_per_gpu
+    return MicroBatching(rows if given is None else given, log_prob_token_budget(arr))
+
+
 def log_prob_token_budget(arr: ActorRolloutRefConfig) -> int | None:
     """The token budget of the no-grad log-prob passes (the actor's ``old_log_probs`` and the reference's), or
     None for fixed rows: ``rollout.log_prob_use_dynamic_bsz`` and ``rollout.log_prob_max_token_len_per_gpu``,

@@ -19,7 +19,7 @@ from hybridflow.workers.fsdp import shard_role
 from hybridflow.workers.offload import StateOffloader
 from hybridflow.workers.log_probs import response_log_probs
 from hybridflow.workers.loading import load_sharded_model
-from hybridflow.workers.micro_batches import MicroBatching, log_prob_token_budget, restore_order
+from hybridflow.workers.micro_batches import log_prob_batching, restore_order
 from hybridflow.workers.packing import probe_packing
 from hybridflow.workers.models import torch_dtype
 
@@ -45,7 +45,7 @@ class RefWorker(Worker):
         )
         self.packing = (probe_packing(self.model, share_prompts=model_cfg.share_prompts)
                         if model_cfg.use_remove_padding else None)
-        self.batching = MicroBatching(self.dims.ref.micro_batch_rows, log_prob_token_budget(arr))
+        self.batching = log_prob_batching(arr, self.dims.ref.micro_batch_rows)
         self.offload = StateOffloader(self.model, None, params=fsdp.param_offload, optimizer_state=False)
         self.offload.offload()
 

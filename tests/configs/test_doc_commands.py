@@ -23,7 +23,7 @@ from hybridflow.configs.schema import register_configs
 from hybridflow.plugins import get_plugin_manager, reset_plugin_manager
 from hybridflow.plugins.manager import PluginSource
 from hybridflow.trainer.config_checks import config_problems
-from hybridflow.trainer.overrides import override_problems
+from hybridflow.trainer.overrides import override_problems, translate
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -43,7 +43,7 @@ def train_commands(text: str) -> list[str]:
 
 def override_sets(command: str) -> list[list[str]]:
     """The override lists a command runs: one for a single run, one per swept value for a multirun."""
-    args = [a for a in shlex.split(command)[1:] if a != "--multirun"]
+    args = translate([a for a in shlex.split(command)[1:] if a != "--multirun"]).args  # as hybridflow-train does
     parsed = OverridesParser.create().parse_overrides([a for a in args if not a.startswith("hydra.")])
     width = max([len(list(o.sweep_string_iterator())) for o in parsed if o.is_sweep_override()] or [1])
     sets = []

@@ -89,6 +89,7 @@ def test_defaults_are_valid():
         ({"actor_rollout_ref.rollout.agent_loop": "tool_calling", "actor_rollout_ref.rollout.mode": "server",
           "actor_rollout_ref.rollout.server.host": "no-such-host.invalid"},
          "actor_rollout_ref.rollout.server.host='no-such-host.invalid' is not an address this machine resolves"),
+        ({"trainer.save_freq": -1}, "trainer.save_freq=-1 must be >= 0 (0 turns it off, as veRL's -1 does)"),
     ],
 )
 def test_each_invalid_setting_names_key_value_and_allowed(overrides, message):

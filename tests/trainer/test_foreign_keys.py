@@ -24,7 +24,8 @@ from hybridflow.configs import CONFIG_DIR
 from hybridflow.configs.schema import register_configs
 from hybridflow.plugins import get_policy_loss
 from hybridflow.trainer.config_checks import config_problems
-from hybridflow.trainer.foreign_keys import TABLE, TRL_NAMES, VERL_KEYS, ForeignKey, explain, lookup, suggestion
+from hybridflow.trainer.foreign_keys import (TABLE, TRL_NAMES, VERL_KEYS, VERL_VALUES, ForeignKey, explain, lookup,
+                                              suggestion)
 from hybridflow.trainer.overrides import group_options, override_problems, schema_keys
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,7 +67,9 @@ def test_the_table_covers_both_frameworks():
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=[e.name for e in ENTRIES])
 def test_an_entry_says_what_to_do_or_why_not(entry):
-    assert entry.here or entry.by_value or entry.missing, entry
+    assert entry.here or entry.by_value or entry.missing or entry.ignored, entry
+    assert not (entry.ignored and (entry.here or entry.by_value or entry.same_as)), "ignored, and yet a suggestion"
+    assert not entry.same_as or (entry.missing and not entry.here), "same_as needs the advice for other values"
     assert not (entry.here and entry.missing and not entry.by_value), "a suggestion and 'no equivalent' at once"
     assert set(entry.value_notes) <= set(entry.by_value) | {entry.example.lower()}, entry.value_notes
 
@@ -162,11 +165,33 @@ def test_hydra_flags_are_still_left_to_hydra_but_foreign_names_beside_them_are_a
         "colocated on the training GPUs (on CPUs: trainer=cpu with vLLM's CPU build, docs/vllm.md)"]
 
 
-def test_the_command_answers_a_verl_key_and_exits_2(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "hybridflow.trainer.main", "data.max_response_length=512"], cwd=tmp_path,
+def test_the_command_answers_a_verl_key_it_cannot_translate_and_exits_2(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "hybridflow.trainer.main", "data.max_response_length=512",
+                          "actor_rollout_ref.actor.ppo_micro_batch_size=64"], cwd=tmp_path,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2, out.stderr
-    assert "here: actor_rollout_ref.rollout.response_length=512" in out.stderr and "Traceback" not in out.stderr
+    assert "veRL's data.max_response_length=512 -> actor_rollout_ref.rollout.response_length=512" in out.stderr
+    assert "here: actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu; veRL's global micro-batch" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("entry", [e for e in ENTRIES if e.exact] + list(VERL_VALUES),
+                         ids=[e.name for e in ENTRIES if e.exact] + [e.name for e in VERL_VALUES])
+def test_an_exact_entry_rewrites_to_settings(entry):
+    """``exact`` applies the suggestion: each must set a value (a bare key would be dropped)."""
+    for overrides in suggestions(entry):
+        assert all("=" in o for o in overrides), (entry.name, overrides)
+
+
+@pytest.mark.parametrize("entry", VERL_VALUES, ids=[e.name for e in VERL_VALUES])
+def test_a_verl_value_is_for_one_of_our_keys_and_its_translation_passes_the_check(entry):
+    assert entry.name in KEYS and entry.exact
+    for value, overrides in entry.by_value.items():
+        assert override_problems([f"{entry.name}={value}"]) == [] or value == "-1"
+        register_configs()
+        with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+            config = OmegaConf.to_object(compose("ppo_trainer", overrides=list(overrides)))
+        assert [p for p in config_problems(config) if not any(m in p for m in MACHINE_PROBLEMS)] == []
 
 
 # The first words of the dotted names the "coming from" pages talk about: ours, and veRL's sections we lack.
@@ -180,7 +205,7 @@ def test_every_dotted_name_on_the_pages_is_ours_or_in_the_table(page):
     unknown = set()
     for span in re.findall(r"`([^`]+)`", (ROOT / "docs" / page).read_text()):
         for word in span.split():
-            name = word.strip("'").lstrip("+~").partition("=")[0].removesuffix(".*")
+            name = word.strip("'();,:").lstrip("+~").partition("=")[0].removesuffix(".*")
             if name.startswith(SECTIONS) and not name.endswith((".", "...")) and "<" not in name:
                 if not (exists(name) or lookup(name) or any(k.startswith(name + ".") for k in KEYS)):
                     unknown.add(name)

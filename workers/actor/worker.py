@@ -44,7 +44,7 @@ from hybridflow.workers.checkpointing import load_role, model_from_full_state, s
 from hybridflow.workers.fsdp import data_parallel_group, full_parameters, shard_role, sharded_parameters
 from hybridflow.workers.offload import StateOffloader
 from hybridflow.workers.loading import load_sharded_model
-from hybridflow.workers.micro_batches import MicroBatching, log_prob_token_budget
+from hybridflow.workers.micro_batches import log_prob_batching
 from hybridflow.workers.models import load_tokenizer, torch_dtype
 from hybridflow.workers.optim import build_optimizer
 from hybridflow.workers.offload import drop_storages, restore_storages
@@ -101,7 +101,7 @@ class ActorRolloutWorker(Worker):
             self.model, self.optimizer, arr.actor, loss_agg_mode=self.loss_agg_mode,
             rows_per_mini_batch=self.dims.actor.rows_per_mini_batch, dp_group=dp_group, scheduler=self.scheduler,
             use_remove_padding=arr.model.use_remove_padding, share_prompts=arr.model.share_prompts,
-            log_prob_batching=MicroBatching(self.dims.actor.micro_batch_rows, log_prob_token_budget(arr)),
+            log_prob_batching=log_prob_batching(arr, self.dims.actor.micro_batch_rows),
         )
         if self.split:
             self.engine = None
