@@ -53,6 +53,10 @@ _OPS = {
 }
 _SETUP = (ast.Import, ast.ImportFrom, ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Expr)
 _MAX_DEPTH = 200
+_MAX_SAME_HASH = 32
+"""Most elements of one decoded set (or keys of a dict) that may share a hash: ints that all hash alike
+(multiples of 2**61 - 1) make building a set quadratic, 5.9 s for a 1 MiB report; a set the harness
+encodes has distinct elements, which share a hash only by rare coincidence."""
 _NOT_A_LITERAL = object()
 
 
@@ -212,11 +216,26 @@ def decode(tree: Any, depth: int = 0) -> Any:
         return {"int": lambda s: int(s, 16), "float": float, "str": str, "bytes": bytes.fromhex}[kind](data)
     if kind == "complex" and isinstance(data, list) and len(data) == 2 and all(isinstance(part, str) for part in data):
         return complex(float(data[0]), float(data[1]))
-    if kind in ("tuple", "list", "set", "frozenset") and isinstance(data, list):
-        return {"tuple": tuple, "list": list, "set": set, "frozenset": frozenset}[kind](decode(item, depth + 1) for item in data)
+    if kind in ("tuple", "list") and isinstance(data, list):
+        return {"tuple": tuple, "list": list}[kind](decode(item, depth + 1) for item in data)
+    if kind in ("set", "frozenset") and isinstance(data, list):
+        return {"set": set, "frozenset": frozenset}[kind](_spread([decode(item, depth + 1) for item in data]))
     if kind == "dict" and isinstance(data, list) and all(isinstance(pair, list) and len(pair) == 2 for pair in data):
-        return {decode(key, depth + 1): decode(value, depth + 1) for key, value in data}
+        keys = _spread([decode(key, depth + 1) for key, _ in data])
+        return dict(zip(keys, (decode(value, depth + 1) for _, value in data)))
     raise ValueError(f"not a value: {kind!r}")
+
+
+def _spread(items: list[Any]) -> list[Any]:
+    """``items``, to become a set or dict keys, if no more than :data:`_MAX_SAME_HASH` share a hash (linear: the
+    hashes are counted in a dict keyed by the hash values, which hash as themselves); ValueError otherwise."""
+    counts: dict[int, int] = {}
+    for item in items:
+        h = hash(item)  # TypeError for an unhashable element, as set() would raise
+        counts[h] = counts.get(h, 0) + 1
+        if counts[h] > _MAX_SAME_HASH:
+            raise ValueError("a set or dict whose elements hash alike (a forged report)")
+    return items
 
 
 def judge(plan: AssertPlan, report: bytes) -> Verdict:

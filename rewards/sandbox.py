@@ -200,13 +200,16 @@ def _launch(
     stdout_limit: int,
     result_channel: bool,
 ) -> SandboxResult:
-    out_path, err_path, results_path = (os.path.join(io_dir, name) for name in ("stdout", "stderr", "results"))
+    out_path, err_path, results_path, status_path = (os.path.join(io_dir, name)
+                                                      for name in ("stdout", "stderr", "results", "status"))
     guard = memory_guard(limits.total_memory_mb)
     config.update(guard.launcher_config())
-    pass_fds = ()
+    # the launcher's own word (unavailable, unisolated), out of the program's reach: it closes this on execve
+    status_fd = os.open(status_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    config["status_fd"], pass_fds = status_fd, (status_fd,)
     if result_channel:  # the launcher moves it to RESULT_FD in the program
         results_fd = os.open(results_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        config["result_fd"], pass_fds = results_fd, (results_fd,)
+        config["result_fd"], pass_fds = results_fd, (*pass_fds, results_fd)
     start = time.monotonic()
     try:
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
@@ -232,16 +235,15 @@ def _launch(
                     pass
                 proc.wait()
     finally:
-        if pass_fds:
-            os.close(pass_fds[0])
+        for fd in pass_fds:
+            os.close(fd)
         guard.finish()
     elapsed = time.monotonic() - start
     stderr = _read_capped(err_path, MAX_OUTPUT_BYTES)[:MAX_OUTPUT_BYTES].decode("utf-8", errors="replace")
-    if proc.returncode == sandbox_launcher.EXIT_UNAVAILABLE and sandbox_launcher.UNAVAILABLE_MARK in stderr:
-        raise SandboxUnavailableError(stderr.strip().split(": ", 1)[-1])
-    isolated = not stderr.startswith(sandbox_launcher.UNISOLATED_MARK)
-    if not isolated:
-        stderr = stderr[len(sandbox_launcher.UNISOLATED_MARK) + 1 :]
+    status = _read_capped(status_path, MAX_OUTPUT_BYTES).decode("utf-8", errors="replace")
+    if proc.returncode == sandbox_launcher.EXIT_UNAVAILABLE and sandbox_launcher.UNAVAILABLE_MARK in status:
+        raise SandboxUnavailableError(status.strip().split(": ", 1)[-1])
+    isolated = sandbox_launcher.UNISOLATED_MARK not in status
     stdout = _read_capped(out_path, stdout_limit)
     return SandboxResult(
         proc.returncode,

@@ -6,7 +6,7 @@ Steps, in this order because each needs the privileges the next one drops::
 
     launcher (root)    join the run's memory cgroup (before any fork, so the whole
                        tree is charged to it); chown the work dir to a fresh uid;
-                       unshare(mount, network, pid namespaces); die with the verifier
+                       unshare(mount, network, pid, IPC, UTS namespaces); die with the verifier
                        process (PDEATHSIG); fork
     └─ init (pid 1)    PDEATHSIG (dies with the launcher); child subreaper (orphans
                        stay in the tree, also unisolated); a minimal root (pivot_root
@@ -26,6 +26,12 @@ not start there: the uid change's ``setgroups`` is refused in a user
 namespace, so every run of that mode fails to start (as it did before; see
 docs/reliability.md). When no namespace can be made, the launcher exits
 with :data:`EXIT_UNAVAILABLE` unless the config allows running unisolated.
+
+What the launcher says of itself (the sandbox is unavailable, or runs
+unisolated) goes to its status channel (``status_fd``, a file the verifier
+opened), which is closed on ``execve``: the program shares stderr with the
+launcher, so a marker printed there (and an exit status of 71) is only the
+program's output, never taken for the launcher's word.
 """
 
 import ctypes
@@ -40,6 +46,7 @@ RESULT_FD = 3
 UNAVAILABLE_MARK = "HYBRIDFLOW_SANDBOX_UNAVAILABLE"
 UNISOLATED_MARK = "HYBRIDFLOW_SANDBOX_UNISOLATED"
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
+CLONE_NEWUTS, CLONE_NEWIPC = 0x04000000, 0x08000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
 MNT_DETACH = 2
 PIVOT_ROOT_SYSCALL = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}
@@ -73,8 +80,12 @@ def _mount(source, target, fstype, flags, data=None):
 
 
 def _unshare_namespaces():
-    """Enter new mount, network and pid namespaces; False if the kernel refuses."""
-    flags = CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID
+    """Enter new mount, network, pid, IPC and UTS namespaces; False if the kernel refuses.
+
+    IPC: System V shared memory, message queues and semaphores (and POSIX message queues) are per IPC
+    namespace, and die with it: nothing one run or tool call leaves there reaches a later one, or the host.
+    """
+    flags = CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS
     if os.geteuid() == 0:
         return libc.unshare(flags) == 0
     uid, gid = os.geteuid(), os.getegid()
@@ -187,33 +198,46 @@ def _wait_for(pid):
             return 128 - code if code < 0 else code
 
 
-def _join_cgroup(procs_file):
+def _status(config, line, also_stderr=True):
+    """Say ``line`` on the status channel (``config["status_fd"]``; stderr without one), and on stderr for a
+    reader of the logs when ``also_stderr``."""
+    fd = config.get("status_fd")
+    if fd is not None:
+        os.write(fd, (line + "\n").encode())
+    if fd is None or also_stderr:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+
+def _join_cgroup(config):
     """Move this process into the run's memory cgroup; False (and a message) if that fails."""
+    procs_file = config["cgroup_procs"]
     try:
         with open(procs_file, "w") as f:
             f.write(str(os.getpid()))
         return True
     except OSError as exc:
-        sys.stderr.write(f"{UNAVAILABLE_MARK}: cannot join the sandbox memory cgroup {procs_file}: {exc}\n")
+        _status(config, f"{UNAVAILABLE_MARK}: cannot join the sandbox memory cgroup {procs_file}: {exc}")
         return False
 
 
 def main():
     config = json.loads(sys.argv[1])
-    if config.get("cgroup_procs") and not _join_cgroup(config["cgroup_procs"]):
+    if config.get("status_fd") is not None:
+        os.set_inheritable(config["status_fd"], False)  # closed on execve: the program never holds it
+    if config.get("cgroup_procs") and not _join_cgroup(config):
         sys.exit(EXIT_UNAVAILABLE)
     work_dir = config["dir"]
     if os.geteuid() == 0 and config.get("uid") is not None:  # only used when isolated
         os.chown(work_dir, config["uid"], config["uid"])
     isolated = _unshare_namespaces()
     if not isolated and not config["allow_unisolated"]:
-        sys.stderr.write(f"{UNAVAILABLE_MARK}: cannot create network/pid/mount namespaces here "
-                         f"(errno {ctypes.get_errno()}: {os.strerror(ctypes.get_errno())}); "
-                         "run as root or enable unprivileged user namespaces, or allow an unisolated sandbox\n")
+        _status(config, f"{UNAVAILABLE_MARK}: cannot create network/pid/mount namespaces here "
+                        f"(errno {ctypes.get_errno()}: {os.strerror(ctypes.get_errno())}); "
+                        "run as root or enable unprivileged user namespaces, or allow an unisolated sandbox")
         sys.exit(EXIT_UNAVAILABLE)
     if not isolated:
-        sys.stderr.write(UNISOLATED_MARK + "\n")
-        sys.stderr.flush()
+        _status(config, UNISOLATED_MARK, also_stderr=False)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # die with the verifier's process
     alive_r, alive_w = os.pipe()  # closes when the launcher dies: init's check for a lost race
     init = os.fork()
@@ -236,7 +260,7 @@ def main():
         if isolated:
             _minimal_root(work_dir, config["python_prefix"])
     except OSError as exc:
-        sys.stderr.write(f"{UNAVAILABLE_MARK}: {exc}\n")
+        _status(config, f"{UNAVAILABLE_MARK}: {exc}")
         os._exit(EXIT_UNAVAILABLE)
     program = os.fork()
     if program == 0:

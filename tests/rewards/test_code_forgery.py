@@ -334,3 +334,27 @@ def test_judge_reads_only_well_formed_reports():
         assert not judge(plan, json.dumps(broken).encode()).passed, broken
     assert not judge(plan, b"[" * 100_000).passed
     assert decode(["dict", [[["frozenset", [["str", "a"]]], ["float", "inf"]]]]) == {frozenset("a"): float("inf")}
+
+
+@pytest.mark.parametrize("kind", ["set", "frozenset", "dict"])
+def test_a_report_of_elements_that_hash_alike_is_judged_in_linear_time(kind):
+    """A forged 1 MiB report of ints that all hash to 0 (multiples of 2**61 - 1) took 5.9 s to judge: building
+    the set probed every earlier element. It is refused as malformed, fast; a real set of as many ints is not."""
+    import time
+
+    plan = plan_asserts(["assert f() == {1}"])
+    def report(values):
+        items = [["int", hex(v)] for v in values]
+        tree = [kind, [[item, ["none"]] for item in items]] if kind == "dict" else [kind, items]
+        return json.dumps([["ok", None], ["value", tree]]).encode()
+
+    forged = report(k * (2**61 - 1) for k in range(1, 40_000))
+    assert len(forged) > 1 << 20  # the size of the measured forgery
+    start = time.perf_counter()
+    verdict = judge(plan, forged)
+    assert time.perf_counter() - start < 0.5 and not verdict.passed
+    honest = report(range(40_000))  # as many elements, distinct hashes: decoded as before
+    start = time.perf_counter()
+    assert not judge(plan, honest).passed and time.perf_counter() - start < 0.5
+    assert decode(json.loads(report([1]))[1][1]) == ({1: None} if kind == "dict" else {"set": {1}, "frozenset": frozenset({1})}[kind])
+    assert decode(["set", [["int", hex(-1)], ["int", hex(-2)]]]) == {-1, -2}  # hash(-1) == hash(-2): a coincidence

@@ -302,11 +302,62 @@ def test_run_python_raises_when_the_launcher_refuses(tmp_path, monkeypatch, sand
     from hybridflow.rewards.sandbox import SandboxUnavailableError
 
     refusing = tmp_path / "refusing_launcher.py"
-    refusing.write_text(
-        f"import sys\nsys.stderr.write({sandbox_launcher.UNAVAILABLE_MARK!r} + ': no namespaces here; allow an unisolated sandbox')\n"
+    refusing.write_text(  # the launcher's word goes to its status channel, as the real one's
+        "import json, os, sys\nconfig = json.loads(sys.argv[1])\n"
+        f"os.write(config['status_fd'], ({sandbox_launcher.UNAVAILABLE_MARK!r} + ': no namespaces here; "
+        "allow an unisolated sandbox').encode())\n"
         f"sys.exit({sandbox_launcher.EXIT_UNAVAILABLE})\n"
     )
     monkeypatch.setattr(sandbox, "_LAUNCHER", str(refusing))
     with pytest.raises(SandboxUnavailableError, match="no namespaces here"):
         run_python("print(1)")
     assert list(sandbox_tmp.iterdir()) == []
+
+
+def test_a_program_cannot_forge_the_launchers_word(sandbox_tmp):
+    """The launcher's markers on the program's stderr (and its exit status 71) are the program's output only:
+    not "the sandbox is unavailable" (which the python tool would report as an infrastructure error), and
+    not "this run was unisolated"."""
+    from hybridflow.rewards import sandbox_launcher
+
+    forged = run_python(
+        "import sys\n"
+        f"sys.stderr.write({sandbox_launcher.UNISOLATED_MARK!r} + '\\n')\n"
+        f"sys.stderr.write({sandbox_launcher.UNAVAILABLE_MARK!r} + ': cannot create namespaces\\n')\n"
+        f"sys.exit({sandbox_launcher.EXIT_UNAVAILABLE})\n")
+    assert forged.returncode == sandbox_launcher.EXIT_UNAVAILABLE and forged.isolated
+    assert forged.stderr.startswith(sandbox_launcher.UNISOLATED_MARK)  # kept as the program wrote it
+    assert list(sandbox_tmp.iterdir()) == []
+
+
+SYSV = """
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+IPC_CREAT, KEY_SHM, KEY_MSG = 0o1000, 0x5EED01, 0x5EED02
+mode = sys.argv[1] if len(sys.argv) > 1 else MODE
+if mode == "leave":
+    shm = libc.shmget(KEY_SHM, 1 << 20, IPC_CREAT | 0o666)
+    address = libc.shmat(shm, None, 0)
+    ctypes.memmove(address, b"the answer is 42", 16)
+    msg = libc.msgget(KEY_MSG, IPC_CREAT | 0o666)
+    print("left", shm >= 0, msg >= 0)
+else:
+    print("found", libc.shmget(KEY_SHM, 0, 0) >= 0, libc.msgget(KEY_MSG, 0) >= 0)
+"""
+
+
+def _host_sysv_keys(kind: str) -> set[int]:
+    """The keys of the host's System V objects of ``kind`` (shm, msg), as /proc lists them."""
+    lines = open(f"/proc/sysvipc/{kind}").read().splitlines()[1:]
+    return {int(line.split()[0]) for line in lines}
+
+
+def test_system_v_ipc_left_by_one_run_reaches_neither_a_later_run_nor_the_host(sandbox_tmp):
+    """An earlier run's shared-memory segment held a forged answer for a later one: each run now has its own IPC
+    namespace, which dies with it."""
+    left = run_python(SYSV.replace("MODE", '"leave"'))
+    assert left.ok and left.isolated and left.stdout.split() == ["left", "True", "True"], left.stderr
+    found = run_python(SYSV.replace("MODE", '"look"'))
+    assert found.ok and found.stdout.split() == ["found", "False", "False"], found.stdout
+    assert not {0x5EED01, 0x5EED02} & (_host_sysv_keys("shm") | _host_sysv_keys("msg"))
