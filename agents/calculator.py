@@ -3,13 +3,15 @@
 The expression is parsed with :mod:`ast` and only numbers, ``+ - * / // %
 **`` and parentheses are evaluated (no names, calls or attributes), with
 bounds that keep a hostile expression cheap: at most 200 characters,
-exponents up to 64 and results up to 10**100 in magnitude. Integers stay
-exact; a float result is shown with up to 12 significant digits.
+exponents up to 64, and every number, literals and results alike, finite
+and at most 10**100 in magnitude (``1e999`` is an error, not ``inf``).
+Integers stay exact; a float result is shown with up to 12 significant digits.
 """
 
 from __future__ import annotations
 
 import ast
+import math
 import operator
 from collections.abc import Mapping
 from typing import Any
@@ -35,9 +37,19 @@ def evaluate(expression: str) -> int | float:
     return _eval(tree.body)
 
 
+def _bounded(value: int | float) -> int | float:
+    """``value`` if it is a finite number within the bound; ValueError otherwise."""
+    if isinstance(value, complex):
+        raise ValueError("not a real number")
+    bound = float(_MAX_MAGNITUDE) if isinstance(value, float) else _MAX_MAGNITUDE  # 1e100 is a hair above 10**100
+    if abs(value) > bound or (isinstance(value, float) and math.isnan(value)):
+        raise ValueError("number out of range (at most 10**100 in magnitude)")
+    return value
+
+
 def _eval(node: ast.AST) -> int | float:
     if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-        return node.value
+        return _bounded(node.value)
     if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
         return _UNARY[type(node.op)](_eval(node.operand))
     if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
@@ -48,9 +60,7 @@ def _eval(node: ast.AST) -> int | float:
             value = _BINARY[type(node.op)](left, right)
         except ZeroDivisionError:
             raise ValueError("division by zero") from None
-        if isinstance(value, complex) or abs(value) > _MAX_MAGNITUDE:
-            raise ValueError("result out of range")
-        return value
+        return _bounded(value)
     raise ValueError(f"only numbers and + - * / // % ** ( ) are allowed, not {type(node).__name__}")
 
 

@@ -8,12 +8,17 @@ status the trajectory counts, never an exception:
 ============  ==========================================================
 status        when
 ============  ==========================================================
-``ok``        returned a string (cut to ``max_observation_chars``: ``truncated``)
+``ok``        returned a string
 ``unknown``   no such tool among ``rollout.agent.tools``
 ``invalid``   arguments missing, unexpected, or of the wrong JSON type
-``error``     raised, or returned something other than a string
+``error``     raised (:class:`~hybridflow.plugins.ToolError`: its message is
+              the observation), or returned something other than a string
 ``timeout``   still running after ``timeout_s``
 ============  ==========================================================
+
+An observation longer than ``max_observation_chars`` is cut in the middle
+(``truncated``): its head and its tail stay, since a program's error and
+exit status come last.
 
 Each call runs in its own daemon thread: a hung tool is abandoned (its
 thread ends with the process) and the loop moves on. Tools that run code
@@ -29,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hybridflow.plugins.entries import Tool
+from hybridflow.plugins.entries import Tool, ToolError
 
 __all__ = ["ToolBox", "ToolCall", "ToolResult"]
 
@@ -103,10 +108,24 @@ class ToolBox:
             return ToolResult(call.name, f"error: {call.name} timed out after {self.timeout_s:g} s", "timeout", seconds)
         if status == "error":
             return ToolResult(call.name, f"error: {call.name} failed: {value}", "error", seconds)
+        if status == "failed":  # the tool's own account of a failed call
+            text, cut = cut_middle(value, self.max_observation_chars)
+            return ToolResult(call.name, text, "error", seconds, truncated=cut)
         if not isinstance(value, str):
             return ToolResult(call.name, f"error: {call.name} returned {type(value).__name__}, not text", "error", seconds)
-        cut = len(value) > self.max_observation_chars
-        return ToolResult(call.name, value[: self.max_observation_chars], "ok", seconds, truncated=cut)
+        text, cut = cut_middle(value, self.max_observation_chars)
+        return ToolResult(call.name, text, "ok", seconds, truncated=cut)
+
+
+def cut_middle(text: str, limit: int) -> tuple[str, bool]:
+    """``text`` in at most ``limit`` characters, and whether it was cut: its head (a third) and its tail, with a
+    line in between saying how many characters were left out."""
+    if len(text) <= limit:
+        return text, False
+    room = max(limit - len(f"\n[... {len(text)} characters cut ...]\n"), 0)  # the longest the line can be
+    head, tail = room // 3, room - room // 3
+    marker = f"\n[... {len(text) - room} characters cut ...]\n"
+    return (text[:head] + marker + (text[len(text) - tail:] if tail else ""))[:limit], True
 
 
 def _check_arguments(tool: Tool, arguments: Any) -> str:
@@ -128,7 +147,8 @@ def _check_arguments(tool: Tool, arguments: Any) -> str:
 
 
 async def _in_daemon_thread(fn: Any, arguments: dict, state: dict, timeout_s: float) -> tuple[str, Any]:
-    """``("ok", value)``, ``("error", message)`` or ``("timeout", None)`` of ``fn(arguments, state)``."""
+    """``("ok", value)``, ``("failed", message)`` (a :class:`ToolError`), ``("error", message)`` or ``("timeout", None)``
+    of ``fn(arguments, state)``."""
     loop = asyncio.get_running_loop()
     done = loop.create_future()
 
@@ -139,6 +159,8 @@ async def _in_daemon_thread(fn: Any, arguments: dict, state: dict, timeout_s: fl
     def run() -> None:
         try:
             outcome = ("ok", fn(arguments, state))
+        except ToolError as exc:
+            outcome = ("failed", str(exc))
         except BaseException as exc:  # noqa: BLE001 - a tool's failure is an observation, whatever it is
             outcome = ("error", f"{type(exc).__name__}: {exc}"[:300])
         try:

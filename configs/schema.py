@@ -217,7 +217,8 @@ class AgentConfig:
     tool_timeout_s: float = 5.0
     """The longest one tool call may run; past it the observation is a timeout error (counted)."""
     max_observation_chars: int = 512
-    """A tool's answer is cut to this many characters (counted as ``agent/tool_truncated``)."""
+    """A tool's answer is cut to this many characters, in the middle (its head and tail kept, so a program's error
+    at the end stays; counted as ``agent/tool_truncated``)."""
 
     def problems(self) -> list[str]:
         """Broken rules of this section; names are checked against the installed plugins by the config check."""

@@ -8,7 +8,8 @@ the framework uses :func:`get_estimator`, :func:`get_reward_verifier`,
 :func:`get_tool`.
 """
 
-from hybridflow.plugins.entries import AdvantageEstimator, AgentLoop, BatchHook, EstimatorInput, PolicyLoss, RewardVerifier, Tool
+from hybridflow.plugins.entries import (AdvantageEstimator, AgentLoop, BatchHook, EstimatorInput, PolicyLoss, RewardVerifier,
+                                         Tool, ToolError)
 from hybridflow.plugins.hookspecs import hookimpl
 from hybridflow.plugins.manager import (
     PluginConflictError,
@@ -34,6 +35,7 @@ __all__ = [
     "PolicyLoss",
     "RewardVerifier",
     "Tool",
+    "ToolError",
     "UnknownNameError",
     "get_agent_loop",
     "get_batch_hook",

@@ -305,6 +305,11 @@ class AgentLoop(PluginEntry):
             raise TypeError(f"agent loop {self.name!r}: fn must be an async function (async def)")
 
 
+class ToolError(Exception):
+    """Raised by a tool's function for a call that failed: the message is the observation the policy reads, and
+    the call's status is ``error`` whatever the message says (a program's output cannot pass for success)."""
+
+
 @dataclass(frozen=True)
 class Tool(PluginEntry):
     """A tool an agent loop may call, resolved by name from ``rollout.agent.tools``.
@@ -315,8 +320,10 @@ class Tool(PluginEntry):
     tool knows, e.g. a hidden value; an empty dict when absent), and returns
     the observation text. It runs in a thread of the driver with the
     configured timeout: a tool that raises, hangs or returns something that is
-    not a string becomes an error observation, never a failed step. A tool
-    that runs model-written code must run it in a sandbox
+    not a string becomes an error observation, never a failed step; a tool
+    whose call failed in a way it can describe raises :class:`ToolError`
+    with the observation as its message (status ``error``, however the text
+    reads). A tool that runs model-written code must run it in a sandbox
     (:func:`hybridflow.rewards.sandbox.run_python`), as ``python`` does.
 
     ``parameters`` is the JSON schema of the arguments (an ``object`` schema

@@ -19,11 +19,12 @@ from hybridflow.core.rollout_batch import left_pad
 from hybridflow.agents.calculator import evaluate
 from hybridflow.agents.formats import FORMATS, observation_ids
 from hybridflow.agents.python_tool import run_code
+from hybridflow.agents.toolbox import cut_middle
 from hybridflow.agents.server import engine_generate_fn
 from hybridflow.agents.tool_calling import tool_calling
 from hybridflow.core import DataProto
 from hybridflow.data.synthetic_tool import make_tool_example
-from hybridflow.plugins import Tool, get_agent_loop
+from hybridflow.plugins import Tool, ToolError, get_agent_loop
 from hybridflow.rewards.tool_task import compute_score
 from hybridflow.workers.models import load_model_and_tokenizer
 from hybridflow.workers.rollout.engine import RolloutEngine
@@ -173,7 +174,9 @@ def test_a_failing_tool_becomes_an_error_observation(call, status, text):
 
 def test_a_flood_is_cut_and_counted():
     result = asyncio.run(ToolBox(bad_tools(), max_observation_chars=64).call(ToolCall("flood", {})))
-    assert (result.status, result.truncated, result.text) == ("ok", True, "9" * 64)
+    assert (result.status, result.truncated) == ("ok", True) and 56 <= len(result.text) <= 64
+    head, marker, tail = result.text.partition("\n[... ")
+    assert set(head) == {"9"} and marker and set(tail.rpartition("cut ...]\n")[2]) == {"9"}  # cut in the middle
 
 
 def test_arguments_are_checked_against_the_schema():
@@ -205,12 +208,55 @@ def test_the_calculator_refuses_anything_but_bounded_arithmetic():
             evaluate(expression)
 
 
+@pytest.mark.parametrize("expression,reason", [
+    ("1e999", "out of range"), ("1e999-1e999", "out of range"), ("-1e999", "out of range"),  # inf and nan literals
+    ("1" + "0" * 150, "out of range"), ("1e101 * 0", "out of range"),  # a literal past the bound, whatever follows
+    ("(-8)**0.5", "not a real number"), ("1e100 * 10", "out of range"),
+])
+def test_the_calculators_bounds_hold_for_literals_and_results(expression, reason):
+    with pytest.raises(ValueError, match=reason):
+        evaluate(expression)
+
+
+def test_the_calculator_keeps_what_is_within_its_bounds():
+    assert evaluate("10**64 * 10**36") == 10**100 and evaluate("1e100") == 1e100 and evaluate("2.5e-300") == 2.5e-300
+
+
 def test_the_python_tool_runs_in_the_sandbox_and_is_killed_on_time():
     assert run_code({"code": "print(sum(range(5)))"}, {}).strip() == "10"
-    assert "ZeroDivisionError" in run_code({"code": "1/0"}, {})
+    with pytest.raises(ToolError, match="ZeroDivisionError"):
+        run_code({"code": "1/0"}, {})
     start = time.monotonic()
-    assert "killed" in run_code({"code": "while True: pass"}, {"timeout_s": 1.0})
+    with pytest.raises(ToolError, match="killed"):
+        run_code({"code": "while True: pass"}, {"timeout_s": 1.0})
     assert time.monotonic() - start < 5.0
+
+
+def test_a_failing_programs_error_and_status_reach_the_policy_past_a_long_output():
+    """Printed >= 512 characters, then failed: the observation was 512 characters of output and status ok."""
+    box = ToolBox.from_names(["python"])
+    result = asyncio.run(box.call(ToolCall("python", {"code": "print('x' * 5000)\nraise KeyError('lost')"})))
+    assert result.status == "error" and result.truncated and len(result.text) <= box.max_observation_chars
+    assert result.text.startswith("xxx") and "characters cut" in result.text
+    assert result.text.rstrip().endswith("KeyError: 'lost'") and "error: exit code 1" in result.text
+
+
+def test_a_program_cannot_forge_an_infrastructure_error():
+    """The sandbox's "unavailable" marker and exit status 71, printed by the program itself: a failed program
+    (exit code 71, its own text), not the sandbox unavailable."""
+    from hybridflow.rewards import sandbox_launcher
+
+    code = (f"import sys\nsys.stderr.write({sandbox_launcher.UNAVAILABLE_MARK!r} + ': namespaces\\n')\n"
+            f"sys.exit({sandbox_launcher.EXIT_UNAVAILABLE})")
+    with pytest.raises(ToolError) as failed:
+        run_code({"code": code}, {})
+    assert "error: exit code 71" in str(failed.value) and "sandbox is unavailable" not in str(failed.value)
+
+
+def test_an_observation_is_cut_in_the_middle_keeping_head_and_tail():
+    text, cut = cut_middle("a" * 300 + "b" * 400 + "END", 100)
+    assert cut and len(text) <= 100 and text.startswith("a") and text.endswith("bEND")
+    assert "[... " in text and cut_middle("short", 100) == ("short", False)
 
 
 def test_concurrent_loops_share_engine_calls(policy):
