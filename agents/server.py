@@ -86,6 +86,8 @@ __all__ = ["MAX_SEED_STREAMS", "PolicyServer", "engine_generate_fn"]
 logger = logging.getLogger(__name__)
 
 MAX_SEED_STREAMS = 64
+MAX_N = 64
+"""The most completions one request may ask for (``n``)."""
 """Seeded streams the server remembers; the least recently used idle one is dropped beyond that."""
 
 _Stream = tuple[bool, int | None]  # (greedy, seed): None is the server's own stream
@@ -149,17 +151,23 @@ class PolicyServer:
     :param full_batch_size: a call goes without waiting ``max_wait_s`` once this many requests wait.
     :param access_log: log one line per request (aiohttp's ``aiohttp.access`` logger, at INFO); off by
         default: every agent turn is a request, and a 4-step agent run logged 2,081 such lines in 2,108.
+    :param max_tokens_limit: the most ``max_tokens`` a request may ask for (a larger one gets a 400: a
+        request of 10**9 tokens would first try to allocate ~12 GB).
+    :param max_model_len: the most tokens a prompt and its ``max_tokens`` may hold together (None: unchecked).
+    :param max_body_bytes: the largest request body read (413 beyond it, before any parsing or tokenizing).
     """
 
     def __init__(
         self, generate_fn: Callable[[DataProto], DataProto], tokenizer: Any, *, model_name: str = "hybridflow-policy",
         host: str = "127.0.0.1", port: int = 0, max_wait_s: float = 0.005, seed: int = 0,
         eos_token_ids: Sequence[int] | None = None, default_max_tokens: int = 16, full_batch_size: int = 256,
-        access_log: bool = False,
+        access_log: bool = False, max_tokens_limit: int = 4096, max_model_len: int | None = None,
+        max_body_bytes: int = 1 << 20,
     ) -> None:
         self.tokenizer, self.model_name, self.host, self.port = tokenizer, model_name, host, port
         self.max_wait_s, self.seed, self.default_max_tokens = max_wait_s, seed, default_max_tokens
         self.full_batch_size, self.access_log = full_batch_size, access_log
+        self.max_tokens_limit, self.max_model_len, self.max_body_bytes = max_tokens_limit, max_model_len, max_body_bytes
         eos = [tokenizer.eos_token_id] if eos_token_ids is None else list(eos_token_ids)
         self.eos_token_ids = [int(t) for t in eos if t is not None]
         pad = tokenizer.pad_token_id
@@ -231,7 +239,7 @@ class PolicyServer:
             loop.close()
 
     def _app(self) -> web.Application:
-        app = web.Application(middlewares=[_openai_errors], client_max_size=64 * 1024**2)
+        app = web.Application(middlewares=[_openai_errors], client_max_size=self.max_body_bytes)
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/completions", self._completions)
@@ -251,7 +259,9 @@ class PolicyServer:
         _reject_unsupported(body, "stop", "echo", "suffix")
         prompts = self._prompts(body.get("prompt"))
         sampling = self._sampling(body, body.get("max_tokens"), "max_tokens")
-        logprobs = _optional_int(body, "logprobs", minimum=0)
+        for ids in prompts:
+            self._check_context(ids, sampling, "max_tokens")
+        logprobs = _optional_int(body, "logprobs", minimum=0, maximum=20)
         with_ids = _flag(body, "return_token_ids")
         results = await asyncio.gather(*(self._sample(ids, sampling) for ids in prompts))
         choices = []
@@ -274,9 +284,10 @@ class PolicyServer:
         prompt_ids = self._render(body)
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
         sampling = self._sampling(body, max_tokens, "max_completion_tokens")
+        self._check_context(prompt_ids, sampling, "max_completion_tokens")
         logprobs = _flag(body, "logprobs")
         with_ids = _flag(body, "return_token_ids")
-        _optional_int(body, "top_logprobs", minimum=0)  # validated; alternatives are never returned
+        _optional_int(body, "top_logprobs", minimum=0, maximum=20)  # validated; alternatives are never returned
         completions = await self._sample(prompt_ids, sampling)
         choices = []
         for completion in completions:
@@ -337,8 +348,10 @@ class PolicyServer:
     # ------------------------------------------------------------ parsing
     async def _body(self, request: web.Request) -> dict[str, Any]:
         try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            body = json.loads(await request.text(), parse_constant=_no_constant)
+        except RecursionError:  # 100,000 nested brackets
+            raise _BadRequest("the request body is nested deeper than JSON parsing allows") from None
+        except ValueError as exc:  # not JSON, not UTF-8, NaN / Infinity, an integer past Python's digit limit
             raise _BadRequest(f"the request body is not JSON: {exc}") from None
         if not isinstance(body, dict):
             raise _BadRequest("the request body must be a JSON object")
@@ -353,16 +366,27 @@ class PolicyServer:
     def _sampling(self, body: dict[str, Any], max_tokens: Any, max_tokens_name: str) -> _Sampling:
         if max_tokens is None:
             max_tokens = self.default_max_tokens
-        if not _is_int(max_tokens) or max_tokens < 1:
-            raise _BadRequest(f"`{max_tokens_name}` must be an integer >= 1, got {max_tokens!r}", max_tokens_name)
+        if not _is_int(max_tokens) or not 1 <= max_tokens <= self.max_tokens_limit:
+            raise _BadRequest(f"`{max_tokens_name}` must be an integer in [1, {self.max_tokens_limit}], got "
+                              f"{_shown(max_tokens)}", max_tokens_name)
         temperature = body.get("temperature")
-        if temperature is not None and (not _is_number(temperature) or temperature < 0):
-            raise _BadRequest(f"`temperature` must be a number >= 0, got {temperature!r}", "temperature")
-        seed = _optional_int(body, "seed")
-        n = _optional_int(body, "n", minimum=1)
+        if temperature is not None and (not _is_number(temperature) or not 0 <= temperature <= 2):
+            raise _BadRequest(f"`temperature` must be a number in [0, 2], got {_shown(temperature)}", "temperature")
+        top_p = body.get("top_p")
+        if top_p is not None and (not _is_number(top_p) or not 0 < top_p <= 1):
+            raise _BadRequest(f"`top_p` must be a number in (0, 1], got {_shown(top_p)}", "top_p")
+        seed = _optional_int(body, "seed", minimum=-(2**63), maximum=2**63 - 1)  # OpenAI's int64
+        n = _optional_int(body, "n", minimum=1, maximum=MAX_N)
         stops = body.get("stop_token_ids")
         return _Sampling(int(max_tokens), temperature == 0, seed, 1 if n is None else n,
                          tuple(self._token_ids([] if stops is None else stops, "stop_token_ids", allow_empty=True)))
+
+    def _check_context(self, prompt_ids: list[int], sampling: _Sampling, max_tokens_name: str) -> None:
+        """A prompt and its ``max_tokens`` fit the model's context (``max_model_len``), as OpenAI's servers check."""
+        if self.max_model_len is not None and len(prompt_ids) + sampling.max_tokens > self.max_model_len:
+            raise _BadRequest(f"This model's maximum context length is {self.max_model_len} tokens; the prompt has "
+                              f"{len(prompt_ids)} and `{max_tokens_name}` asks for {sampling.max_tokens}",
+                              max_tokens_name, code="context_length_exceeded")
 
     def _prompts(self, prompt: Any) -> list[list[int]]:
         """``prompt`` as token-id lists: a string, a list of ids, or a list of strings or of id lists."""
@@ -471,14 +495,27 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _optional_int(body: dict[str, Any], name: str, minimum: int | None = None) -> int | None:
+def _optional_int(body: dict[str, Any], name: str, minimum: int | None = None,
+                  maximum: int | None = None) -> int | None:
     value = body.get(name)
     if value is None:
         return None
-    if not _is_int(value) or (minimum is not None and value < minimum):
-        bound = "" if minimum is None else f" >= {minimum}"
-        raise _BadRequest(f"`{name}` must be an integer{bound}, got {value!r}", name)
+    if not _is_int(value) or (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        bound = {(True, True): f" in [{minimum}, {maximum}]", (True, False): f" >= {minimum}",
+                 (False, True): f" <= {maximum}", (False, False): ""}[minimum is not None, maximum is not None]
+        raise _BadRequest(f"`{name}` must be an integer{bound}, got {_shown(value)}", name)
     return value
+
+
+def _shown(value: Any) -> str:
+    """``value`` for an error message, at most 40 characters (a 4,000-digit integer would be the whole message)."""
+    text = repr(value) if not _is_int(value) or abs(value) < 10**30 else f"an integer of {len(str(abs(value)))} digits"
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _no_constant(name: str) -> Any:
+    """``NaN``, ``Infinity`` and ``-Infinity`` are not JSON (Python's parser takes them by default)."""
+    raise ValueError(f"{name} is not a JSON value")
 
 
 def _flag(body: dict[str, Any], name: str) -> bool:

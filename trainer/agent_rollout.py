@@ -44,6 +44,9 @@ class AgentRollout:
                                   rollout.response_length, pad_token_id)
         self.actor, self.pad_token_id, self.eos_token_ids = actor, pad_token_id, eos_token_ids
         self.server_config = rollout.server
+        # a turn generates at most the trajectory's response budget, inside a context of prompt + responses
+        self.server_limits = {"max_tokens_limit": rollout.response_length,
+                              "max_model_len": config.data.max_prompt_length + rollout.response_length}
         self.mode = rollout.mode
         self.server = None
         self.vllm_server = server  # a VLLMServer: the loops are its clients
@@ -76,7 +79,7 @@ class AgentRollout:
             cfg = self.server_config
             self.server = PolicyServer(self.actor.generate_sequences, self.runner.tokenizer, host=cfg.host,
                                        port=cfg.port, max_wait_s=cfg.max_wait_s, eos_token_ids=self.eos_token_ids,
-                                       access_log=cfg.access_log)
+                                       access_log=cfg.access_log, **self.server_limits)
             self.server.start()
             logger.info("policy server: %s (OpenAI-compatible; rollout.mode=server)", self.server.url)
         return self.server.url

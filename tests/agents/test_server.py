@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import urllib.error
 import urllib.request
 
@@ -55,7 +56,8 @@ def server(engine, calls):
         calls.append(len(prompts))
         return serve(prompts)
 
-    with PolicyServer(counted, engine.tokenizer, model_name=MODEL, max_wait_s=0.05) as running:
+    with PolicyServer(counted, engine.tokenizer, model_name=MODEL, max_wait_s=0.05, max_model_len=64,
+                      max_body_bytes=256 * 1024) as running:
         yield running
 
 
@@ -234,10 +236,10 @@ def test_completions_client_returns_what_the_batcher_does(server, engine):
         ("/completions", {"prompt": {"text": "1"}}, "prompt", "must be a string, a list of token ids"),
         ("/completions", {"prompt": [1, "2"]}, "prompt", "list of token ids"),
         ("/completions", {"prompt": [10**6]}, "prompt", "outside the vocabulary"),
-        ("/completions", {"prompt": "1", "max_tokens": 0}, "max_tokens", "integer >= 1"),
-        ("/completions", {"prompt": "1", "max_tokens": "4"}, "max_tokens", "integer >= 1"),
-        ("/completions", {"prompt": "1", "temperature": -1}, "temperature", ">= 0"),
-        ("/completions", {"prompt": "1", "n": 0}, "n", "integer >= 1"),
+        ("/completions", {"prompt": "1", "max_tokens": 0}, "max_tokens", "integer in [1, 4096]"),
+        ("/completions", {"prompt": "1", "max_tokens": "4"}, "max_tokens", "integer in [1, 4096]"),
+        ("/completions", {"prompt": "1", "temperature": -1}, "temperature", "in [0, 2]"),
+        ("/completions", {"prompt": "1", "n": 0}, "n", "integer in [1, 64]"),
         ("/completions", {"prompt": "1", "seed": 1.5}, "seed", "integer"),
         ("/completions", {"prompt": "1", "stop_token_ids": 2}, "stop_token_ids", "list of token ids"),
         ("/completions", {"prompt": "1", "stream": True}, "stream", "stream is not supported"),
@@ -250,8 +252,16 @@ def test_completions_client_returns_what_the_batcher_does(server, engine):
         ("/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "logprobs": 1}, "logprobs",
          "true or false"),
         ("/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": -2},
-         "max_completion_tokens", "integer >= 1"),
+         "max_completion_tokens", "integer in [1, 4096]"),
         ("/completions", [1, 2], None, "must be a JSON object"),
+        # hostile values that used to be accepted, or end in a 500
+        ("/completions", {"prompt": "1", "max_tokens": 10**9}, "max_tokens", "integer in [1, 4096]"),
+        ("/completions", {"prompt": "1", "max_tokens": 512}, "max_tokens", "maximum context length is 64 tokens"),
+        ("/completions", {"prompt": "1", "seed": 2**64}, "seed", "integer in [-9223372036854775808, "),
+        ("/completions", {"prompt": "1", "n": 10**6}, "n", "integer in [1, 64]"),
+        ("/completions", {"prompt": "1", "top_p": 0}, "top_p", "in (0, 1]"),
+        ("/completions", {"prompt": "1", "logprobs": 10**4}, "logprobs", "integer in [0, 20]"),
+        ("/completions", {"prompt": "1", "seed": 10**4000}, "seed", "an integer of 4001 digits"),
     ],
 )
 def test_bad_requests_get_a_400_with_the_reason(server, path, body, param, message):
@@ -263,7 +273,7 @@ def test_bad_requests_get_a_400_with_the_reason(server, path, body, param, messa
 
 def test_errors_through_the_openai_client_and_other_statuses(server):
     client = openai.OpenAI(base_url=server.url, api_key="none", max_retries=0)
-    with pytest.raises(openai.BadRequestError, match="integer >= 1"):
+    with pytest.raises(openai.BadRequestError, match=r"integer in \[1, 4096\]"):
         client.completions.create(model=MODEL, prompt="1", max_tokens=0)
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         client.completions.create(model="gpt-4", prompt="1")
@@ -315,3 +325,28 @@ def test_requests_are_logged_only_with_access_log(engine, caplog, access_log):
             assert post(server.url + "/completions", {"prompt": [5, 6], "max_tokens": 2})[0] == 200
     lines = [r.getMessage() for r in caplog.records if r.name == "aiohttp.access"]
     assert len([line for line in lines if '"POST /v1/completions HTTP/1.1" 200' in line]) == (3 if access_log else 0)
+
+
+@pytest.mark.parametrize("raw,says", [
+    (b'{"prompt": "1", "temperature": NaN}', "NaN is not a JSON value"),
+    (b'{"prompt": "1", "temperature": Infinity}', "Infinity is not a JSON value"),
+    (b'{"prompt": "1", "temperature": 1e999}', "in [0, 2]"),  # inf as a float literal
+    (b"[" * 100_000 + b"]" * 100_000, "nested deeper"),
+    (b'{"prompt": "1", "seed": ' + b"7" * 5000 + b"}", "not JSON"),  # past Python's int digit limit
+    (b'{"prompt": "1", "max_tokens": 1, "temperature": 0.5, "x": "\\ud800"}', None),  # a lone surrogate: fine
+])
+def test_hostile_bodies_get_a_400_never_a_500(server, raw, says):
+    status, answer = post(server.url + "/completions", None, raw=raw)
+    if says is None:
+        assert status == 200, answer
+        return
+    assert status == 400 and answer["error"]["type"] == "invalid_request_error", answer
+    assert says in answer["error"]["message"]
+
+
+def test_a_body_past_the_limit_is_refused_before_it_is_read_whole(server):
+    start = time.monotonic()
+    status, answer = post(server.url + "/completions", {"prompt": "7 " * 300_000})  # 600 kB, the limit 256 kB
+    assert status == 413 and "Request Entity Too Large" in answer["error"]["message"]
+    assert time.monotonic() - start < 2.0
+    assert post(server.url + "/completions", {"prompt": "1", "max_tokens": 1})[0] == 200  # and it serves on
