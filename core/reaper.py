@@ -26,7 +26,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-__all__ = ["Reaper", "descendants", "start_reaper"]
+__all__ = ["Reaper", "descendants", "process_tree", "start_reaper"]
 
 REFRESH_S = 0.5
 """How often the reaper records the driver's descendants (a process started and orphaned in less escapes it)."""
@@ -44,23 +44,35 @@ def _stat(pid: int) -> tuple[int, int] | None:
     return int(fields[1]), int(fields[19])
 
 
-def descendants(root: int) -> dict[int, int]:
-    """Every live descendant of ``root``: pid -> its start time."""
+def process_tree(root: int, column: int, *, with_root: bool = True) -> dict[int, int]:
+    """``root`` (with ``with_root``) and its live descendants, each with column ``column`` of its
+    ``/proc/PID/stat`` counted after the command name (1: the parent pid, 19: the start time, 21: the
+    resident pages), from one pass over ``/proc``."""
     children: dict[int, list[int]] = {}
-    starts: dict[int, int] = {}
+    values: dict[int, int] = {}
     for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            stat = _stat(int(entry))
-            if stat is not None:
-                children.setdefault(stat[0], []).append(int(entry))
-                starts[int(entry)] = stat[1]
-    found, todo = {}, list(children.get(root, ()))
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()  # the command name may hold spaces and parentheses
+        except (OSError, IndexError):  # exited meanwhile
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry))
+        values[int(entry)] = int(fields[column])
+    found: dict[int, int] = {}
+    todo = [root] if with_root else list(children.get(root, ()))
     while todo:
         pid = todo.pop()
-        if pid not in found and pid in starts:
-            found[pid] = starts[pid]
+        if pid in values and pid not in found:
+            found[pid] = values[pid]
             todo.extend(children.get(pid, ()))
     return found
+
+
+def descendants(root: int) -> dict[int, int]:
+    """Every live descendant of ``root``: pid -> its start time."""
+    return process_tree(root, 19, with_root=False)
 
 
 def _kill(recorded: dict[int, int]) -> int:

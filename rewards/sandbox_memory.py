@@ -32,6 +32,8 @@ import signal
 import threading
 import time
 
+from hybridflow.core.reaper import process_tree as proc_tree
+
 logger = logging.getLogger(__name__)
 
 _MIB = 1 << 20
@@ -151,27 +153,7 @@ class WatchdogGuard:
 
 def process_tree(root: int) -> dict[int, int]:
     """``root`` and its descendants, each with its resident pages, from one pass over ``/proc/*/stat``."""
-    children: dict[int, list[int]] = {}
-    resident: dict[int, int] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:  # exited meanwhile
-            continue
-        fields = stat[stat.rindex(b")") + 2 :].split()  # the command name may hold spaces and parentheses
-        pid, ppid = int(name), int(fields[1])
-        children.setdefault(ppid, []).append(pid)
-        resident[pid] = int(fields[21])
-    tree, todo = {}, [root]
-    while todo:
-        pid = todo.pop()
-        if pid in resident and pid not in tree:
-            tree[pid] = resident[pid]
-            todo.extend(children.get(pid, ()))
-    return tree
+    return proc_tree(root, 21)
 
 
 def memory_guard(limit_mb: int) -> CgroupGuard | WatchdogGuard:
