@@ -350,11 +350,10 @@ def test_a_report_of_elements_that_hash_alike_is_judged_in_linear_time(kind):
 
     forged = report(k * (2**61 - 1) for k in range(1, 40_000))
     assert len(forged) > 1 << 20  # the size of the measured forgery
-    start = time.perf_counter()
+    start = time.process_time()  # this process's CPU time: the suite's other workers do not count
     verdict = judge(plan, forged)
-    assert time.perf_counter() - start < 0.5 and not verdict.passed
-    honest = report(range(40_000))  # as many elements, distinct hashes: decoded as before
-    start = time.perf_counter()
-    assert not judge(plan, honest).passed and time.perf_counter() - start < 0.5
+    assert time.process_time() - start < 0.5 and not verdict.passed
+    honest = judge(plan, report(range(40_000)))  # as many elements, distinct hashes: decoded, then compared
+    assert not honest.passed and honest.reason == "'assert f() == {1}' does not hold"
     assert decode(json.loads(report([1]))[1][1]) == ({1: None} if kind == "dict" else {"set": {1}, "frozenset": frozenset({1})}[kind])
     assert decode(["set", [["int", hex(-1)], ["int", hex(-2)]]]) == {-1, -2}  # hash(-1) == hash(-2): a coincidence

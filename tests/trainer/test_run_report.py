@@ -28,13 +28,27 @@ def summary_rows(stdout: str) -> dict[str, str]:
     return {name: value for name, value in (re.split(r"\s{2,}", line.strip(), maxsplit=1) for line in table if line)}
 
 
+# veRL's spellings of its example scripts (sized for the tiny model), which the run must take as written
+# (tests/trainer/test_verl_command_line.py has each key's translation on its own, trainer.save_freq=-1 included)
+VERL = ["data.max_response_length=4", "data.filter_overlong_prompts=True", "data.truncation='error'",
+        "trainer.critic_warmup=0", "critic.model.path=builtin:tiny-qwen2", "actor_rollout_ref.rollout.mode=async",
+        "critic.model.fsdp_config.param_offload=False", "+trainer.val_before_train=False"]
+
+
 @pytest.mark.slow
 def test_a_run_prints_its_directory_and_each_checkpoint_and_writes_metrics_with_console_only(tmp_path):
-    """``hybridflow-train`` in a fresh directory, Hydra's default run directory, ``trainer.logger=[console]``."""
+    """``hybridflow-train`` in a fresh directory, Hydra's default run directory, ``trainer.logger=[console]``,
+    written as a veRL script writes it: data files as plain strings, veRL's keys (one line each at start)."""
+    from hybridflow.data import SYNTHETIC_GENERATORS
+
+    files = SYNTHETIC_GENERATORS["arithmetic"][1](str(tmp_path / "data"), seed=0)
+    verl = [f"data.train_files={files['train']}", f"data.val_files={files['val']}", *VERL]
     out = subprocess.run([*TRAIN, *SMALL, "trainer.total_training_steps=2", "trainer.save_freq=1",
-                          "trainer.logger=[console]", f"data.synthetic_dir={tmp_path}/data"],
+                          "trainer.logger=[console]", "actor_rollout_ref.model.path=builtin:tiny-qwen2", *verl],
                          cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    said = [line for line in out.stderr.splitlines() if line.startswith("hybridflow-train: ")]
+    assert len(said) == len(verl), said  # one line per veRL spelling, none refused
     [run_dir] = (tmp_path / "outputs").glob("*/*")  # outputs/<date>/<time>
     console = out.stdout + out.stderr
     assert f"run directory: {run_dir}\n" in console

@@ -1,11 +1,7 @@
 """A veRL command line as veRL's example scripts write it: translated where the meaning is the same, refused
 with what to write where it is not (``trainer/overrides.py`` :func:`translate`, the table in
-``trainer/foreign_keys.py``), and run for real through ``hybridflow-train``.
+``trainer/foreign_keys.py``). A real run written this way: ``tests/trainer/test_run_report.py``.
 """
-
-import json
-import subprocess
-import sys
 
 import pytest
 
@@ -67,28 +63,3 @@ def test_values_and_flags_that_are_not_verls_are_left_alone():
     args = ["-m", "trainer.seed=1,2", "trainer.save_freq=5", "data.train_files=[a.parquet]", "hydra.run.dir=x",
             "~trainer.run_name", "data.max_response_length=8,16"]
     assert translate(args).args == args  # a sweep over a renamed key is left for the check to explain
-
-
-@pytest.mark.slow
-def test_a_verl_command_line_runs_as_written(tmp_path):
-    """veRL's PPO example's keys (values sized for the tiny model): the run trains, saying one line per key."""
-    from hybridflow.data import SYNTHETIC_GENERATORS
-
-    files = SYNTHETIC_GENERATORS["arithmetic"][1](str(tmp_path / "data"), seed=0)
-    verl = [f"data.train_files={files['train']}", f"data.val_files={files['val']}", "data.max_response_length=4",
-            "data.filter_overlong_prompts=True", "data.truncation='error'", "trainer.critic_warmup=0",
-            "critic.model.path=builtin:tiny-qwen2", "trainer.save_freq=-1", f"{R}.mode=async",
-            "critic.model.fsdp_config.param_offload=False", "+trainer.val_before_train=False"]
-    ours = ["actor_rollout_ref.model.path=builtin:tiny-qwen2", "algorithm.adv_estimator=gae", "data.train_batch_size=2",
-            "actor_rollout_ref.actor.ppo_mini_batch_size=2", f"{R}.n=2", "trainer.total_training_steps=1",
-            "trainer.test_freq=5", "data.val_batch_size=8",
-            f"hydra.run.dir={tmp_path}/run"]
-    out = subprocess.run([sys.executable, "-m", "hybridflow.trainer.main", *ours, *verl], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
-    said = [line for line in out.stderr.splitlines() if line.startswith("hybridflow-train: ")]
-    assert len(said) == len(verl), said
-    assert "not run (trainer.val_before_train=false)" in out.stdout  # validated after the last step only
-    steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [s["step"] for s in steps] == [1] and "val/accuracy" in steps[0]
-    assert not list((tmp_path / "run").glob("**/global_step_*"))  # save_freq=-1 is off, as in veRL
