@@ -537,6 +537,11 @@ def _choice(value: str) -> str:
     return value.strip("'\"").lower()
 
 
+def note_for(entry: ForeignKey, value: str) -> str:
+    """How ``entry`` differs here for the foreign ``value``: its note for that value, else its general one."""
+    return entry.value_notes.get(_choice(value), entry.note)
+
+
 def suggestion(entry: ForeignKey, value: str, rest: str = "") -> tuple[str, ...] | None:
     """The overrides ``entry`` suggests for the foreign ``value``; None when nothing here does it."""
     chosen = entry.by_value.get(_choice(value))
@@ -561,7 +566,7 @@ def explain(name: str, value: str) -> str | None:
         if entry.missing:
             return f"{head}; no equivalent yet: {entry.missing}"
         return f"{head}; here the value decides ({', '.join(entry.by_value)}), and {value} is none of those"
-    note = entry.value_notes.get(_choice(value), entry.note)
+    note = note_for(entry, value)
     return f"{head}; here: {' '.join(overrides) or 'nothing to set'}" + (f"; {note}" if note else "")
 
 

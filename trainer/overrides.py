@@ -32,7 +32,8 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from hybridflow.configs import CONFIG_DIR
 from hybridflow.configs.schema import PPOConfig
-from hybridflow.trainer.foreign_keys import VALUES, VERL, ForeignKey, argv_problems, explain, lookup, suggestion
+from hybridflow.trainer.foreign_keys import (VALUES, VERL, ForeignKey, argv_problems, explain, lookup, note_for,
+                                              suggestion)
 
 _FLAGS_WITHOUT_VALUE = ("--multirun", "-m")
 
@@ -166,7 +167,7 @@ def _apply(entry: ForeignKey, key: str, value: str, rest: str) -> tuple[list[str
         return None
     if not all("=" in item for item in overrides):
         return None  # names a key whose value is not the foreign one: refused with the advice
-    note = entry.value_notes.get(value.strip("'\"").lower(), entry.note) or entry.missing
+    note = note_for(entry, value) or entry.missing
     if not overrides:
         return [], f"veRL's {key}={value} changes nothing here" + (f": {note}" if note else "")
     args = [a for item in overrides for a in shlex.split(item)]
