@@ -9,6 +9,7 @@ also try the present design (the result channel at fd 3, the harness's
 """
 
 import json
+import math
 from dataclasses import dataclass
 
 import pytest
@@ -340,6 +341,7 @@ def test_judge_reads_only_well_formed_reports():
 def test_a_report_of_elements_that_hash_alike_is_judged_in_linear_time(kind):
     """A forged 1 MiB report of ints that all hash to 0 (multiples of 2**61 - 1) took 5.9 s to judge: building
     the set probed every earlier element. It is refused as malformed, fast; a real set of as many ints is not."""
+    import gc
     import time
 
     plan = plan_asserts(["assert f() == {1}"])
@@ -351,15 +353,26 @@ def test_a_report_of_elements_that_hash_alike_is_judged_in_linear_time(kind):
     forged = report(k * (2**61 - 1) for k in range(1, 40_000))
     assert len(forged) > 1 << 20  # the size of the measured forgery
     honest_report = report(range(40_000))  # as many elements, distinct hashes: decoded, then compared
-    start = time.process_time()  # this process's CPU time: the suite's other workers count less
-    honest = judge(plan, honest_report)
-    honest_s = time.process_time() - start
-    start = time.process_time()
-    verdict = judge(plan, forged)
-    forged_s = time.process_time() - start
+
+    def cpu_seconds(payload):
+        # best of three with the collector off: a full collection of a long-lived xdist worker's heap landing
+        # inside one call cost 0.6 s in CI, ten times the judging it interrupted
+        best = math.inf
+        gc.disable()
+        try:
+            for _ in range(3):
+                start = time.process_time()  # this process's CPU time: the suite's other workers count less
+                verdict = judge(plan, payload)
+                best = min(best, time.process_time() - start)
+        finally:
+            gc.enable()
+        return verdict, best
+
+    honest, honest_s = cpu_seconds(honest_report)
+    verdict, forged_s = cpu_seconds(forged)
     assert not verdict.passed and not honest.passed and honest.reason == "'assert f() == {1}' does not hold"
-    # linear: no dearer than the honest report of its size (0.05 s alone; quadratic, the forgery took 9.1 s);
-    # the bound is relative because the suite's load slows both alike
-    assert forged_s < 0.5 or forged_s < 2 * honest_s, (forged_s, honest_s)
+    # linear: about as dear as the honest report of its size (0.05 s each alone); quadratic, the forgery took
+    # 9.1 s, 180 times the honest one (issue 30 asks for under 0.5 s)
+    assert forged_s < 0.5, (forged_s, honest_s)
     assert decode(json.loads(report([1]))[1][1]) == ({1: None} if kind == "dict" else {"set": {1}, "frozenset": frozenset({1})}[kind])
     assert decode(["set", [["int", hex(-1)], ["int", hex(-2)]]]) == {-1, -2}  # hash(-1) == hash(-2): a coincidence
