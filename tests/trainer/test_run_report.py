@@ -43,7 +43,9 @@ def test_a_run_prints_its_directory_and_each_checkpoint_and_writes_metrics_with_
 
     files = SYNTHETIC_GENERATORS["arithmetic"][1](str(tmp_path / "data"), seed=0)
     verl = [f"data.train_files={files['train']}", f"data.val_files={files['val']}", *VERL]
-    out = subprocess.run([*TRAIN, *SMALL, "trainer.total_training_steps=2", "trainer.save_freq=1",
+    # validation after the last step only (test_freq past the run): val_before_train=False is seen to act
+    small = [a for a in SMALL if not a.startswith("trainer.test_freq=")] + ["trainer.test_freq=5", "data.val_batch_size=8"]
+    out = subprocess.run([*TRAIN, *small, "trainer.total_training_steps=2", "trainer.save_freq=1",
                           "trainer.logger=[console]", "actor_rollout_ref.model.path=builtin:tiny-qwen2", *verl],
                          cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
@@ -60,10 +62,11 @@ def test_a_run_prints_its_directory_and_each_checkpoint_and_writes_metrics_with_
     assert rows["run directory"] == str(run_dir)
     assert rows["checkpoints"] == f"2 saved, 2 kept, last: {ckpts[-1]}"
     assert rows["hf export"] == "none (trainer.save_hf_on_end=false)"
-    assert rows["validation accuracy before"] == "not run (trainer.test_freq=0)"
+    assert rows["validation accuracy before"] == "not run (trainer.val_before_train=false)"
     # only the console was asked for, and metrics.jsonl is there (what hybridflow compare reads)
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == [1, 2]
+    assert "val/accuracy" not in lines[0] and "val/accuracy" in lines[1]
 
 
 # a one-step run with a bad value: were the value ever accepted, the test fails in seconds, not after 400 steps
