@@ -15,9 +15,10 @@ from collections.abc import Iterable
 from typing import Any
 
 
-def greater_than(obj: Any, bound: float, *names: str) -> list[str]:
-    """Fields that are not numbers strictly above ``bound``."""
-    return [f"{n}={getattr(obj, n)!r} must be > {bound}" for n in names if not _number_above(getattr(obj, n), bound, True)]
+def greater_than(obj: Any, bound: float, *names: str, optional: bool = False) -> list[str]:
+    """Fields that are not numbers strictly above ``bound`` (``optional``: None is allowed too)."""
+    return [f"{n}={getattr(obj, n)!r} must be > {bound}" + (" or null" if optional else "") for n in names
+            if not (optional and getattr(obj, n) is None) and not _number_above(getattr(obj, n), bound, True)]
 
 
 def at_least(obj: Any, bound: float, *names: str, optional: bool = False) -> list[str]:

@@ -539,6 +539,34 @@ class DataConfig:
 
 
 @dataclass
+class TimeoutsConfig:
+    collective_s: float = 600.0
+    """Bound of every ``torch.distributed`` collective among a worker group's ranks (FSDP's gathers and
+    reduce-scatters, tensor parallelism, the in-memory reshard) and of the process group's start, on every
+    sub-group of the ranks' device meshes, gloo and nccl alike. A rank whose peer never reaches a collective fails
+    after this long, and the driver names the ranks still in that call. veRL's ``actor_rollout_ref.nccl_timeout``."""
+    weight_sync_s: float = 600.0
+    """Bound of each step of a weight sync between groups (``trainer.placement=split``, or a ``vllm serve``):
+    joining the transfer group and every broadcast of a bucket."""
+    call_s: Optional[float] = None
+    """Bound of any one driver call to a worker group (a generation, an update, a weight sync). None: a call may
+    take as long as it needs while its ranks answer the heartbeat (a dead rank fails it at once, a stalled one
+    after ``stall_s``)."""
+    heartbeat_s: Optional[float] = 5.0
+    """While the driver waits on a call it asks each rank still in it, this often, whether it is alive (on a
+    thread of the rank's own, so a rank busy in the call answers). None: no heartbeat."""
+    stall_s: float = 60.0
+    """A rank that has not answered the heartbeat for this long (stopped, or frozen without releasing Python's
+    lock) is named with its role, node, pid and the call it is in, and the run stops: within ``stall_s +
+    heartbeat_s`` of the stall, its last checkpoint intact."""
+
+    def problems(self) -> list[str]:
+        """Broken rules of this section."""
+        return (greater_than(self, 0, "collective_s", "weight_sync_s", "stall_s")
+                + greater_than(self, 0, "call_s", "heartbeat_s", optional=True))
+
+
+@dataclass
 class TrainerConfig:
     total_epochs: int = 1
     """Passes over the training prompts."""
@@ -591,6 +619,9 @@ class TrainerConfig:
     """Validate before the first step too (when ``test_freq`` > 0), as veRL's key of that name."""
     save_freq: int = 0
     """Checkpoint every this many steps; 0 disables."""
+    timeouts: TimeoutsConfig = field(default_factory=TimeoutsConfig)
+    """Bounds on collectives, weight syncs and driver calls, and the heartbeat that names a stalled rank
+    (``docs/reliability.md``)."""
     default_local_dir: str = "checkpoints"
     """Checkpoint directory (relative to the run directory)."""
     resume_mode: str = "auto"

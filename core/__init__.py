@@ -35,6 +35,8 @@ _LAZY = {
     "GroupOptions": "hybridflow.core.worker_group",
     "WorkerError": "hybridflow.core.worker_group",
     "WorkerTimeoutError": "hybridflow.core.worker_group",
+    "WorkerStalledError": "hybridflow.core.rank_wait",
+    "Heartbeat": "hybridflow.core.rank_wait",
     "ColocatedWorkerGroup": "hybridflow.core.colocate",
     "init_ray": "hybridflow.core.ray_runtime",
     "shutdown": "hybridflow.core.ray_runtime",

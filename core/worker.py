@@ -15,9 +15,11 @@ worker to worker through Ray's object store.
 from __future__ import annotations
 
 import datetime
+import itertools
 import logging
 import os
 import socket
+import time
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,9 +34,12 @@ from hybridflow.core.dispatch import DEFAULT_MESH, FutureShard, Pending, RankLay
 from hybridflow.core.keys import METRICS
 from hybridflow.core.memory import MEMORY_PEAK_GB, measure
 
-__all__ = ["RankEnv", "RoleSpec", "Worker", "WorkerHost", "HostInfo", "CallHeader", "ProtoPayload"]
+__all__ = ["RankEnv", "RoleSpec", "Worker", "WorkerHost", "HostInfo", "CallHeader", "ProtoPayload", "timeout_options"]
 
 logger = logging.getLogger(__name__)
+
+
+_TIMEOUT_VAR = "HYBRIDFLOW_COLLECTIVE_TIMEOUT_S"
 
 
 @dataclass(frozen=True)
@@ -47,9 +52,10 @@ class RankEnv:
     local_world_size: int
     master_addr: str
     master_port: int
+    collective_timeout_s: float = 600.0  # every collective's bound (GroupOptions.collective_timeout_s)
 
     def as_environ(self) -> dict[str, str]:
-        """The variables ``torch.distributed``'s ``env://`` initialization reads."""
+        """The variables ``torch.distributed``'s ``env://`` initialization reads, and the collectives' bound."""
         return {
             "RANK": str(self.rank),
             "WORLD_SIZE": str(self.world_size),
@@ -57,6 +63,7 @@ class RankEnv:
             "LOCAL_WORLD_SIZE": str(self.local_world_size),
             "MASTER_ADDR": self.master_addr,
             "MASTER_PORT": str(self.master_port),
+            _TIMEOUT_VAR: repr(float(self.collective_timeout_s)),
         }
 
     @classmethod
@@ -70,6 +77,7 @@ class RankEnv:
             local_world_size=int(env.get("LOCAL_WORLD_SIZE", 1)),
             master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
             master_port=int(env.get("MASTER_PORT", 29500)),
+            collective_timeout_s=float(env.get(_TIMEOUT_VAR, 600.0)),
         )
 
 
@@ -111,21 +119,28 @@ class Worker:
         return torch.device("cpu")
 
     # ---------------------------------------------------------- distributed
-    def init_process_group(self, backend: str | None = None, timeout_s: float = 600.0) -> None:
+    @property
+    def backend(self) -> str:
+        """The ``torch.distributed`` backend of this rank's device: nccl on CUDA, gloo on CPU."""
+        return "nccl" if self.device.type == "cuda" else "gloo"
+
+    def init_process_group(self, backend: str | None = None, timeout_s: float | None = None) -> None:
         """Join the group's ``torch.distributed`` default process group (env://).
 
-        ``backend`` defaults to nccl on CUDA and gloo on CPU. Colocated roles
-        share one process, so a second call in the same process is a no-op.
+        ``backend`` defaults to :attr:`backend`; ``timeout_s`` (the start's and
+        every collective's bound) to the group's ``collective_timeout_s``.
+        Colocated roles share one process, so a second call in the same
+        process is a no-op.
         """
         if dist.is_initialized():
             return
-        backend = backend or ("nccl" if self.device.type == "cuda" else "gloo")
+        timeout = datetime.timedelta(seconds=self.env.collective_timeout_s if timeout_s is None else timeout_s)
         dist.init_process_group(
-            backend=backend,
+            backend=backend or self.backend,
             init_method="env://",
             rank=self.rank,
             world_size=self.world_size,
-            timeout=datetime.timedelta(seconds=timeout_s),
+            timeout=timeout,
         )
         logger.debug("rank %d/%d joined %s process group", self.rank, self.world_size, backend)
 
@@ -153,7 +168,9 @@ class Worker:
         if size != self.world_size:
             raise ValueError(f"mesh shape {tuple(shape)} has {size} ranks but the group has {self.world_size}")
         self.init_process_group()
-        mesh = init_device_mesh(self.device.type, tuple(shape), mesh_dim_names=tuple(dim_names))
+        # torch gives each sub-group of a mesh its backend's default timeout (30 min), not the default group's
+        bound = {name: timeout_options(self.backend, self.env.collective_timeout_s) for name in dim_names}
+        mesh = init_device_mesh(self.device.type, tuple(shape), mesh_dim_names=tuple(dim_names), backend_override=bound)
         self._meshes[name] = (mesh, dp_dim)
         if name == DEFAULT_MESH:
             self.device_mesh = mesh
@@ -174,6 +191,13 @@ class Worker:
         dp_axis = device_mesh.mesh_dim_names.index(dp_dim)
         others_zero = all(c == 0 for i, c in enumerate(coords) if i != dp_axis)
         return RankLayout(coords[dp_axis], device_mesh.size(dp_axis), others_zero)
+
+
+def timeout_options(backend: str, timeout_s: float) -> tuple[str, Any]:
+    """``(backend, options)`` whose process groups time out after ``timeout_s`` (a ``backend_override`` entry)."""
+    options = dist.ProcessGroupNCCL.Options() if backend == "nccl" else dist.ProcessGroupGloo._Options()
+    options._timeout = datetime.timedelta(seconds=timeout_s)
+    return backend, options
 
 
 def _attach_peak(output: Any, peak: float) -> None:
@@ -267,6 +291,15 @@ class WorkerHost:
             torch.set_num_threads(torch_threads)
             os.environ["OMP_NUM_THREADS"] = str(torch_threads)
         self.workers: dict[str, Worker] = {}
+        self._calls: dict[int, tuple[str, float]] = {}  # the calls running now: id -> (role.method, start)
+        self._next_call = itertools.count()
+
+    def heartbeat(self) -> list[tuple[str, float]]:
+        """The calls this process runs now, ``(role.method, seconds so far)`` each. The driver calls it on the
+        ``control`` concurrency group while it waits on a call (``core/rank_wait.py``): an answer says the process
+        is alive. It runs beside the calls, so it only reads."""
+        now = time.monotonic()
+        return [(name, now - start) for name, start in list(self._calls.values())]
 
     def info(self) -> HostInfo:
         """Node address, node id and pid of this process."""
@@ -304,6 +337,15 @@ class WorkerHost:
         back as CPU tensors: a worker method computes on its device and never
         moves its inputs itself.
         """
+        role, method = header[0], header[1]
+        call = next(self._next_call)
+        self._calls[call] = (f"{role}.{method}", time.monotonic())
+        try:
+            return self._execute(header, args, kwargs)
+        finally:
+            del self._calls[call]
+
+    def _execute(self, header: CallHeader, args: tuple, kwargs: dict[str, Any]) -> Any:
         role, method, keep_output, expected_layout, mesh = header
         worker = self.workers[role]
         if expected_layout is not None:

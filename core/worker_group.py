@@ -17,22 +17,23 @@ attribute (looked up on the class, nothing is generated or patched). A call
 with ``blocking=False`` returns a :class:`GroupFuture`; handing that future to
 another group's call makes the receiving workers fetch the data themselves.
 
-Failures never hang: ``ray.get`` returns as soon as any rank fails, and the
-error names the role, method, rank, node and pid with the worker's own
-traceback; every call takes an optional timeout.
+Failures never hang (``core/rank_wait.py``): the wait ends as soon as any
+rank fails, and the error names the role, method, rank, node and pid with
+the worker's own traceback and the ranks still in the call; a rank that
+stops answering the heartbeat is named; every call takes an optional
+timeout, and every collective among the ranks the group's
+``collective_timeout_s``.
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import ray
-from ray.exceptions import GetTimeoutError, RayError
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from hybridflow.core.data_proto import DataProto
@@ -47,6 +48,16 @@ from hybridflow.core.dispatch import (
     RegisteredMethod,
     Registration,
 )
+from hybridflow.core.rank_wait import (
+    CONTROL_GROUP,
+    Heartbeat,
+    RankCall,
+    RankLabel,
+    WorkerError,
+    WorkerStalledError,
+    WorkerTimeoutError,
+    wait_ranks,
+)
 from hybridflow.core.resource_pool import ResourcePool
 from hybridflow.core.worker import HostInfo, ProtoPayload, RankEnv, RoleSpec, Worker, WorkerHost
 
@@ -59,18 +70,12 @@ __all__ = [
     "RayWorkerGroup",
     "RoleGroup",
     "WorkerError",
+    "WorkerStalledError",
     "WorkerTimeoutError",
+    "gather",
 ]
 
 logger = logging.getLogger(__name__)
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def _describe(err: BaseException) -> str:
-    """The worker's own error text (Ray's traceback included), without terminal colours."""
-    return _ANSI.sub("", str(err))
-
 
 @dataclass(frozen=True)
 class GroupOptions:
@@ -86,6 +91,10 @@ class GroupOptions:
         max_concurrency: calls one rank runs at once, each in a thread of its own (Ray's threaded actors).
             1 runs them one after another, in order. A worker that serves waiting calls beside others (the
             rollout stream: several ``generate_stream`` calls and a weight transfer at once) needs more.
+        collective_timeout_s: bound of every ``torch.distributed`` collective among the group's ranks
+            (``Worker.init_process_group`` and every sub-group of ``Worker.init_device_mesh``).
+        heartbeat: while a call is waited on, ask its ranks this often whether they are alive and name one
+            silent for ``stall_s`` (``core/rank_wait.py``); None asks nothing.
     """
 
     call_timeout_s: float | None = None
@@ -93,56 +102,8 @@ class GroupOptions:
     cpu_torch_threads: int = 1
     name: str = "hybridflow"
     max_concurrency: int = 1
-
-
-@dataclass(frozen=True)
-class RankLabel:
-    """Who a rank is, for error messages."""
-
-    rank: int
-    node_ip: str
-    node_id: str
-    pid: int
-
-    def __str__(self) -> str:
-        return f"rank {self.rank} (node {self.node_ip} {self.node_id[:8]}, pid {self.pid})"
-
-
-class WorkerError(RuntimeError):
-    """A call failed on a rank; the message names role, method, rank, node and the cause."""
-
-    def __init__(self, message: str, role: str, method: str, rank: int | None, cause: BaseException | None) -> None:
-        super().__init__(message)
-        self.role, self.method, self.rank, self.cause = role, method, rank, cause
-
-
-class WorkerTimeoutError(WorkerError, TimeoutError):
-    """A call did not finish within its timeout."""
-
-
-def _gather(refs: Sequence[Any], labels: Sequence[RankLabel], role: str, method: str, timeout_s: float | None) -> list[Any]:
-    """``ray.get`` all refs; turn a failure or timeout into a :class:`WorkerError` naming the rank."""
-    try:
-        return ray.get(list(refs), timeout=timeout_s)
-    except GetTimeoutError as err:
-        _, not_ready = ray.wait(list(refs), num_returns=len(refs), timeout=0)
-        late = [label for ref, label in zip(refs, labels) if ref in not_ready]
-        raise WorkerTimeoutError(
-            f"{role}.{method} did not finish within {timeout_s:g} s on {', '.join(map(str, late))}", role, method,
-            late[0].rank if late else None, err,
-        ) from None
-    except RayError as err:
-        for ref, label in zip(refs, labels):
-            ready, _ = ray.wait([ref], timeout=0)
-            if not ready:
-                continue
-            try:
-                ray.get(ref, timeout=0)
-            except RayError as rank_err:
-                raise WorkerError(
-                    f"{role}.{method} failed on {label}: {_describe(rank_err)}", role, method, label.rank, rank_err
-                ) from rank_err
-        raise WorkerError(f"{role}.{method} failed: {_describe(err)}", role, method, None, err) from err
+    collective_timeout_s: float = 600.0
+    heartbeat: Heartbeat | None = Heartbeat(interval_s=5.0, stall_s=60.0)
 
 
 class GroupFuture(Pending):
@@ -150,31 +111,36 @@ class GroupFuture(Pending):
 
     ``get()`` on the driver waits and collects. Passed as an argument to
     another group's call, it travels as object references and is resolved
-    inside the receiving workers.
+    inside the receiving workers. :func:`gather` waits on several at once.
     """
 
     def __init__(
         self,
-        refs: Sequence[Any],
-        labels: Sequence[RankLabel],
+        calls: Sequence[RankCall],
         keep: Sequence[int],
         mode: DispatchMode | None,
         layout: GroupLayout,
         context: Any,
-        role: str,
-        method: str,
         timeout_s: float | None,
+        heartbeat: Heartbeat | None,
         traffic: Traffic | None = None,
     ) -> None:
-        self.refs, self.labels, self.keep = list(refs), list(labels), list(keep)
+        self.calls, self.keep = list(calls), list(keep)
         self.mode, self.layout, self.context = mode, layout, context
-        self.role, self.method, self.timeout_s = role, method, timeout_s
-        self.traffic = traffic
+        self.timeout_s, self.heartbeat, self.traffic = timeout_s, heartbeat, traffic
+
+    @property
+    def refs(self) -> list[Any]:
+        """One object reference per rank."""
+        return [call.ref for call in self.calls]
 
     def get(self, timeout_s: float | None = None) -> Any:
         """Wait for every rank (at most ``timeout_s``, default the call's) and collect."""
         timeout = self.timeout_s if timeout_s is None else timeout_s
-        values = _gather(self.refs, self.labels, self.role, self.method, timeout)
+        return self.collect(wait_ranks(self.calls, timeout, self.heartbeat))
+
+    def collect(self, values: Sequence[Any]) -> Any:
+        """The call's result from every rank's value (what :meth:`get` returns)."""
         views = self.mode is not None and self.mode.collect_copies
         kept = [v.unwrap(views) if isinstance(v, ProtoPayload) else v for v in (values[i] for i in self.keep)]
         if self.traffic is not None:
@@ -184,7 +150,20 @@ class GroupFuture(Pending):
         return self.mode.collect(self.layout, kept, self.context)
 
     def __repr__(self) -> str:
-        return f"GroupFuture({self.role}.{self.method}, {len(self.refs)} ranks)"
+        return f"GroupFuture({self.calls[0].name}, {len(self.calls)} ranks)"
+
+
+def gather(*futures: GroupFuture) -> list[Any]:
+    """The results of calls that need each other (a weight sync: the sender and its receivers), waited on as one:
+    a rank that fails or stalls in any of them ends the wait at once, named, rather than after the others'
+    timeouts. The first future's timeout and heartbeat apply."""
+    calls = [call for future in futures for call in future.calls]
+    values = wait_ranks(calls, futures[0].timeout_s, futures[0].heartbeat)
+    out, at = [], 0
+    for future in futures:
+        out.append(future.collect(values[at:at + len(future.calls)]))
+        at += len(future.calls)
+    return out
 
 
 @dataclass
@@ -224,7 +203,8 @@ class HostGroup:
         resource_pool.claim()  # fails fast when more groups than max_colocate_count share it
         res = resource_pool.actor_resources()
         threads = None if resource_pool.use_gpu else options.cpu_torch_threads
-        remote_host = ray.remote(WorkerHost)
+        # the heartbeat's own thread: a rank busy in a call still answers (core/rank_wait.py)
+        remote_host = ray.remote(concurrency_groups={CONTROL_GROUP: 1})(WorkerHost)
         self.handles = [
             remote_host.options(
                 num_cpus=res["num_cpus"],
@@ -237,19 +217,18 @@ class HostGroup:
         role_names = ",".join(self.roles)
         boot = [RankLabel(b.rank, b.node_ip, b.node_id, -1) for b in bundles]
         try:
-            infos: list[HostInfo] = _gather(
-                [h.info.remote() for h in self.handles], boot, role_names, "<start>", options.start_timeout_s
-            )
+            self.labels = boot
+            infos: list[HostInfo] = self.wait([h.info.remote() for h in self.handles], "<start>",
+                                              options.start_timeout_s, heartbeat=False)
             self.labels = [RankLabel(b.rank, i.node_ip, i.node_id, i.pid) for b, i in zip(bundles, infos)]
             _, port = self.free_port()
             envs = [
-                RankEnv(b.rank, len(bundles), b.local_rank, b.local_world_size, self.labels[0].node_ip, port)
+                RankEnv(b.rank, len(bundles), b.local_rank, b.local_world_size, self.labels[0].node_ip, port,
+                        options.collective_timeout_s)
                 for b in bundles
             ]
-            self._set_layouts(_gather(
-                [h.start.remote(env, self.roles) for h, env in zip(self.handles, envs)],
-                self.labels, role_names, "__init__", options.start_timeout_s,
-            ))
+            self._set_layouts(self.wait([h.start.remote(env, self.roles) for h, env in zip(self.handles, envs)],
+                                        "__init__", options.start_timeout_s))
         except BaseException:
             self.shutdown()
             raise
@@ -260,9 +239,18 @@ class HostGroup:
         """Number of ranks."""
         return len(self.handles)
 
+    def rank_calls(self, refs: Sequence[Any], method: str, role: str | None = None) -> list[RankCall]:
+        """The ranks' parts in a call (one ref per rank, from rank 0), for :func:`wait_ranks`."""
+        role = ",".join(self.roles) if role is None else role
+        return [RankCall(ref, label, handle, role, method) for ref, label, handle in zip(refs, self.labels, self.handles)]
+
+    def wait(self, refs: Sequence[Any], method: str, timeout_s: float | None, heartbeat: bool = True) -> list[Any]:
+        """The values of a call of the host group's own (start-up, layouts, a port), one ref per rank from rank 0."""
+        return wait_ranks(self.rank_calls(refs, method), timeout_s, self.options.heartbeat if heartbeat else None)
+
     def free_port(self) -> tuple[str, int]:
         """Rank 0's node address and a TCP port free there now (for a process group of the caller's own)."""
-        port = _gather([self.handles[0].free_port.remote()], self.labels[:1], ",".join(self.roles), "<free_port>", 30.0)[0]
+        port = self.wait([self.handles[0].free_port.remote()], "<free_port>", 30.0)[0]
         return self.labels[0].node_ip, int(port)
 
     def _set_layouts(self, rank_layouts: Sequence[Mapping[str, Mapping[str, RankLayout]]]) -> None:
@@ -283,10 +271,7 @@ class HostGroup:
 
     def refresh_layouts(self) -> None:
         """Read every role's data-parallel layout again (after a mesh was rebuilt)."""
-        self._set_layouts(_gather(
-            [h.layouts.remote() for h in self.handles], self.labels, ",".join(self.roles), "layouts",
-            self.options.start_timeout_s,
-        ))
+        self._set_layouts(self.wait([h.layouts.remote() for h in self.handles], "layouts", self.options.start_timeout_s))
 
     def shutdown(self) -> None:
         """Kill the actors (the pool's bundles stay reserved for other groups)."""
@@ -383,13 +368,15 @@ class RoleGroup:
         layout = self.hosts.layout(self.role, reg.mesh)
         mode = reg.dispatch
         plan = self._shared(mode.dispatch(layout, *reg.select_inputs(args, kwargs)))
-        handles, labels = self.hosts.handles, self.hosts.labels
+        handles = self.hosts.handles
         if not handles:
             raise RuntimeError(f"group {self.role!r} was shut down")
         if reg.execute is Execute.RANK_ZERO:
             expected = _layout_tuple(layout.ranks[0]) if mode.needs_layout else None
             ref = handles[0].execute.remote((self.role, name, True, expected, reg.mesh), *plan.rank_args[0], **plan.rank_kwargs[0])
-            return GroupFuture([ref], labels[:1], [0], None, layout, plan.context, self.role, name, timeout_s, self.hosts.traffic)
+            calls = self.hosts.rank_calls([ref], name, self.role)
+            return GroupFuture(calls, [0], None, layout, plan.context, timeout_s, self.hosts.options.heartbeat,
+                               self.hosts.traffic)
         keep = mode.collect_ranks(layout)
         kept = set(keep)
         refs = [
@@ -400,7 +387,8 @@ class RoleGroup:
             )
             for r, h in enumerate(handles)
         ]
-        return GroupFuture(refs, labels, keep, mode, layout, plan.context, self.role, name, timeout_s, self.hosts.traffic)
+        return GroupFuture(self.hosts.rank_calls(refs, name, self.role), keep, mode, layout, plan.context, timeout_s,
+                           self.hosts.options.heartbeat, self.hosts.traffic)
 
     def _shared(self, plan: DispatchPlan) -> DispatchPlan:
         """The plan with each DataProto that several ranks receive (a dp shard and its tensor-parallel

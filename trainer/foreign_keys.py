@@ -221,8 +221,8 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
        "nothing is loaded in a format of its own"),
     _v(f"{R}.layered_summon", ignored="weights move to the rollout in buckets of rollout.reshard_bucket_mb, "
        "never gathered whole"),
-    _v("actor_rollout_ref.nccl_timeout", ignored="no setting here: collectives keep torch.distributed's default "
-       "timeout"),
+    _v("actor_rollout_ref.nccl_timeout", "trainer.timeouts.collective_s={value}", example="600", exact=True,
+       note="seconds in both; it bounds gloo's collectives too"),
     # model
     _v(f"{M}.lora_rank", by_value={"0": ()}, missing=NO_LORA),
     *(_v(f"{M}.{k}", missing=NO_LORA) for k in ("lora_alpha", "target_modules", "exclude_modules", "lora_adapter_path")),

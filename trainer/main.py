@@ -26,6 +26,7 @@ from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf
 
 from hybridflow.configs.schema import PPOConfig, register_configs
+from hybridflow.core.rank_wait import WorkerError
 from hybridflow.trainer.config_checks import ConfigError, check_config, check_datasets, config_warnings, dataset_rows
 from hybridflow.trainer.overrides import override_problems, translate
 from hybridflow.trainer.ppo_trainer import RunSummary
@@ -73,7 +74,7 @@ def build_and_fit(config: PPOConfig, run_dir: Path, facts: dict[str, Any] | None
     # ConfigError naming its key, file (and row) within seconds; without data.val_files the training rows validate
     train_rows, val_rows = dataset_rows(config.data, train_files, val_files)
 
-    from hybridflow.core import ColocatedWorkerGroup, GroupOptions, RoleSpec, init_ray, shutdown
+    from hybridflow.core import ColocatedWorkerGroup, RoleSpec, init_ray, shutdown
     from hybridflow.core.parallel_dims import ParallelDims
     from hybridflow.trainer.ppo_trainer import PPOTrainer, needs_critic, needs_reference, resolve_loss_agg_mode
     from hybridflow.trainer.prompt_loader import PromptSet
@@ -108,7 +109,7 @@ def build_and_fit(config: PPOConfig, run_dir: Path, facts: dict[str, Any] | None
         pool = _resource_pool(config)
         if dims.split:
             rollout_pool = _resource_pool(config, ranks=[config.trainer.rollout_ranks])
-        options = GroupOptions(cpu_torch_threads=config.trainer.cpu_threads_per_rank)
+        options = group_options(config)
         with ThreadPoolExecutor(max_workers=1) as starter, ExitStack() as stack:
             # the rollout's own group (split placement) starts beside the training group: both import torch
             rollout_start = starter.submit(_rollout_group, config, dims, rollout_pool) if dims.split else None
@@ -140,12 +141,21 @@ def _rollout_group(config: PPOConfig, dims, pool):
     Its actors are threaded: the ``generate_stream`` calls of the batches in flight wait at once, beside a weight
     transfer and a validation call.
     """
-    from hybridflow.core import ColocatedWorkerGroup, GroupOptions, RoleSpec
+    from hybridflow.core import ColocatedWorkerGroup, RoleSpec
     from hybridflow.workers.rollout.worker import RolloutWorker
 
-    options = GroupOptions(cpu_torch_threads=config.trainer.cpu_threads_per_rank, name="hybridflow-rollout",
-                           max_concurrency=config.trainer.batches_ahead() + 4)
+    options = group_options(config, name="hybridflow-rollout", max_concurrency=config.trainer.batches_ahead() + 4)
     return ColocatedWorkerGroup(pool, {"rollout": RoleSpec(RolloutWorker, kwargs={"config": config, "dims": dims})}, options)
+
+
+def group_options(config: PPOConfig, **settings: Any):
+    """A worker group's options from the config: its ranks' torch threads and ``trainer.timeouts``."""
+    from hybridflow.core import GroupOptions, Heartbeat
+
+    timeouts = config.trainer.timeouts
+    heartbeat = None if timeouts.heartbeat_s is None else Heartbeat(timeouts.heartbeat_s, timeouts.stall_s)
+    return GroupOptions(cpu_torch_threads=config.trainer.cpu_threads_per_rank, call_timeout_s=timeouts.call_s,
+                        collective_timeout_s=timeouts.collective_s, heartbeat=heartbeat, **settings)
 
 
 def _shut_down_started(start: Future | None) -> None:
@@ -261,10 +271,12 @@ def train(cfg: DictConfig, facts: dict[str, Any] | None = None) -> float:
 def hydra_main(cfg: DictConfig) -> float:
     """Hydra's task function; returns the final validation accuracy (for sweepers; NaN for a failed sweep job).
 
-    A single run raises its errors, except two that end it with a message
+    A single run raises its errors, except three that end it with a message
     and no traceback: an invalid config (exit status 2; the run directory
-    Hydra made goes too when the run wrote nothing into it) and Ctrl-C (130,
-    after ``fit`` logged the step it reached). Under ``--multirun`` a
+    Hydra made goes too when the run wrote nothing into it), Ctrl-C (130,
+    after ``fit`` logged the step it reached) and a worker's failure, timeout
+    or stall (1: the error names the rank and the call, with the worker's
+    traceback when it raised; ``fit`` logged the last checkpoint). Under ``--multirun`` a
     failing job is logged and recorded in its directory and the next job starts.
     """
     job = current_job()
@@ -277,6 +289,9 @@ def hydra_main(cfg: DictConfig) -> float:
             sys.exit(2)
         except KeyboardInterrupt:
             sys.exit(130)
+        except WorkerError as err:  # named rank and cause; fit logged the last checkpoint
+            print(f"hybridflow-train: {err}", file=sys.stderr, flush=True)
+            sys.exit(1)
     facts: dict[str, Any] = {}
     return run_sweep_job(lambda: train(cfg, facts), job, facts)
 

@@ -43,6 +43,7 @@ from hybridflow.core.keys import (
     UID,
 )
 from hybridflow.core.memory import MEMORY_PEAK_GB
+from hybridflow.core.rank_wait import WorkerError
 from hybridflow.core.rollout_batch import concat_rollouts
 from hybridflow.estimators import compute_advantage
 from hybridflow.plugins import get_estimator
@@ -159,9 +160,11 @@ class PPOTrainer:
         try:
             self._fit(summary)
         except KeyboardInterrupt:
-            latest = ckpt.latest_checkpoint(self.checkpoint_root)
-            logger.error("interrupted at step %d of %d; %s", self.global_step, self.total_steps,
-                         f"last checkpoint: {latest} (rerun in this run directory to resume)" if latest else "no checkpoint saved")
+            logger.error("interrupted at step %d of %d; %s", self.global_step, self.total_steps, self._resume_hint())
+            raise
+        except WorkerError as err:  # a rank failed, timed out or stalled: the error names it
+            logger.error("stopped at step %d of %d by a worker: %s\n%s", self.global_step + 1, self.total_steps,
+                         str(err).splitlines()[0], self._resume_hint())
             raise
         finally:
             self.tracking.close()
@@ -172,6 +175,10 @@ class PPOTrainer:
         summary.val_after = {k: v for k, v in summary.last_metrics.items() if k.startswith("val/")}
         summary.wall_time_s = time.perf_counter() - start
         return summary
+
+    def _resume_hint(self) -> str:
+        latest = ckpt.latest_checkpoint(self.checkpoint_root)
+        return f"last checkpoint: {latest} (rerun in this run directory to resume)" if latest else "no checkpoint saved"
 
     def _fit(self, summary: RunSummary) -> None:
         summary.run_dir = self.run_dir.resolve()

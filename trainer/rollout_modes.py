@@ -30,6 +30,7 @@ import numpy as np
 
 from hybridflow.core import DataProto
 from hybridflow.core.keys import METRICS, RESPONSE_MASK, ROLLOUT_VERSIONS, WEIGHT_SYNC_PREFIX
+from hybridflow.core.worker_group import gather
 
 logger = logging.getLogger(__name__)
 
@@ -61,8 +62,7 @@ class GroupWeightSync:
         host, port = actor.hosts.free_port()
         members = 1 + rollout.world_size
         joins = [group.join_weight_transfer.options(blocking=False)(host, port, members) for group in (actor, rollout)]
-        for join in joins:
-            join.get()
+        gather(*joins)
 
     def __call__(self) -> dict[str, float]:
         """Send the current weights (both groups take part); ``weight_sync/*`` of the sender, the time the
@@ -70,7 +70,8 @@ class GroupWeightSync:
         start = time.perf_counter()
         send = self.actor.send_weights.options(blocking=False)()
         receive = self.rollout.receive_weights.options(blocking=False)()
-        sent, received = send.get()[0], receive.get()
+        sent, received = gather(send, receive)  # a receiver that stalls is named, not waited for by the sender
+        sent = sent[0]
         out = dict(sent)
         out["weight_sync/receive_seconds"] = max(r["weight_sync/seconds"] for r in received)
         out["timing_s/weight_sync"] = time.perf_counter() - start

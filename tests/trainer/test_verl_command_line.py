@@ -23,7 +23,7 @@ R = "actor_rollout_ref.rollout"
     (f"{R}.mode=async", [f"{R}.mode=direct"], "trainer.rollout_mode (with trainer.placement=split) overlaps"),
     ("data.return_raw_chat=True", [], "has no effect here"),
     ("+trainer.val_before_train=False", ["trainer.val_before_train=False"], "a key here"),
-    ("actor_rollout_ref.nccl_timeout=600", [], "has no effect here"),
+    ("actor_rollout_ref.nccl_timeout=1200", ["trainer.timeouts.collective_s=1200"], "-> trainer.timeouts.collective_s=1200"),
     ("critic.model.fsdp_config.optimizer_offload=False", ["critic.fsdp_config.optimizer_offload=False"], "->"),
     ("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16", [f"{R}.log_prob_micro_batch_size_per_gpu=16"], "->"),
     ("actor_rollout_ref.actor.clip_ratio=0.2", ["+actor_rollout_ref.actor.policy_loss_options.clip_ratio_low=0.2",

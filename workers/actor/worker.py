@@ -243,7 +243,8 @@ class ActorRolloutWorker(Worker):
         """Rank 0 hosts the trainer-to-rollout group (``core/weight_transfer.py``) as member 0 and publishes the
         manifest of the weights; the other ranks only take part in the gathers of :meth:`send_weights`."""
         if self.rank == 0:
-            self.transfer = WeightTransfer(host, port, 0, members, self.device)
+            self.transfer = WeightTransfer(host, port, 0, members, self.device,
+                                           timeout_s=self.config.trainer.timeouts.weight_sync_s)
             self.transfer.publish(manifest_of(self.model.named_parameters()))
 
     @register(dispatch=ONE_TO_ALL)

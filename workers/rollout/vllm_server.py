@@ -185,7 +185,8 @@ class VLLMServer:
 
     def join_weight_transfer(self, host: str, port: int, members: int) -> None:
         """The server's workers join the trainer's transfer group as members 1.. (blocks until the group forms)."""
-        self._post("/init_weight_transfer_engine", {"init_info": {"host": host, "port": port, "members": members}})
+        self._post("/init_weight_transfer_engine", {"init_info": {
+            "host": host, "port": port, "members": members, "timeout_s": self.config.trainer.timeouts.weight_sync_s}})
 
     def receive_weights(self) -> dict[str, float]:
         """Receive one sync (while the trainer's ``send_weights`` broadcasts it: call both at once); its

@@ -42,13 +42,15 @@ BACKEND = "hybridflow"
 
 @dataclass
 class HybridflowInitInfo(WeightTransferInitInfo):
-    """Where the transfer group meets: the TCP store the trainer's rank 0 hosts, the group's size, and the member
-    index of this engine's tp rank 0 (rank r joins as ``first_member + r``)."""
+    """Where the transfer group meets: the TCP store the trainer's rank 0 hosts, the group's size, the member
+    index of this engine's tp rank 0 (rank r joins as ``first_member + r``), and the bound of the join and of each
+    broadcast (``trainer.timeouts.weight_sync_s``)."""
 
     host: str
     port: int
     members: int
     first_member: int = 1
+    timeout_s: float = 600.0
 
 
 @dataclass
@@ -73,7 +75,8 @@ class HybridflowWeightTransferEngine(WeightTransferEngine[HybridflowInitInfo, Hy
     def init_transfer_engine(self, init_info: HybridflowInitInfo) -> None:
         """Join the transfer group (waits for the trainer's rank 0 and the other members) and read its manifest."""
         member = init_info.first_member + self.parallel_config.rank
-        self.transfer = WeightTransfer(init_info.host, init_info.port, member, init_info.members, self.device)
+        self.transfer = WeightTransfer(init_info.host, init_info.port, member, init_info.members, self.device,
+                                       timeout_s=init_info.timeout_s)
         self.transfer.read_manifest()
         logger.info("joined the hybridflow weight transfer as member %d of %d", member, init_info.members)
 

@@ -137,7 +137,8 @@ class RolloutWorker(Worker):
     @register(dispatch=ONE_TO_ALL)
     def join_weight_transfer(self, host: str, port: int, members: int) -> None:
         """Join the trainer-to-rollout group as member ``1 + rank`` (with the trainer's ``join_weight_transfer``)."""
-        self.transfer = WeightTransfer(host, port, 1 + self.rank, members, self.device)
+        self.transfer = WeightTransfer(host, port, 1 + self.rank, members, self.device,
+                                       timeout_s=self.config.trainer.timeouts.weight_sync_s)
         self.transfer.read_manifest()
 
     @register(dispatch=ONE_TO_ALL)

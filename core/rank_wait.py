@@ -1,0 +1,243 @@
+"""Waiting on the ranks of a call: a failure, a timeout or a stalled rank ends the wait with an error naming it.
+
+The driver waits on one Ray object reference per rank. Three things end a
+wait before every rank has answered, each as an error that names the role,
+method, rank, node and pid:
+
+- a rank's call fails (its exception, or its process died):
+  :class:`WorkerError`, at once, listing the ranks still in the call (a
+  collective that timed out on some ranks names here the peer that never
+  reached it);
+- the call's timeout passes: :class:`WorkerTimeoutError`, naming the late ranks;
+- a rank stops answering the heartbeat: :class:`WorkerStalledError`.
+
+**The heartbeat.** Every ``interval_s`` of a wait, each process still in the
+call gets a :meth:`~hybridflow.core.worker.WorkerHost.heartbeat` call on the
+host's ``control`` concurrency group, a thread of its own, so a rank busy in
+the call (in a collective, in generation) answers at once with the calls it
+is in. A process that has not answered one for ``stall_s`` is stopped
+(SIGSTOP, a debugger), swapped out, or frozen in native code that holds
+Python's lock: it is named within ``interval_s + stall_s`` of the stall.
+A rank that is alive but waits for a peer answers, and its collective's own
+timeout (``Worker.init_process_group``) ends the call instead.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError, RayError
+
+__all__ = [
+    "CONTROL_GROUP",
+    "Heartbeat",
+    "RankCall",
+    "RankLabel",
+    "WorkerError",
+    "WorkerStalledError",
+    "WorkerTimeoutError",
+    "wait_ranks",
+]
+
+CONTROL_GROUP = "control"
+"""The concurrency group of a host's heartbeat: one thread beside the ones that run calls."""
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_PROBE_S = 2.0  # how long a failed call's report waits to learn what the ranks still in it are doing
+
+
+def describe(err: BaseException) -> str:
+    """The worker's own error text (Ray's traceback included), without terminal colours."""
+    return _ANSI.sub("", str(err))
+
+
+@dataclass(frozen=True)
+class RankLabel:
+    """Who a rank is, for error messages."""
+
+    rank: int
+    node_ip: str
+    node_id: str
+    pid: int
+
+    def __str__(self) -> str:
+        return f"rank {self.rank} (node {self.node_ip} {self.node_id[:8]}, pid {self.pid})"
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """How often a wait asks the ranks still in a call whether they are alive, and how long one may stay silent."""
+
+    interval_s: float
+    stall_s: float
+
+
+@dataclass(frozen=True)
+class RankCall:
+    """One rank's part in a call being waited on: its result's reference, who it is, its host actor (for the
+    heartbeat; None: not asked) and the call's role and method."""
+
+    ref: Any
+    label: RankLabel
+    handle: Any
+    role: str
+    method: str
+
+    @property
+    def name(self) -> str:
+        """``role.method``."""
+        return f"{self.role}.{self.method}"
+
+
+class WorkerError(RuntimeError):
+    """A call failed on a rank; the message names role, method, rank, node and the cause."""
+
+    def __init__(self, message: str, role: str, method: str, rank: int | None, cause: BaseException | None) -> None:
+        super().__init__(message)
+        self.role, self.method, self.rank, self.cause = role, method, rank, cause
+
+
+class WorkerTimeoutError(WorkerError, TimeoutError):
+    """A call did not finish within its timeout."""
+
+
+class WorkerStalledError(WorkerError, TimeoutError):
+    """A rank stopped answering the heartbeat during a call."""
+
+
+def wait_ranks(calls: Sequence[RankCall], timeout_s: float | None = None, heartbeat: Heartbeat | None = None) -> list[Any]:
+    """Every call's value, in order, once all have finished; raises as the module docstring says.
+
+    ``timeout_s`` bounds the whole wait (None: no bound); ``heartbeat`` None asks no rank anything.
+    """
+    index = {call.ref: i for i, call in enumerate(calls)}
+    values: dict[int, Any] = {}
+    pending = [call.ref for call in calls]
+    start = time.monotonic()
+    deadline = None if timeout_s is None else start + timeout_s
+    pings = _Pings(heartbeat, start) if heartbeat is not None else None
+    while pending:
+        now = time.monotonic()
+        if deadline is not None and now >= deadline:
+            raise _timed_out(calls, [calls[index[r]] for r in pending], timeout_s)
+        wakes = [t for t in (deadline, pings.next_wake() if pings else None) if t is not None]
+        ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, min(wakes) - now) if wakes else None)
+        for ref in ready:
+            try:
+                values[index[ref]] = ray.get(ref)
+            except RayError as err:
+                raise _failed(calls, index, ref, err, pending) from err
+        if pings is not None and pending:
+            pings.check([calls[index[r]] for r in pending])
+    return [values[i] for i in range(len(calls))]
+
+
+def _timed_out(calls: Sequence[RankCall], late: Sequence[RankCall], timeout_s: float | None) -> WorkerTimeoutError:
+    names = ", ".join(dict.fromkeys(call.name for call in calls))
+    return WorkerTimeoutError(
+        f"{names} did not finish within {timeout_s:g} s on {', '.join(str(c.label) for c in late)}",
+        late[0].role, late[0].method, late[0].label.rank, None,
+    )
+
+
+def _failed(calls: Sequence[RankCall], index: dict[Any, int], ref: Any, err: RayError, pending: list[Any]) -> WorkerError:
+    """The failure to report: a rank that died beats one whose collective failed because of it (both are ready)."""
+    ready, _ = ray.wait(pending, num_returns=len(pending), timeout=0) if pending else ([], [])
+    for other in ready:
+        try:
+            ray.get(other, timeout=0)
+        except RayActorError as died:
+            ref, err = other, died
+            break
+        except RayError:
+            continue
+    call = calls[index[ref]]
+    still = [calls[index[r]] for r in pending if r != ref]
+    message = f"{call.name} failed on {call.label}: {describe(err)}"
+    if still:
+        message += "\nstill in the call when it failed (a peer that never reached a collective is among them):\n  " + \
+            "\n  ".join(_doing(still))
+    return WorkerError(message, call.role, call.method, call.label.rank, err)
+
+
+def _doing(calls: Sequence[RankCall]) -> list[str]:
+    """One line per rank: who it is and the calls it says it is in (asked once, at most ``_PROBE_S``)."""
+    asked = {call.label: call.handle.heartbeat.options(concurrency_group=CONTROL_GROUP).remote()
+             for call in calls if call.handle is not None}
+    ready, _ = ray.wait(list(asked.values()), num_returns=len(asked), timeout=_PROBE_S) if asked else ([], [])
+    lines = []
+    for call in calls:
+        ref = asked.get(call.label)
+        doing = "not asked"
+        if ref is not None and ref in ready:
+            try:
+                doing = _calls_text(ray.get(ref, timeout=0))
+            except RayError:
+                doing = "gone"
+        elif ref is not None:
+            doing = f"no answer within {_PROBE_S:g} s"
+        lines.append(f"{call.label}: {doing}")
+    return lines
+
+
+def _calls_text(beat: Sequence[Sequence[Any]]) -> str:
+    return ", ".join(f"in {name} for {seconds:.1f} s" for name, seconds in beat) or "in no call"
+
+
+class _Pings:
+    """The heartbeat of one wait: a ping per process still in the call every ``interval_s``, and the stall check."""
+
+    def __init__(self, heartbeat: Heartbeat, start: float) -> None:
+        self.heartbeat = heartbeat
+        self.next_round = start + heartbeat.interval_s
+        self.out: dict[tuple[str, int], tuple[Any, float]] = {}  # process -> (ping ref, sent at)
+        self.answers: dict[tuple[str, int], tuple[Any, float]] = {}  # process -> (its last answer, when)
+
+    def next_wake(self) -> float:
+        """When the wait must look again: the next round, or the oldest ping's stall deadline."""
+        return min([self.next_round] + [sent + self.heartbeat.stall_s for _, sent in self.out.values()])
+
+    def check(self, pending: Sequence[RankCall]) -> None:
+        """Take the answers in; raise for a process whose ping is ``stall_s`` old; ping again when a round is due."""
+        now = time.monotonic()
+        self._collect(now)
+        for call in pending:
+            key = (call.label.node_id, call.label.pid)
+            if key in self.out and now - self.out[key][1] >= self.heartbeat.stall_s:
+                raise self._stalled(call, now)
+        if now >= self.next_round:
+            for call in pending:
+                key = (call.label.node_id, call.label.pid)
+                if call.handle is not None and key not in self.out:
+                    self.out[key] = (call.handle.heartbeat.options(concurrency_group=CONTROL_GROUP).remote(), now)
+            self.next_round = now + self.heartbeat.interval_s
+
+    def _collect(self, now: float) -> None:
+        if not self.out:
+            return
+        refs = [ref for ref, _ in self.out.values()]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        done = set(ready)
+        for key, (ref, _) in list(self.out.items()):
+            if ref in done:
+                del self.out[key]
+                try:
+                    self.answers[key] = (ray.get(ref, timeout=0), now)
+                except RayError:  # a dead process fails its call too, and that names it
+                    pass
+
+    def _stalled(self, call: RankCall, now: float) -> WorkerStalledError:
+        key = (call.label.node_id, call.label.pid)
+        last = self.answers.get(key)
+        heard = (f"its last answer, {now - last[1]:.1f} s ago: {_calls_text(last[0])}" if last
+                 else "it has not answered since the call began")
+        return WorkerStalledError(
+            f"{call.name}: {call.label} stopped answering the heartbeat: no answer for {self.heartbeat.stall_s:g} s "
+            f"(stopped, or frozen holding Python's lock); {heard}",
+            call.role, call.method, call.label.rank, None,
+        )
