@@ -91,6 +91,12 @@ class RunSummary:
     """The transformers directory written at the end (``trainer.save_hf_on_end``), if any."""
 
 
+def _resume_hint(checkpoint_root: Path) -> str:
+    """Where a stopped run can resume from, for its last log line."""
+    latest = ckpt.latest_checkpoint(checkpoint_root)
+    return f"last checkpoint: {latest} (rerun in this run directory to resume)" if latest else "no checkpoint saved"
+
+
 class PPOTrainer:
     """Drives the worker groups through RL steps.
 
@@ -160,11 +166,12 @@ class PPOTrainer:
         try:
             self._fit(summary)
         except KeyboardInterrupt:
-            logger.error("interrupted at step %d of %d; %s", self.global_step, self.total_steps, self._resume_hint())
+            logger.error("interrupted at step %d of %d; %s", self.global_step, self.total_steps,
+                         _resume_hint(self.checkpoint_root))
             raise
         except WorkerError as err:  # a rank failed, timed out or stalled: the error names it
             logger.error("stopped at step %d of %d by a worker: %s\n%s", self.global_step + 1, self.total_steps,
-                         str(err).splitlines()[0], self._resume_hint())
+                         str(err).splitlines()[0], _resume_hint(self.checkpoint_root))
             raise
         finally:
             self.tracking.close()
@@ -175,10 +182,6 @@ class PPOTrainer:
         summary.val_after = {k: v for k, v in summary.last_metrics.items() if k.startswith("val/")}
         summary.wall_time_s = time.perf_counter() - start
         return summary
-
-    def _resume_hint(self) -> str:
-        latest = ckpt.latest_checkpoint(self.checkpoint_root)
-        return f"last checkpoint: {latest} (rerun in this run directory to resume)" if latest else "no checkpoint saved"
 
     def _fit(self, summary: RunSummary) -> None:
         summary.run_dir = self.run_dir.resolve()

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from hybridflow.core import DataProto
+from hybridflow.core import DataProto, WorkerStalledError
 from hybridflow.core.keys import DATA_SOURCE
 from hybridflow.trainer.ppo_trainer import PPOTrainer, Progress
 
@@ -44,6 +44,18 @@ def test_ctrl_c_says_where_it_stopped_and_which_checkpoint_is_left(tmp_path, cap
         PPOTrainer.fit(trainer)
     assert trainer.tracking.closed == 1
     assert "interrupted at step 7 of 400; last checkpoint: " in caplog.text and "global_step_5" in caplog.text
+
+
+def test_a_workers_failure_says_where_it_stopped_and_which_checkpoint_is_left(tmp_path, caplog):
+    (tmp_path / "checkpoints" / "global_step_5").mkdir(parents=True)
+    stall = WorkerStalledError("actor.update_actor: rank 1 (...) stopped answering the heartbeat\nmore", "actor",
+                               "update_actor", 1, None)
+    trainer = loop(tmp_path, stall)
+    with caplog.at_level(logging.ERROR), pytest.raises(WorkerStalledError):
+        PPOTrainer.fit(trainer)
+    assert trainer.tracking.closed == 1
+    assert ("stopped at step 8 of 400 by a worker: actor.update_actor: rank 1 (...) stopped answering the heartbeat\n"
+            "last checkpoint: ") in caplog.text and "global_step_5" in caplog.text
 
 
 class FakeActor:
