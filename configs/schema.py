@@ -554,7 +554,8 @@ class TimeoutsConfig:
     after ``stall_s``)."""
     heartbeat_s: Optional[float] = 5.0
     """While the driver waits on a call it asks each rank still in it, this often, whether it is alive (on a
-    thread of the rank's own, so a rank busy in the call answers). None: no heartbeat."""
+    thread of the rank's own, so a rank busy in the call answers). Worker start-up is not asked (its imports and
+    model builds hold Python's lock for seconds); the groups' start timeout bounds it. None: no heartbeat."""
     stall_s: float = 60.0
     """A rank that has not answered the heartbeat for this long (stopped, or frozen without releasing Python's
     lock) is named with its role, node, pid and the call it is in, and the run stops: within ``stall_s +

@@ -227,8 +227,10 @@ class HostGroup:
                         options.collective_timeout_s)
                 for b in bundles
             ]
+            # no heartbeat: construction imports and builds models holding Python's lock for seconds on a loaded
+            # machine (a 3 s stall bound tripped there); start_timeout_s bounds it
             self._set_layouts(self.wait([h.start.remote(env, self.roles) for h, env in zip(self.handles, envs)],
-                                        "__init__", options.start_timeout_s))
+                                        "__init__", options.start_timeout_s, heartbeat=False))
         except BaseException:
             self.shutdown()
             raise

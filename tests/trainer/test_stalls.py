@@ -30,7 +30,7 @@ from hybridflow.workers.rollout import worker as rollout_module
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
-HEARTBEAT_S, STALL_S, COLLECTIVE_S = 0.5, 3.0, 8.0
+HEARTBEAT_S, STALL_S, COLLECTIVE_S = 0.5, 5.0, 10.0  # with room for a loaded 2-core machine
 
 
 def config(files, placement="colocated"):
