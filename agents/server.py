@@ -6,7 +6,8 @@
         |  POST /v1/completions, /v1/chat/completions  -> parse, tokenize (text -> token ids)
         v
     one GenerationBatcher per sampling stream (greedy | the server's seed | a request's seed)
-        |  gathers concurrent requests for max_wait_s, then one left-padded batch
+        |  gathers concurrent requests for max_wait_s, then one left-padded batch;
+        |  at most max_tokens_per_call tokens of a request per call, then it queues again
         v
     generate_fn (the rollout worker group's generate_sequences), one call at a time
         -> token ids + per-token log-probs back to each request, decoded for ``text``
@@ -20,11 +21,29 @@ stream (the constructor's ``seed``). As in the direct rollout, a stream's
 call ``k`` is seeded ``seed + k``: a server-mode rollout samples the same
 tokens as the direct :class:`GenerationBatcher` of the same seed whenever the
 calls batch the same way, and the first request of seed ``s`` samples exactly
-what ``RolloutEngine.generate(..., seed=s)`` does for its prompt. A later
+what ``RolloutEngine.generate(..., seed=s)`` does for its prompt if it fits in
+one call (``max_tokens <= max_tokens_per_call``; see below). A later
 request with the same seed continues the stream (it is not OpenAI's "same
 seed, same answer"). The most recent ``MAX_SEED_STREAMS`` seeds are kept.
 Streams, and the ``stop_token_ids`` sets within one (the batcher's rule),
 never mix in one call; calls run one at a time.
+
+**Long requests take turns.** A call generates at most ``max_tokens_per_call``
+(64) tokens of a request: a longer one is generated in slices, going back in
+its stream's queue after each, so a short request that arrives while it runs
+waits for one slice, not for its whole ``max_tokens``, and shares the next
+call (the batcher's module docstring). Its answer is its slices joined, as one
+call would give it: greedy tokens are the same; a sampled request's slices
+are calls of their own, seeded ``seed + k`` each, so it differs from one call's
+sample of the same seed; ``weight_version`` is the oldest of its slices'. The
+cost: each slice re-reads the context (the engine keeps no KV cache between
+calls). Streams take the engine in turns too, one call at a time.
+
+**A client that disconnects is cancelled** (aiohttp's ``handler_cancellation``):
+its request is dropped from the queue, and gets no further slice; the slice
+already in the engine finishes (a call cannot be interrupted). ``/health``
+never waits on the engine or the tokenizer: both run in worker threads, the
+server's loop only parses JSON and answers.
 
 **Sampling settings are the trainer's.** Only ``temperature`` 0 versus
 anything else matters: a sampled request is sampled at the rollout's
@@ -155,6 +174,10 @@ class PolicyServer:
         request of 10**9 tokens would first try to allocate ~12 GB).
     :param max_model_len: the most tokens a prompt and its ``max_tokens`` may hold together (None: unchecked).
     :param max_body_bytes: the largest request body read (413 beyond it, before any parsing or tokenizing).
+    :param max_tokens_per_call: the most tokens one engine call generates for a request (a longer request is
+        generated in slices that take turns with the other requests); None: a request's whole ``max_tokens`` in
+        one call, which lets one long request hold the engine while short ones wait. 64: a short request waits
+        at most ~one 64-token slice behind a long one, and a 4,096-token request re-reads its context 64 times.
     """
 
     def __init__(
@@ -162,12 +185,15 @@ class PolicyServer:
         host: str = "127.0.0.1", port: int = 0, max_wait_s: float = 0.005, seed: int = 0,
         eos_token_ids: Sequence[int] | None = None, default_max_tokens: int = 16, full_batch_size: int = 256,
         access_log: bool = False, max_tokens_limit: int = 4096, max_model_len: int | None = None,
-        max_body_bytes: int = 1 << 20,
+        max_body_bytes: int = 1 << 20, max_tokens_per_call: int | None = 64,
     ) -> None:
+        if max_tokens_per_call is not None and max_tokens_per_call < 1:
+            raise ValueError(f"max_tokens_per_call must be >= 1 or None, got {max_tokens_per_call}")
         self.tokenizer, self.model_name, self.host, self.port = tokenizer, model_name, host, port
         self.max_wait_s, self.seed, self.default_max_tokens = max_wait_s, seed, default_max_tokens
         self.full_batch_size, self.access_log = full_batch_size, access_log
         self.max_tokens_limit, self.max_model_len, self.max_body_bytes = max_tokens_limit, max_model_len, max_body_bytes
+        self.max_tokens_per_call = max_tokens_per_call
         eos = [tokenizer.eos_token_id] if eos_token_ids is None else list(eos_token_ids)
         self.eos_token_ids = [int(t) for t in eos if t is not None]
         pad = tokenizer.pad_token_id
@@ -218,7 +244,9 @@ class PolicyServer:
         asyncio.set_event_loop(loop)
         try:
             access_log = aiohttp_log.access_logger if self.access_log else None  # None: aiohttp logs no request
-            runner = web.AppRunner(self._app(), shutdown_timeout=1.0, access_log=access_log)
+            # handler_cancellation: a client that leaves cancels its handler, so its request is dropped between
+            # slices (aiohttp >= 3.9 lets handlers run on by default, and the engine would decode for no one)
+            runner = web.AppRunner(self._app(), shutdown_timeout=1.0, access_log=access_log, handler_cancellation=True)
             loop.run_until_complete(runner.setup())
             site = web.TCPSite(runner, self.host, self.port)
             loop.run_until_complete(site.start())
@@ -257,7 +285,7 @@ class PolicyServer:
     async def _completions(self, request: web.Request) -> web.Response:
         body = await self._body(request)
         _reject_unsupported(body, "stop", "echo", "suffix")
-        prompts = self._prompts(body.get("prompt"))
+        prompts = await asyncio.to_thread(self._prompts, body.get("prompt"))  # see _encode
         sampling = self._sampling(body, body.get("max_tokens"), "max_tokens")
         for ids in prompts:
             self._check_context(ids, sampling, "max_tokens")
@@ -281,7 +309,7 @@ class PolicyServer:
     async def _chat_completions(self, request: web.Request) -> web.Response:
         body = await self._body(request)
         _reject_unsupported(body, "stop")
-        prompt_ids = self._render(body)
+        prompt_ids = await asyncio.to_thread(self._render, body)  # see _encode
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
         sampling = self._sampling(body, max_tokens, "max_completion_tokens")
         self._check_context(prompt_ids, sampling, "max_completion_tokens")
@@ -320,15 +348,20 @@ class PolicyServer:
                 batcher.generate(prompt_ids, max_tokens=sampling.max_tokens, stop_token_ids=sampling.stop_token_ids)
                 for _ in range(sampling.n)
             )))
-        finally:
-            self._in_flight[key] -= sampling.n
+        finally:  # stop() may have cleared the count already
+            left = self._in_flight.get(key, 0) - sampling.n
+            if left > 0:
+                self._in_flight[key] = left
+            else:
+                self._in_flight.pop(key, None)
 
     def _stream(self, key: _Stream) -> GenerationBatcher:
         batcher = self._streams.get(key)
         if batcher is None:
             greedy, seed = key
             batcher = GenerationBatcher(self._locked_generate, self.pad_token_id, self.eos_token_ids, greedy=greedy,
-                                        seed=self.seed if seed is None else seed, max_wait_s=self.max_wait_s)
+                                        seed=self.seed if seed is None else seed, max_wait_s=self.max_wait_s,
+                                        max_tokens_per_call=self.max_tokens_per_call)
             batcher.expect(self.full_batch_size)  # unknown clients: wait max_wait_s unless the batch is full
             self._streams[key] = batcher
         self._streams.move_to_end(key)
@@ -414,6 +447,7 @@ class PolicyServer:
         return self._encode(text)
 
     def _encode(self, text: str) -> list[int]:
+        """Called in a worker thread: tokenizing a 0.9 MB prompt held the server's loop (and ``/health``) 1.3 s."""
         # the chat template (or the caller) already wrote any BOS; adding special tokens would double it
         ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
         if not ids:

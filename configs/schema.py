@@ -235,6 +235,13 @@ class ServerConfig:
     """A batch of requests goes to the engine once no new one has arrived for this long (at most 1 s after its
     first): 64 concurrent HTTP requests arrive over tens of ms, and 0.005 split them into two calls (0.62x of
     direct generation's tokens/s, against 0.89x at 0.05: docs/benchmarks.md). The built-in engine's server only."""
+    max_tokens_per_call: Optional[int] = 64
+    """The most tokens one engine call generates for a request: a longer one is generated in slices that take
+    turns with the other requests, so a short agent turn waits for one slice, not for a long turn's whole
+    ``max_tokens`` (a 4-token request was answered in 0.2 s beside a 400-token one, against ~4 s without slices:
+    ``tests/agents/test_server.py``). Each slice re-reads its context (no KV cache between calls), and a sampled
+    request's slices are seeded as calls of their own. null: a request's whole ``max_tokens`` in one call. The
+    built-in engine's server only (vLLM schedules its own)."""
     url: Optional[str] = None
     """``rollout.name=vllm``: the address of a ``vllm serve`` you started (``http://host:port``, with
     ``VLLM_SERVER_DEV_MODE=1``, ``--weight-transfer-config '{"backend": "hybridflow"}'`` and ``--load-format
@@ -247,7 +254,8 @@ class ServerConfig:
 
     def problems(self) -> list[str]:
         """Broken rules of this section."""
-        return within(self, "port", 0, 65535) + at_least(self, 0, "max_wait_s")
+        return (within(self, "port", 0, 65535) + at_least(self, 0, "max_wait_s")
+                + at_least(self, 1, "max_tokens_per_call", optional=True))
 
 
 @dataclass

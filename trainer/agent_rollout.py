@@ -79,7 +79,8 @@ class AgentRollout:
             cfg = self.server_config
             self.server = PolicyServer(self.actor.generate_sequences, self.runner.tokenizer, host=cfg.host,
                                        port=cfg.port, max_wait_s=cfg.max_wait_s, eos_token_ids=self.eos_token_ids,
-                                       access_log=cfg.access_log, **self.server_limits)
+                                       access_log=cfg.access_log, max_tokens_per_call=cfg.max_tokens_per_call,
+                                       **self.server_limits)
             self.server.start()
             logger.info("policy server: %s (OpenAI-compatible; rollout.mode=server)", self.server.url)
         return self.server.url

@@ -8,7 +8,9 @@ is the server reproducing the engine through HTTP, the batcher and JSON.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -25,21 +27,27 @@ from hybridflow.core.data_proto import DataProto
 from hybridflow.core.keys import ATTENTION_MASK, INPUT_IDS, RESPONSE_MASK, RESPONSES, ROLLOUT_LOG_PROBS
 from hybridflow.workers.models import load_model_and_tokenizer
 from hybridflow.workers.rollout import RolloutEngine, SamplingParams
+from hybridflow.workers.rollout.engine import RolloutConfig as EngineConfig
 
 MODEL = "hybridflow-policy"
 
 
-@pytest.fixture(scope="module")
-def engine() -> RolloutEngine:
+def varied_tiny_model() -> tuple:
+    """The tiny model and its tokenizer, with large weights: its greedy outputs vary from token to token (the
+    default init repeats one token)."""
     torch.manual_seed(0)
-    torch.set_num_threads(1)
     model, tokenizer = load_model_and_tokenizer("builtin:tiny-qwen2", seed=0)
-    # Large weights make greedy outputs vary from token to token (the default init repeats one token).
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for weight in (p for p in model.parameters() if p.dim() > 1):
             weight.normal_(0.0, 0.35, generator=gen)
-    return RolloutEngine(model, tokenizer)
+    return model, tokenizer
+
+
+@pytest.fixture(scope="module")
+def engine() -> RolloutEngine:
+    torch.set_num_threads(1)
+    return RolloutEngine(*varied_tiny_model())
 
 
 @pytest.fixture(scope="module")
@@ -350,3 +358,137 @@ def test_a_body_past_the_limit_is_refused_before_it_is_read_whole(server):
     assert status == 413 and "Request Entity Too Large" in answer["error"]["message"]
     assert time.monotonic() - start < 2.0
     assert post(server.url + "/completions", {"prompt": "1", "max_tokens": 1})[0] == 200  # and it serves on
+
+
+# ---------------------------------------------------------------- long requests, disconnects, health under load
+STEP_S = 0.01  # each forward of the slow engine below
+
+
+@pytest.fixture(scope="module")
+def never_ending() -> tuple[RolloutEngine, dict[str, bool]]:
+    """The fixture's model (same weights) with no EOS, so a request runs to its ``max_tokens``, and a switch that
+    makes every forward take ``STEP_S`` longer: a decode step of a model ~20x the tiny one's, so one call of a
+    400-token request takes ~4 s, as a long request on a real model does."""
+    model, tokenizer = varied_tiny_model()
+    slow = {"on": False}
+    model.register_forward_pre_hook(lambda *_: time.sleep(STEP_S) if slow["on"] else None)
+    return RolloutEngine(model, tokenizer, EngineConfig(eos_token_ids=(10**6,))), slow
+
+
+def timed_post(url: str, body: dict) -> tuple[int, dict, float]:
+    """``post`` and the moment (monotonic) its answer came."""
+    status, answer = post(url, body)
+    return status, answer, time.monotonic()
+
+
+def test_a_long_request_takes_turns_so_a_short_one_and_health_are_answered_meanwhile(never_ending):
+    engine, slow = never_ending
+    long_ids, short_ids = [5, 6, 7, 8], [9, 10]
+    expected_long, _ = direct(engine, long_ids, 400, greedy=True)  # one call, full speed
+    expected_short, _ = direct(engine, short_ids, 4, greedy=True)
+    slow["on"] = True
+    try:
+        with PolicyServer(engine_generate_fn(engine), engine.tokenizer, eos_token_ids=engine.eos_token_ids,
+                          max_model_len=512, max_tokens_limit=500, max_tokens_per_call=16) as server, \
+                concurrent.futures.ThreadPoolExecutor(2) as pool:
+            url = server.url + "/completions"
+            start = time.monotonic()
+            long = pool.submit(timed_post, url, {"prompt": long_ids, "max_tokens": 400, "temperature": 0,
+                                                 "return_token_ids": True})
+            time.sleep(0.5)  # the long one is in the engine by now
+            with urllib.request.urlopen(server.url.removesuffix("/v1") + "/health", timeout=10) as response:
+                assert response.status == 200
+            health_s = time.monotonic() - start - 0.5
+            sent = time.monotonic()
+            status, short, short_done = timed_post(url, {"prompt": short_ids, "max_tokens": 4, "temperature": 0,
+                                                         "return_token_ids": True})
+            long_status, long_answer, long_done = long.result(timeout=60)
+    finally:
+        slow["on"] = False
+    assert health_s < 1.0
+    assert status == 200 and short["choices"][0]["token_ids"] == expected_short
+    assert short_done - sent < 2.0, f"the short request waited {short_done - sent:.1f} s behind the long one"
+    assert short_done < long_done - 1.0  # answered while the long one still had seconds to go
+    assert long_done - start > 3.0  # (so the long one really was long)
+    # 25 slices of 16 give the tokens of one 400-token call (greedy), each slice re-reading its context
+    assert long_status == 200 and long_answer["choices"][0]["token_ids"] == expected_long
+    assert long_answer["choices"][0]["finish_reason"] == "length"
+
+
+def test_a_client_that_disconnects_gets_no_more_engine_calls(never_ending):
+    engine, slow = never_ending
+    starts: list[float] = []
+    serve = engine_generate_fn(engine)
+
+    def counted(prompts: DataProto) -> DataProto:
+        starts.append(time.monotonic())
+        return serve(prompts)
+
+    slow["on"] = True
+    try:
+        with PolicyServer(counted, engine.tokenizer, eos_token_ids=engine.eos_token_ids,
+                          max_model_len=512, max_tokens_limit=500, max_tokens_per_call=16) as server:
+            body = json.dumps({"prompt": [5, 6, 7, 8], "max_tokens": 400, "temperature": 0}).encode()
+            host, port = server.url.removeprefix("http://").removesuffix("/v1").split(":")
+            with socket.create_connection((host, int(port)), timeout=10) as client:
+                client.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                               b"Content-Length: %d\r\n\r\n" % len(body) + body)
+                time.sleep(0.6)  # a few slices in
+            left = time.monotonic()
+            time.sleep(1.5)  # a 400-token request would still be decoding for ~3 s
+            assert starts and starts[0] < left  # it did reach the engine
+            late = [s - left for s in starts if s > left + 0.3]  # after the slice in flight when it left
+            assert late == [], f"{len(late)} engine calls started after the client left (of {len(starts)})"
+            assert post(server.url + "/completions", {"prompt": [5, 6], "max_tokens": 2})[0] == 200  # serves on
+    finally:
+        slow["on"] = False
+
+
+def test_batcher_slices_join_into_one_calls_answer_and_a_cancelled_request_is_dropped(never_ending):
+    engine, _ = never_ending
+    sizes: list[int] = []
+    serve = engine_generate_fn(engine)
+
+    def counted(prompts: DataProto) -> DataProto:
+        sizes.append(int(prompts.meta_info["max_new_tokens"]))
+        return serve(prompts)
+
+    async def run() -> tuple[list, list]:
+        batcher = GenerationBatcher(counted, engine.pad_token_id, engine.eos_token_ids, greedy=True,
+                                    max_tokens_per_call=8)
+        try:
+            whole = await batcher.generate([5, 6, 7], max_tokens=20)
+            cancelled = asyncio.ensure_future(batcher.generate([5, 6, 7], max_tokens=20))
+            deadline = time.monotonic() + 10
+            while len(sizes) < 4 and time.monotonic() < deadline:  # its first slice is in the engine
+                await asyncio.sleep(0.001)
+            cancelled.cancel()
+            await asyncio.sleep(0.2)
+            return whole, sizes[:]
+        finally:
+            await batcher.close()
+
+    whole, calls = asyncio.run(run())
+    tokens, log_probs = direct(engine, [5, 6, 7], 20, greedy=True)
+    assert whole.token_ids == tokens and whole.log_probs == pytest.approx(log_probs, abs=1e-5)
+    assert whole.finish_reason == "length" and whole.weight_version == 0
+    assert calls == [8, 8, 4, 8]  # 20 tokens as 8 + 8 + 4; the cancelled one got its first slice only
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/completions", {"prompt": "7+" * 450_000, "max_tokens": 2}),
+    ("/chat/completions", {"messages": [{"role": "user", "content": "7+" * 450_000}], "max_tokens": 2}),
+])
+def test_health_answers_while_a_900_kb_prompt_is_tokenized(engine, path, body):
+    with PolicyServer(engine_generate_fn(engine), engine.tokenizer, max_model_len=512) as server, \
+            concurrent.futures.ThreadPoolExecutor(1) as pool:
+        big = pool.submit(timed_post, server.url + path, body)  # under the 1 MiB body limit: it is tokenized
+        time.sleep(0.2)
+        asked = time.monotonic()
+        with urllib.request.urlopen(server.url.removesuffix("/v1") + "/health", timeout=30) as response:
+            assert response.status == 200
+        answered = time.monotonic()
+        status, answer, big_done = big.result(timeout=60)
+    assert status == 400 and answer["error"]["code"] == "context_length_exceeded"  # 900,000 tokens of 512
+    assert answered < big_done  # it was answered while the prompt was being tokenized...
+    assert answered - asked < 0.5  # ... at once (1.3 s when the loop's own thread tokenized)
