@@ -11,6 +11,7 @@ import asyncio
 import concurrent.futures
 import json
 import socket
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -449,8 +450,13 @@ def test_batcher_slices_join_into_one_calls_answer_and_a_cancelled_request_is_dr
     sizes: list[int] = []
     serve = engine_generate_fn(engine)
 
+    in_engine, release = threading.Event(), threading.Event()
+
     def counted(prompts: DataProto) -> DataProto:
         sizes.append(int(prompts.meta_info["max_new_tokens"]))
+        if len(sizes) == 4:  # the second request's first slice: held until the test has cancelled it
+            in_engine.set()
+            release.wait(timeout=30)
         return serve(prompts)
 
     async def run() -> tuple[list, list]:
@@ -459,11 +465,10 @@ def test_batcher_slices_join_into_one_calls_answer_and_a_cancelled_request_is_dr
         try:
             whole = await batcher.generate([5, 6, 7], max_tokens=20)
             cancelled = asyncio.ensure_future(batcher.generate([5, 6, 7], max_tokens=20))
-            deadline = time.monotonic() + 10
-            while len(sizes) < 4 and time.monotonic() < deadline:  # its first slice is in the engine
-                await asyncio.sleep(0.001)
+            assert await asyncio.to_thread(in_engine.wait, 30)  # its first slice is in the engine
             cancelled.cancel()
-            await asyncio.sleep(0.2)
+            release.set()
+            await asyncio.sleep(0.3)  # time for a second slice, were it to get one
             return whole, sizes[:]
         finally:
             await batcher.close()
