@@ -42,11 +42,14 @@ def _export(args: argparse.Namespace) -> int:
     from hybridflow.trainer.export import ExportError, export_checkpoint
 
     try:
-        out = export_checkpoint(args.checkpoint, args.out_dir)
+        out = export_checkpoint(args.checkpoint, args.out_dir, adapter=args.adapter)
     except ExportError as error:
         print(f"hybridflow export: {error}", file=sys.stderr)
         return 2
-    print(f"wrote {out} (load it with AutoModelForCausalLM.from_pretrained and AutoTokenizer.from_pretrained)")
+    if args.adapter:
+        print(f"wrote {out} (load it with PeftModel.from_pretrained(base_model, {str(out)!r}))")
+    else:
+        print(f"wrote {out} (load it with AutoModelForCausalLM.from_pretrained and AutoTokenizer.from_pretrained)")
     return 0
 
 
@@ -86,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     export.add_argument("checkpoint", help="a checkpoint directory, .../checkpoints/global_step_<N>")
     export.add_argument("out_dir", help="where the model directory goes (created if missing)")
+    export.add_argument("--adapter", action="store_true",
+                        help="a LoRA run's checkpoint: write its peft adapter directory (adapter_config.json, "
+                             "adapter_model.safetensors) instead of the merged model")
     export.set_defaults(func=_export)
     args = parser.parse_args(argv)
     return args.func(args)

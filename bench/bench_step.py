@@ -44,7 +44,8 @@ def parse() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def run(args: argparse.Namespace, tmp: str) -> list[dict]:
+def run(args: argparse.Namespace, tmp: str, overrides: dict | None = None) -> list[dict]:
+    """The default job as ``args`` shape it (and ``overrides``, config keys to values); its metrics, one per step."""
     cfg = OmegaConf.structured(PPOConfig)
     for key, value in {
         "actor_rollout_ref.model.path": args.model,
@@ -58,6 +59,7 @@ def run(args: argparse.Namespace, tmp: str) -> list[dict]:
         "trainer.total_training_steps": args.steps,
         "trainer.test_freq": 0,
         "trainer.logger": ["jsonl"],
+        **(overrides or {}),
     }.items():
         OmegaConf.update(cfg, key, value)
     build_and_fit(OmegaConf.to_object(cfg), Path(tmp) / "run")

@@ -66,9 +66,29 @@ class ModelConfig:
     sdpa and eager; flash in principle, not yet run on a GPU; probed when the model is built: otherwise it
     packs without sharing, with a warning)."""
 
+    lora_rank: int = 0
+    """LoRA (``workers/lora.py``, through peft): the rank ``r`` of the adapters put into the policy's
+    ``target_modules``. 0: full-parameter training. With it only the adapters train and sit in the optimizer,
+    the base weights stay as loaded, the reference is the model with its adapters off (no reference worker
+    group), and the rollout receives merged weights ``W + lora_alpha / r * B @ A`` after every update."""
+    lora_alpha: float = 16.0
+    """LoRA's scale numerator: each adapter adds ``lora_alpha / lora_rank * B @ A`` to its weight."""
+    target_modules: Any = "all-linear"
+    """The modules that get adapters, as peft takes them: ``all-linear`` (every linear layer but the output
+    projection), a list of module-name suffixes (``[q_proj, v_proj]``) or a regular expression."""
+    exclude_modules: Any = None
+    """Modules left without adapters among the targeted ones (same forms as ``target_modules``); None: none."""
+    lora_adapter_path: Optional[str] = None
+    """A peft adapter directory (``adapter_config.json``, ``adapter_model.safetensors``) to start from instead
+    of fresh adapters; its own config then sets the rank, alpha and targets."""
+
     def problems(self) -> list[str]:
         """Broken rules of this section (see ``configs/rules.py``); the directory's existence is checked by the config check."""
-        out = one_of(self, "dtype", MODEL_DTYPES)
+        out = one_of(self, "dtype", MODEL_DTYPES) + at_least(self, 0, "lora_rank")
+        if self.lora_rank:
+            out += greater_than(self, 0, "lora_alpha")
+            if not self.target_modules:
+                out.append("target_modules is empty: name the modules that get LoRA adapters (all-linear, or a list)")
         if not self.path:
             out.append("path=null: no model given; model=local (and experiment=gsm8k_grpo) need a local HF model "
                        "directory: add actor_rollout_ref.model.path=/models/Qwen2.5-0.5B-Instruct (your directory)")

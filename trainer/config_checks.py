@@ -203,6 +203,21 @@ def _model_problems(cfg: Any) -> Iterator[str]:
             yield f"{key}={size}: {err}"
 
 
+def _lora_problems(arr: Any) -> Iterator[str]:
+    """LoRA's limits: FSDP2 data parallelism only, an adapter directory that holds an adapter."""
+    model = arr.model
+    if not model.lora_rank:
+        return
+    if arr.actor.tensor_model_parallel_size > 1:
+        yield (f"actor_rollout_ref.model.lora_rank={model.lora_rank} with actor.tensor_model_parallel_size="
+               f"{arr.actor.tensor_model_parallel_size}: LoRA trains under FSDP2 data parallelism only; set "
+               "actor.tensor_model_parallel_size=1 (the rollout may still use tensor parallelism)")
+    path = model.lora_adapter_path
+    if path and not os.path.isfile(os.path.join(str(path), "adapter_config.json")):
+        yield (f"actor_rollout_ref.model.lora_adapter_path={str(path)!r} holds no adapter_config.json; give a peft "
+               "adapter directory (what `hybridflow export --adapter` writes)")
+
+
 def _placement_problems(cfg: Any) -> Iterator[str]:
     """The pipelined rollout modes need the rollout on ranks of its own, and what split placement supports."""
     trainer, rollout = cfg.trainer, cfg.actor_rollout_ref.rollout
@@ -346,6 +361,7 @@ def config_problems(cfg: Any) -> list[str]:
     problems += _plugin_problems(cfg)
     problems += _name_problems(cfg)
     problems += _placement_problems(cfg)
+    problems += _lora_problems(cfg.actor_rollout_ref)
     problems += _vllm_server_problems(cfg)
     problems += _server_problems(cfg.actor_rollout_ref.rollout)
     problems += _capacity_problems(cfg.trainer)

@@ -17,6 +17,7 @@ started from.
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from omegaconf import OmegaConf
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig, PretrainedConfig
 
 from hybridflow.trainer import checkpoint as ckpt
+from hybridflow.workers import lora
 from hybridflow.workers.checkpointing import HF_FILES, model_from_full_state, read_model_state
 from hybridflow.workers.models import load_model_config, load_tokenizer
 
@@ -37,12 +39,15 @@ class ExportError(Exception):
     """The checkpoint cannot be exported; the message says why."""
 
 
-def export_checkpoint(checkpoint: str | Path, out_dir: str | Path) -> Path:
+def export_checkpoint(checkpoint: str | Path, out_dir: str | Path, *, adapter: bool = False) -> Path:
     """Write the policy of ``checkpoint`` (a ``global_step_<N>`` directory) as an HF model directory ``out_dir``.
+
+    A LoRA run's policy is written merged (``W + s * B @ A``: an ordinary model), or with ``adapter`` as a
+    peft adapter directory (for ``PeftModel.from_pretrained`` on the base model the run started from).
 
     :returns: ``out_dir``.
     :raises ExportError: when ``checkpoint`` is not a published checkpoint, has no actor shards, or (for an
-        old checkpoint) no run config says which model it trained.
+        old checkpoint) no run config says which model it trained; with ``adapter``, when it holds no adapter.
     """
     checkpoint, out_dir = Path(checkpoint), Path(out_dir)
     if not ckpt.is_checkpoint(checkpoint):
@@ -52,6 +57,16 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path) -> Path:
         state = read_model_state(checkpoint, ROLE)
     except FileNotFoundError as err:
         raise ExportError(str(err)) from err
+    adapter_config = _adapter_config(checkpoint) if any(map(lora.is_adapter_parameter, state)) else None
+    if adapter:
+        if adapter_config is None:
+            raise ExportError(f"{checkpoint} holds no LoRA adapter (its run had actor_rollout_ref.model.lora_rank=0); "
+                              "export it without --adapter")
+        lora.save_adapter(out_dir, state, adapter_config, base_model=adapter_config.get("base_model_name_or_path"))
+        logger.info("exported the adapter of %s to %s", checkpoint, out_dir)
+        return out_dir
+    if adapter_config is not None:
+        state = lora.merge_state(state, adapter_config)
     config, generation_config, tokenizer = model_files(checkpoint)
     model = model_from_full_state(config, state, generation_config)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -59,6 +74,15 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path) -> Path:
     tokenizer.save_pretrained(out_dir)
     logger.info("exported %s (%d tensors) to %s", checkpoint, len(state), out_dir)
     return out_dir
+
+
+def _adapter_config(checkpoint: Path) -> dict:
+    """The LoRA config a LoRA run's checkpoint holds (``actor/huggingface/adapter_config.json``)."""
+    path = checkpoint / ROLE / HF_FILES / lora.ADAPTER_CONFIG
+    if not path.is_file():
+        raise ExportError(f"{checkpoint} holds LoRA adapters but no {ROLE}/{HF_FILES}/{lora.ADAPTER_CONFIG} to say "
+                          "their scale")
+    return json.loads(path.read_text())
 
 
 def model_files(checkpoint: Path) -> tuple[PretrainedConfig, GenerationConfig, object]:

@@ -76,7 +76,8 @@ def build_and_fit(config: PPOConfig, run_dir: Path, facts: dict[str, Any] | None
 
     from hybridflow.core import ColocatedWorkerGroup, RoleSpec, init_ray, shutdown
     from hybridflow.core.parallel_dims import ParallelDims
-    from hybridflow.trainer.ppo_trainer import PPOTrainer, needs_critic, needs_reference, resolve_loss_agg_mode
+    from hybridflow.trainer.ppo_trainer import (PPOTrainer, needs_critic, needs_reference, reference_in_actor,
+                                                resolve_loss_agg_mode)
     from hybridflow.trainer.prompt_loader import PromptSet
     from hybridflow.workers.actor.worker import ActorRolloutWorker
     from hybridflow.workers.critic.worker import CriticWorker
@@ -102,7 +103,7 @@ def build_and_fit(config: PPOConfig, run_dir: Path, facts: dict[str, Any] | None
             facts.update(ray_node_id=context.get_node_id(), ray_gcs_address=context.gcs_address, ray_up_at=time.time())
         actor_kwargs = {"config": config, "dims": dims, "loss_agg_mode": resolve_loss_agg_mode(config)}
         roles = {"actor": RoleSpec(ActorRolloutWorker, kwargs=actor_kwargs)}
-        if needs_reference(config):
+        if needs_reference(config) and not reference_in_actor(config):
             roles["ref"] = RoleSpec(RefWorker, kwargs={"config": config, "dims": dims})
         if dims.use_critic:
             roles["critic"] = RoleSpec(CriticWorker, kwargs={"config": config, "dims": dims})

@@ -125,6 +125,8 @@ class PPOTrainer:
         self.config = config
         self.dims = dims
         self.actor, self.ref, self.critic = groups["actor"], groups.get("ref"), groups.get("critic")
+        if reference_in_actor(config):
+            self.ref = self.actor  # its compute_ref_log_prob runs with the adapters off
         # what generates: the actor's group, unless split (a rollout group) or vLLM serves (a vllm serve process)
         self.rollout_group = groups.get("rollout", groups.get("server", self.actor))
         self.reward_fn, self.tokenizer = reward_fn, tokenizer
@@ -521,6 +523,12 @@ def _mean_over_ranks(per_rank: list[dict[str, float]]) -> dict[str, float]:
 def needs_reference(config: PPOConfig) -> bool:
     """A reference policy is built only when a KL term uses it."""
     return bool(config.actor_rollout_ref.actor.use_kl_loss or config.algorithm.use_kl_in_reward)
+
+
+def reference_in_actor(config: PPOConfig) -> bool:
+    """With LoRA the reference is the actor's model with its adapters off: the actor group computes the
+    reference log-probs, and no reference group is built."""
+    return needs_reference(config) and config.actor_rollout_ref.model.lora_rank > 0
 
 
 def needs_critic(config: PPOConfig) -> bool:

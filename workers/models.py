@@ -96,6 +96,10 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
     "small-qwen2": BuiltinModel(
         "qwen2", 256, 4, 4, 2, 768, max_position_embeddings=1024, description="~3M params: rollout benchmarks"
     ),
+    "qwen2-100m-shape": BuiltinModel(
+        "qwen2", 768, 13, 12, 2, 2560, max_position_embeddings=1024,
+        description="~95M params, Qwen2-shaped with random weights: LoRA against full fine-tuning (bench/bench_lora.py)",
+    ),
     "qwen2.5-0.5b-shape": BuiltinModel(
         "qwen2", 896, 24, 14, 2, 4864, max_position_embeddings=2048, vocab_size=151_936,
         description="~494M params, Qwen2.5-0.5B's shape with random weights: GPU benchmarks (bench/gpu_check.sh)",

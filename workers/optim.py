@@ -22,3 +22,10 @@ def build_optimizer(
         optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
     )
     return optimizer, scheduler
+
+
+def state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes this rank's optimizer state holds (AdamW's moments and step counts over its shards)."""
+    local = (t.to_local() if hasattr(t, "to_local") else t
+             for state in optimizer.state.values() for t in state.values() if isinstance(t, torch.Tensor))
+    return sum(t.numel() * t.element_size() for t in local)

@@ -90,6 +90,15 @@ def test_defaults_are_valid():
           "actor_rollout_ref.rollout.server.host": "no-such-host.invalid"},
          "actor_rollout_ref.rollout.server.host='no-such-host.invalid' is not an address this machine resolves"),
         ({"trainer.save_freq": -1}, "trainer.save_freq=-1 must be >= 0 (0 turns it off, as veRL's -1 does)"),
+        # LoRA
+        ({"actor_rollout_ref.model.lora_rank": -1}, "actor_rollout_ref.model.lora_rank=-1 must be >= 0"),
+        ({"actor_rollout_ref.model.lora_rank": 8, "actor_rollout_ref.model.lora_alpha": 0},
+         "actor_rollout_ref.model.lora_alpha=0.0 must be > 0"),
+        ({"actor_rollout_ref.model.lora_rank": 8, "actor_rollout_ref.actor.tensor_model_parallel_size": 2},
+         "actor_rollout_ref.model.lora_rank=8 with actor.tensor_model_parallel_size=2: LoRA trains under FSDP2 data "
+         "parallelism only"),
+        ({"actor_rollout_ref.model.lora_rank": 8, "actor_rollout_ref.model.lora_adapter_path": "/nonexistent/adapter"},
+         "actor_rollout_ref.model.lora_adapter_path='/nonexistent/adapter' holds no adapter_config.json"),
     ],
 )
 def test_each_invalid_setting_names_key_value_and_allowed(overrides, message):

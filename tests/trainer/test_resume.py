@@ -78,3 +78,26 @@ def test_resumed_run_equals_uninterrupted_run(ray_session, tmp_path, stop_at=2, 
         for key in COMPARED:
             if key in expected[step]:
                 assert got[step][key] == pytest.approx(expected[step][key], rel=1e-5, abs=1e-7), (step, key)
+
+
+# LoRA (actor_rollout_ref.model.lora_rank): the checkpoint holds the adapters and their optimizer state, the
+# reference is the model with its adapters off (no reference group), and a resumed run trains exactly as before
+def test_a_lora_run_resumed_equals_the_uninterrupted_one(ray_session, tmp_path):
+    files = generate_synthetic(str(tmp_path / "data"), train_size=12, val_size=8, seed=0)
+
+    def lora(steps, resume):
+        cfg = OmegaConf.structured(config(files, steps, resume))
+        for key, value in {"actor_rollout_ref.model.lora_rank": 4, "actor_rollout_ref.model.lora_alpha": 8.0,
+                           "actor_rollout_ref.actor.optim.lr": 1e-2, "actor_rollout_ref.actor.use_kl_loss": True}.items():
+            OmegaConf.update(cfg, key, value)
+        return OmegaConf.to_object(cfg)
+
+    straight = build_and_fit(lora(3, "disable"), tmp_path / "straight")
+    assert straight.steps == 3
+    assert build_and_fit(lora(2, "disable"), tmp_path / "resumed").steps == 2
+    assert build_and_fit(lora(3, "auto"), tmp_path / "resumed").steps == 3
+    expected, got = metrics(tmp_path / "straight"), metrics(tmp_path / "resumed")
+    assert expected[3]["actor/kl_loss"] > 0  # the reference (adapters off) and the policy have parted
+    for key in (*COMPARED, "actor/kl_loss"):
+        if key in expected[3]:
+            assert got[3][key] == pytest.approx(expected[3][key], rel=1e-5, abs=1e-7), key

@@ -118,3 +118,23 @@ def test_tool_use_through_a_real_vllm_serve_trains_with_synced_weights_and_polic
     server_log = (tmp_path / "run" / "vllm_server.log").read_text()
     # uvicorn served and logged there, but no line per request (rollout.server.access_log=false, the default)
     assert "Application startup complete" in server_log and " HTTP/1.1" not in server_log, server_log[-2000:]
+
+
+LORA = {"actor_rollout_ref.model.lora_rank": 4, "actor_rollout_ref.model.lora_alpha": 8.0}
+
+
+@pytest.mark.parametrize("placement", [{"trainer.n_gpus_per_node": 2}, {**SPLIT, "trainer.max_staleness": 0}],
+                         ids=["colocated", "split"])
+def test_lora_pushes_merged_weights_that_vllm_samples_with(ray_session, tmp_path, placement):
+    """With LoRA adapters the actor pushes the plain model (the same bytes as without adapters, each adapted
+    weight merged), and vLLM's log-probs equal the training forward's, adapters on, to rounding: what vLLM
+    holds is the trained policy after every update (colocated: the engine's update; split: the broadcast,
+    under the plain model's manifest)."""
+    config = vllm_config(tmp_path, **LORA, **placement, **{"trainer.total_training_steps": 3})
+    build_and_fit(config, tmp_path / "run")
+    steps = [m for m in read_metrics(tmp_path / "run") if m["step"] > 0]
+    assert len(steps) == 3 and len({round(m["actor/pg_loss"], 9) for m in steps}) == 3
+    for m in steps[1:]:
+        assert m["rollout/log_prob_gap_max"] < 1e-4, m["rollout/log_prob_gap_max"]
+    pushed = [m for m in steps if "weight_sync/bytes" in m]
+    assert pushed and all(m["weight_sync/bytes"] == PARAM_BYTES for m in pushed)

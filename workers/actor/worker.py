@@ -35,23 +35,25 @@ import torch
 
 from hybridflow.configs.schema import PPOConfig
 from hybridflow.core import DP_COMPUTE_METRIC, DP_COMPUTE_PROTO, ONE_TO_ALL, DataProto, Worker, register
-from hybridflow.core.keys import ACTOR_UPDATE_INPUTS, FORWARD_INPUTS, METRICS, SEQUENCE_COLUMNS, WEIGHT_SYNC_PREFIX
+from hybridflow.core.keys import (ACTOR_UPDATE_INPUTS, FORWARD_INPUTS, METRICS, OLD_LOG_PROBS, REF_LOG_PROBS,
+                                  SEQUENCE_COLUMNS, WEIGHT_SYNC_PREFIX)
 from hybridflow.core.parallel_dims import ParallelDims
 from hybridflow.core.reshard import plan_reshard
 from hybridflow.core.weight_transfer import WeightTransfer, manifest_of
 from hybridflow.workers.actor.ppo_actor import PPOActor
 from hybridflow.workers.checkpointing import load_role, model_from_full_state, save_hf_files, save_role
-from hybridflow.workers.fsdp import data_parallel_group, full_parameters, shard_role, sharded_parameters
+from hybridflow.workers.fsdp import data_parallel_group, shard_role
+from hybridflow.workers.lora import add_adapters, adapters_disabled, lora_config
 from hybridflow.workers.offload import StateOffloader
-from hybridflow.workers.loading import load_sharded_model
+from hybridflow.workers.loading import load_sharded_model, read_causal_lm
+from hybridflow.workers.policy_weights import policy_weights
 from hybridflow.workers.micro_batches import log_prob_batching
 from hybridflow.workers.models import load_tokenizer, torch_dtype
-from hybridflow.workers.optim import build_optimizer
+from hybridflow.workers.optim import build_optimizer, state_bytes
 from hybridflow.workers.offload import drop_storages, restore_storages
 from hybridflow.workers.rollout.tensor_parallel import build_tp_rollout_model
 from hybridflow.workers.rollout.worker import builtin_engine, call_seed, sampling_for, vllm_engine
 from hybridflow.workers.rollout.tp_plan import rollout_slice
-from hybridflow.workers.rollout.vllm_engine import iter_full_weights  # imports vLLM only when an engine is built
 from hybridflow.workers.rollout.vllm_server import uses_vllm_server
 
 logger = logging.getLogger(__name__)
@@ -84,12 +86,26 @@ class ActorRolloutWorker(Worker):
         build the optimizer, the rollout layout (filled by the reshard) and the engine."""
         arr = self.config.actor_rollout_ref
         fsdp = arr.actor.fsdp_config
+        adapters = lora_config(arr.model) if arr.model.lora_rank else None
+        seed = self.config.trainer.seed
+
+        def read(path: str, dtype: torch.dtype, seed: int | None) -> torch.nn.Module:
+            model = read_causal_lm(path, dtype, seed)
+            return model if adapters is None else add_adapters(model, adapters, seed=seed,
+                                                               adapter_path=arr.model.lora_adapter_path)
+
+        def shard(module: torch.nn.Module, mesh) -> torch.nn.Module:
+            if adapters is not None:  # shaped on the meta skeleton; the reader's values arrive with the rest
+                add_adapters(module, adapters)
+            return shard_role(module, mesh, fsdp, compute_dtype=fsdp.compute_dtype(arr.model),
+                              gradient_checkpointing=arr.model.enable_gradient_checkpointing)
+
         self.model = load_sharded_model(  # the optimizer's master weights, computing in the compute dtype
-            arr.model.path, dtype=torch_dtype(fsdp.master_dtype), seed=self.config.trainer.seed, mesh=self.device_mesh,
-            device=self.device, shard=lambda module, mesh: shard_role(
-                module, mesh, fsdp, compute_dtype=fsdp.compute_dtype(arr.model),
-                gradient_checkpointing=arr.model.enable_gradient_checkpointing),
+            arr.model.path, dtype=torch_dtype(fsdp.master_dtype), seed=seed, mesh=self.device_mesh,
+            device=self.device, read=read, shard=shard,
         )
+        self.adapter_config = adapters
+        self.weights = policy_weights(self.model)  # what the rollout and exports see (merged, with LoRA)
         self.tokenizer = tokenizer = load_tokenizer(arr.model.path)
         self.hf_config, self.generation_config = self.model.config, self.model.generation_config
         rollout_model = None if self.use_vllm or self.split else self._build_rollout_model(self.model)
@@ -127,7 +143,7 @@ class ActorRolloutWorker(Worker):
 
     def _plan_reshard(self, rollout_model: torch.nn.Module):
         """The train-to-rollout move, planned once (collective); its runs overwrite the rollout blocks."""
-        sources = sharded_parameters(self.model)
+        sources = self.weights.sharded()
         targets = dict(rollout_model.named_parameters())
         shapes = {name: tuple(param.shape) for name, param in sources}
         slices = {
@@ -166,7 +182,7 @@ class ActorRolloutWorker(Worker):
             if cuda:
                 torch.cuda.reset_peak_memory_stats()
             before = torch.cuda.memory_allocated() if cuda else 0
-            self.engine.update_weights(iter_full_weights(self.model), version=self.weight_version)
+            self.engine.update_weights(self.weights.full(), version=self.weight_version)
             stats = self.engine.sync_metrics()
             if cuda:  # torch's allocator sees the gathered tensors; a CPU has no such counter
                 stats["weight_sync/peak_extra_bytes"] = float(max(torch.cuda.max_memory_allocated() - before, 0))
@@ -174,6 +190,7 @@ class ActorRolloutWorker(Worker):
             restore_storages(getattr(self, "_dropped", []))  # sizes back; the move below writes every value
             self._dropped = []
             bucket = int(self.config.actor_rollout_ref.rollout.reshard_bucket_mb * 2**20)
+            self.weights.refresh()  # LoRA: the merged shards the plan reads
             run = self.reshard_plan.run(bucket)
             stats = {"reshard/seconds": run.seconds, "reshard/peak_extra_bytes": float(run.peak_extra_bytes)}
         return stats
@@ -222,6 +239,18 @@ class ActorRolloutWorker(Worker):
                 with_sum_pi_squared=bool(data.meta_info.get("with_sum_pi_squared", False)),
             )
 
+    @register(dispatch=DP_COMPUTE_PROTO, reads=FORWARD_INPUTS)
+    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+        """``ref_log_probs`` with LoRA: the policy with its adapters off is the initial policy, so the actor
+        computes them and no reference group exists (``trainer/ppo_trainer.py reference_in_actor``)."""
+        if self.adapter_config is None:
+            raise RuntimeError("the actor computes reference log-probs only with LoRA adapters (lora_rank > 0); "
+                               "without them the reference is a worker group of its own")
+        temperature = self.config.actor_rollout_ref.rollout.temperature
+        with self.offload.on_device(params=True), adapters_disabled(self.model):
+            out = self.actor.compute_log_prob(data, temperature=temperature, with_entropy=False)
+        return DataProto.from_dict({REF_LOG_PROBS: out.batch[OLD_LOG_PROBS]})
+
     @register(dispatch=DP_COMPUTE_METRIC, reads=ACTOR_UPDATE_INPUTS)
     def update_actor(self, data: DataProto) -> dict[str, float]:
         """PPO epochs over this rank's rows, then the weights move to the rollout layout.
@@ -232,6 +261,8 @@ class ActorRolloutWorker(Worker):
         temperature = self.config.actor_rollout_ref.rollout.temperature
         with self.offload.on_device(params=True, optimizer=True):
             metrics = self.actor.update_policy(data, temperature=temperature, shuffle_seed=data.meta_info["global_step"])
+            # what the optimizer holds: with LoRA, the adapters' moments alone
+            metrics["actor/optimizer_state_bytes_per_rank"] = float(state_bytes(self.optimizer))
             self.weight_version += 1
             # vLLM sleeps while the actor trains and takes the weights when woken; an offloaded rollout copy too
             if not (self.use_vllm or self.config.actor_rollout_ref.rollout.offload_weights):
@@ -245,7 +276,7 @@ class ActorRolloutWorker(Worker):
         if self.rank == 0:
             self.transfer = WeightTransfer(host, port, 0, members, self.device,
                                            timeout_s=self.config.trainer.timeouts.weight_sync_s)
-            self.transfer.publish(manifest_of(self.model.named_parameters()))
+            self.transfer.publish(manifest_of(self.weights.named()))
 
     @register(dispatch=ONE_TO_ALL)
     def send_weights(self) -> dict[str, float]:
@@ -253,7 +284,7 @@ class ActorRolloutWorker(Worker):
         version to the rollout's ranks (with their ``receive_weights``); rank 0's ``weight_sync/*`` metrics."""
         bucket = int(self.config.actor_rollout_ref.rollout.reshard_bucket_mb * 2**20)
         with self.offload.on_device(params=True):
-            weights = iter_full_weights(self.model)
+            weights = self.weights.full()
             if self.transfer is None:
                 for _ in weights:  # the gathers need every training rank
                     pass
@@ -268,7 +299,9 @@ class ActorRolloutWorker(Worker):
         extra = {"scheduler": self.scheduler.state_dict(), "weight_version": self.weight_version}
         save_role(directory, "actor", self.model, self.optimizer, extra=extra)
         if self.rank == 0:
-            save_hf_files(directory, "actor", self.hf_config, self.generation_config, self.tokenizer)
+            target = save_hf_files(directory, "actor", self.hf_config, self.generation_config, self.tokenizer)
+            if self.adapter_config is not None:  # what an offline export needs to merge or write the adapter
+                self.adapter_config.save_pretrained(target)
 
     @register(dispatch=ONE_TO_ALL)
     def load_checkpoint(self, directory: str) -> None:
@@ -281,7 +314,7 @@ class ActorRolloutWorker(Worker):
     @register(dispatch=ONE_TO_ALL)
     def save_hf_model(self, directory: str) -> None:
         """Gather the full weights (collective) and save an HF model directory (rank 0 writes)."""
-        full = full_parameters(self.model)
+        full = dict(self.weights.full())
         if self.rank != 0:
             return
         model = model_from_full_state(self.hf_config, full, self.generation_config)
