@@ -230,6 +230,7 @@ def format_summary(summary: RunSummary, config: PPOConfig) -> str:
         before += " (the first run's, at step 0)"
     rows = [
         ("estimator", config.algorithm.adv_estimator),
+        ("trained", _trained_row(config)),
         ("steps", str(summary.steps) + (f" (resumed at step {summary.resumed_at})" if resumed else "")),
         ("validation accuracy before", before),
         ("validation accuracy after", accuracy(summary.val_after)),
@@ -243,6 +244,15 @@ def format_summary(summary: RunSummary, config: PPOConfig) -> str:
     lines = ["", "hybridflow run summary", "-" * (width + 20)]
     lines += [f"{k.ljust(width)}  {v}" for k, v in rows]
     return "\n".join(lines)
+
+
+def _trained_row(config: PPOConfig) -> str:
+    """Which parameters the actor trained, and so where its reference came from."""
+    model = config.actor_rollout_ref.model
+    if not model.lora_rank:
+        return "all parameters"
+    return (f"LoRA adapters (rank {model.lora_rank}, alpha {model.lora_alpha:g}); no reference group: the reference "
+            "is the model with its adapters off")
 
 
 def _checkpoints_row(summary: RunSummary, config: PPOConfig) -> str:

@@ -147,3 +147,8 @@ def test_the_summary_says_what_is_true_of_a_resumed_run_and_where_the_export_wen
     rows = summary_rows(format_summary(RunSummary(steps=3, run_dir=tmp_path), config))
     assert rows["validation accuracy before"] == "not run (trainer.test_freq=0)" and rows["steps"] == "3"
     assert rows["checkpoints"] == "none saved (trainer.save_freq=0)"
+    assert rows["trained"] == "all parameters"
+    config.actor_rollout_ref.model.lora_rank = 8
+    rows = summary_rows(format_summary(RunSummary(steps=3, run_dir=tmp_path), config))
+    assert rows["trained"] == ("LoRA adapters (rank 8, alpha 16); no reference group: the reference is the model "
+                               "with its adapters off")

@@ -297,7 +297,8 @@ class ActorRolloutWorker(Worker):
         """Write this rank's sharded model and optimizer state into ``directory/actor``; rank 0 adds the HF
         config, generation config and tokenizer (``actor/huggingface``), so the checkpoint exports offline."""
         extra = {"scheduler": self.scheduler.state_dict(), "weight_version": self.weight_version}
-        save_role(directory, "actor", self.model, self.optimizer, extra=extra)
+        with self.offload.on_device(params=True, optimizer=True):  # offloaded storages are empty until loaded
+            save_role(directory, "actor", self.model, self.optimizer, extra=extra)
         if self.rank == 0:
             target = save_hf_files(directory, "actor", self.hf_config, self.generation_config, self.tokenizer)
             if self.adapter_config is not None:  # what an offline export needs to merge or write the adapter
@@ -306,7 +307,8 @@ class ActorRolloutWorker(Worker):
     @register(dispatch=ONE_TO_ALL)
     def load_checkpoint(self, directory: str) -> None:
         """Restore the state :meth:`save_checkpoint` wrote; the rollout layout follows on the next generate."""
-        extra = load_role(directory, "actor", self.model, self.optimizer)
+        with self.offload.on_device(params=True, optimizer=True):  # else the host copy would overwrite what loads
+            extra = load_role(directory, "actor", self.model, self.optimizer)
         self.scheduler.load_state_dict(extra["scheduler"])
         self.weight_version = extra["weight_version"]
         self.rollout_version = -1
@@ -314,7 +316,8 @@ class ActorRolloutWorker(Worker):
     @register(dispatch=ONE_TO_ALL)
     def save_hf_model(self, directory: str) -> None:
         """Gather the full weights (collective) and save an HF model directory (rank 0 writes)."""
-        full = dict(self.weights.full())
+        with self.offload.on_device(params=True):
+            full = dict(self.weights.full())
         if self.rank != 0:
             return
         model = model_from_full_state(self.hf_config, full, self.generation_config)
