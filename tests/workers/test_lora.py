@@ -195,3 +195,31 @@ def test_a_run_started_from_an_exported_adapter_generates_as_the_trained_one(tra
             assert rollout_tokens(group["actor"].generate_sequences(trained["prompts"])) == trained["after"]
     finally:
         pool.release()
+
+
+# AdamW's first step moves every parameter by lr * g / (|g| + eps) (its moments are g and g^2 then), so the trained B,
+# which started at zero, is that entry by entry, g clipped as the update clips it. g computed here by hand: the token-mean policy-gradient loss of the
+# same batch on a plain peft model with the group's A (A itself does not move in a first step: its gradient is
+# s * B^T G = 0 while B = 0). The KL term adds nothing at a first step (the policy is the reference, k3's gradient 0).
+def test_the_first_update_of_b_is_minus_lr_times_the_sign_of_the_hand_computed_gradient(trained):
+    state, cfg, batch = read_model_state(trained["checkpoint"], "actor"), trained["cfg"], trained["batch"]
+    fresh, _ = load_model_and_tokenizer(cfg.actor_rollout_ref.model.path, seed=cfg.trainer.seed)
+    model = lora.add_adapters(fresh, lora.lora_config(cfg.actor_rollout_ref.model))
+    model.load_state_dict({k: torch.zeros_like(v) if ".lora_B." in k else v for k, v in state.items()})
+    ids, attn = batch.batch[INPUT_IDS], batch.batch[ATTENTION_MASK]
+    width = batch.batch[RESPONSES].shape[1]
+    logits = model(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp(min=0)).logits
+    log_probs = torch.log_softmax(logits[:, -width - 1:-1].float(), -1).gather(-1, ids[:, -width:, None])[..., 0]
+    mask = batch.batch[RESPONSE_MASK].float()
+    (-(batch.batch[ADVANTAGES] * log_probs * mask).sum() / mask.sum()).backward()
+    optim = cfg.actor_rollout_ref.actor.optim
+    grads = {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads.values()]))
+    clip = min(1.0, optim.grad_clip / (float(norm) + 1e-6))  # torch's clip_grad_norm_ coefficient
+    checked = 0
+    for name, grad in grads.items():
+        if ".lora_B." in name:
+            g = grad * clip
+            torch.testing.assert_close(state[name], -optim.lr * g / (g.abs() + 1e-8), rtol=1e-3, atol=1e-7)
+            checked += int((g.abs() > 1e-6).sum())
+    assert checked > 5000  # of the 14 B matrices' 6,144 entries, most moved by the full lr
