@@ -34,6 +34,16 @@ ROLLOUT_IS_MODES = ("truncate", "mask")
 # several sections, plugins or the machine live in trainer/config_checks.py.
 
 
+def lora_problems(section: Any) -> list[str]:
+    """The LoRA keys' rules, shared by ``actor_rollout_ref.model`` and ``critic`` (each documents its keys)."""
+    out = at_least(section, 0, "lora_rank")
+    if section.lora_rank:
+        out += greater_than(section, 0, "lora_alpha")
+        if not section.target_modules:
+            out.append("target_modules is empty: name the modules that get LoRA adapters (all-linear, or a list)")
+    return out
+
+
 @dataclass
 class ModelConfig:
     path: Optional[str] = "builtin:tiny-qwen2"
@@ -84,11 +94,7 @@ class ModelConfig:
 
     def problems(self) -> list[str]:
         """Broken rules of this section (see ``configs/rules.py``); the directory's existence is checked by the config check."""
-        out = one_of(self, "dtype", MODEL_DTYPES) + at_least(self, 0, "lora_rank")
-        if self.lora_rank:
-            out += greater_than(self, 0, "lora_alpha")
-            if not self.target_modules:
-                out.append("target_modules is empty: name the modules that get LoRA adapters (all-linear, or a list)")
+        out = one_of(self, "dtype", MODEL_DTYPES) + lora_problems(self)
         if not self.path:
             out.append("path=null: no model given; model=local (and experiment=gsm8k_grpo) need a local HF model "
                        "directory: add actor_rollout_ref.model.path=/models/Qwen2.5-0.5B-Instruct (your directory)")
@@ -405,11 +411,23 @@ class CriticConfig:
     """Critic optimizer."""
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     """The critic's mixed precision and offload."""
+    lora_rank: int = 0
+    """LoRA for the critic (veRL's ``critic.model.lora_rank``): adapters of rank ``r`` in the critic's
+    ``target_modules``; only they and the fresh value head train and sit in the critic's optimizer
+    (``critic/optimizer_state_bytes_per_rank``), the backbone copied from the policy stays as loaded. 0: the
+    critic trains all its parameters. Independent of the actor's ``lora_rank``."""
+    lora_alpha: float = 16.0
+    """The critic adapters' scale numerator (``lora_alpha / lora_rank * B @ A``)."""
+    target_modules: Any = "all-linear"
+    """The critic's modules that get adapters, as ``actor_rollout_ref.model.target_modules`` takes them; the value
+    head (``score``) never gets one: it trains whole."""
+    exclude_modules: Any = None
+    """The critic's modules left without adapters among the targeted ones; None: none but the value head."""
 
     def problems(self) -> list[str]:
         """Broken rules of this section; the micro-batch is checked with the layout (``core/parallel_dims.py``)."""
         return greater_than(self, 0, "cliprange_value") + at_least(self, 1, "ppo_max_token_len_per_gpu") \
-            + at_least(self, 1, "forward_max_token_len_per_gpu", optional=True)
+            + at_least(self, 1, "forward_max_token_len_per_gpu", optional=True) + lora_problems(self)
 
 
 @dataclass

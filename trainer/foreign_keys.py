@@ -64,7 +64,6 @@ A, R, M = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout
 LOSS = "+actor_rollout_ref.actor.policy_loss_options"
 
 NO_SP = "no sequence parallelism: each sequence lives on one rank"
-NO_LORA = "the critic trains all its parameters: LoRA is the actor's only (actor_rollout_ref.model.lora_rank)"
 NO_COSINE = "the schedule is a linear warm-up to lr (optim.warmup_steps), then constant; no decay"
 NO_MULTI_TURN = ("multi-turn rollouts are agent-loop plugins (rollout.agent_loop=tool_calling, rollout.agent.tools, "
                  "rollout.agent.options; docs/writing-an-agent.md); interactions and this setting have no counterpart")
@@ -328,8 +327,10 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
        note="one switch for the actor and the critic", exact=True),
     _v("critic.model.use_remove_padding", M + ".use_remove_padding={value}", example="false",
        note="one switch for the actor, the reference and the critic", exact=True),
-    _v("critic.model.lora_rank", by_value={"0": ()}, missing=NO_LORA),
-    *(_v(f"critic.model.{k}", missing=NO_LORA) for k in ("lora_alpha", "target_modules", "exclude_modules")),
+    *(_v(f"critic.model.{k}", f"critic.{k}={{value}}", exact=True, example=example,
+         note="the critic's LoRA keys sit in critic. (its model is the policy's)")
+      for k, example in (("lora_rank", "8"), ("lora_alpha", "16"), ("target_modules", "all-linear"),
+                         ("exclude_modules", "[o_proj]"))),
     _v("critic.model.path", same_as=f"{M}.path", example="/models/policy",
        missing="the critic is a copy of the policy with a one-output value head: its path is "
                "actor_rollout_ref.model.path (a separate critic checkpoint is not supported)"),

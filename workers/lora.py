@@ -39,25 +39,29 @@ ADAPTER_CONFIG = "adapter_config.json"
 _PEFT_PARTS = (f".lora_A.{ADAPTER}.", f".lora_B.{ADAPTER}.")
 
 
-def lora_config(model_cfg: Any) -> Any:
-    """peft's ``LoraConfig`` for ``model_cfg`` (an ``actor_rollout_ref.model`` section with ``lora_rank > 0``);
-    ``lora_adapter_path``'s own config when it names an adapter to start from."""
+def lora_config(model_cfg: Any, *, never: tuple[str, ...] = ()) -> Any:
+    """peft's ``LoraConfig`` for ``model_cfg`` (an ``actor_rollout_ref.model`` or ``critic`` section with
+    ``lora_rank > 0``); ``lora_adapter_path``'s own config when it names an adapter to start from. ``never``:
+    module names that get no adapter whatever the targets say (the critic's value head); only with a list of
+    ``exclude_modules`` or none (a regular expression is taken as given)."""
     from peft import LoraConfig  # noqa: PLC0415 - peft only when LoRA is on
 
-    if model_cfg.lora_adapter_path:
+    if getattr(model_cfg, "lora_adapter_path", None):
         return LoraConfig.from_pretrained(model_cfg.lora_adapter_path)
     targets = model_cfg.target_modules
     exclude = model_cfg.exclude_modules
+    if not isinstance(exclude, str):
+        exclude = [*(exclude or ()), *never] or None
     return LoraConfig(
         r=int(model_cfg.lora_rank), lora_alpha=float(model_cfg.lora_alpha), lora_dropout=0.0, bias="none",
-        target_modules=targets if isinstance(targets, str) else list(targets),
-        exclude_modules=None if exclude is None else (exclude if isinstance(exclude, str) else list(exclude)),
+        target_modules=targets if isinstance(targets, str) else list(targets), exclude_modules=exclude,
     )
 
 
 def add_adapters(model: nn.Module, config: Any, *, seed: int | None = None,
-                 adapter_path: str | None = None) -> nn.Module:
-    """Put LoRA layers into ``model`` in place (``config``: :func:`lora_config`) and freeze everything else.
+                 adapter_path: str | None = None, trainable: tuple[str, ...] = ()) -> nn.Module:
+    """Put LoRA layers into ``model`` in place (``config``: :func:`lora_config`) and freeze everything else but
+    the parameters under the top-level modules named in ``trainable`` (the critic's fresh value head).
 
     On a real model the adapters are initialised as peft does (``A`` random from ``seed``, ``B`` zero), or
     read from ``adapter_path`` (a peft adapter directory); on a meta-device skeleton they are only shaped.
@@ -71,7 +75,7 @@ def add_adapters(model: nn.Module, config: Any, *, seed: int | None = None,
             torch.manual_seed(seed)
         inject_adapter_in_model(config, model, adapter_name=ADAPTER)
     for name, param in model.named_parameters():
-        param.requires_grad_(is_adapter_parameter(name))
+        param.requires_grad_(is_adapter_parameter(name) or name.split(".")[0] in trainable)
     if adapter_path is not None and next(model.parameters()).device.type != "meta":
         result = set_peft_model_state_dict(model, read_adapter_weights(adapter_path), adapter_name=ADAPTER)
         missing = [k for k in result.missing_keys if is_adapter_parameter(k)]

@@ -94,6 +94,8 @@ def test_defaults_are_valid():
         ({"actor_rollout_ref.model.lora_rank": -1}, "actor_rollout_ref.model.lora_rank=-1 must be >= 0"),
         ({"actor_rollout_ref.model.lora_rank": 8, "actor_rollout_ref.model.lora_alpha": 0},
          "actor_rollout_ref.model.lora_alpha=0.0 must be > 0"),
+        ({"critic.lora_rank": -2}, "critic.lora_rank=-2 must be >= 0"),
+        ({"critic.lora_rank": 4, "critic.target_modules": []}, "critic.target_modules is empty: name the modules"),
         ({"actor_rollout_ref.model.lora_rank": 8, "actor_rollout_ref.actor.tensor_model_parallel_size": 2},
          "actor_rollout_ref.model.lora_rank=8 with actor.tensor_model_parallel_size=2: LoRA trains under FSDP2 data "
          "parallelism only"),

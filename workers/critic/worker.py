@@ -17,13 +17,14 @@ from hybridflow.configs.schema import PPOConfig
 from hybridflow.core import DP_COMPUTE_METRIC, DP_COMPUTE_PROTO, ONE_TO_ALL, DataProto, Worker, register
 from hybridflow.core.keys import CRITIC_UPDATE_INPUTS, FORWARD_INPUTS
 from hybridflow.core.parallel_dims import ParallelDims
+from hybridflow.workers import lora
 from hybridflow.workers.checkpointing import load_role, save_role
 from hybridflow.workers.critic.ppo_critic import PPOCritic
 from hybridflow.workers.fsdp import shard_role
 from hybridflow.workers.loading import load_sharded_model
 from hybridflow.workers.offload import StateOffloader
 from hybridflow.workers.models import load_model_and_tokenizer, torch_dtype
-from hybridflow.workers.optim import build_optimizer
+from hybridflow.workers.optim import build_optimizer, state_bytes
 
 
 class ValueHead(nn.Linear):
@@ -72,18 +73,31 @@ def build_value_model(path: str, dtype: torch.dtype, seed: int) -> torch.nn.Modu
     return critic
 
 
+VALUE_HEAD = "score"
+"""The critic's head module (HF's token-classification ``score``): fresh, so it trains whole under LoRA too."""
+
+
 def load_value_model(config: PPOConfig, mesh: DeviceMesh, device: torch.device | str) -> nn.Module:
     """The critic sharded over ``mesh`` as it trains: fp32 master weights (``fsdp_config.master_dtype``),
-    computing in the role's compute dtype; collective (:func:`~hybridflow.workers.loading.load_sharded_model`)."""
+    computing in the role's compute dtype; with ``critic.lora_rank``, LoRA adapters in its backbone (the head
+    trains whole, the rest is frozen); collective (:func:`~hybridflow.workers.loading.load_sharded_model`)."""
     fsdp, model_cfg = config.critic.fsdp_config, config.actor_rollout_ref.model
+    adapters = lora.lora_config(config.critic, never=(VALUE_HEAD,)) if config.critic.lora_rank else None
+
+    def with_adapters(model: nn.Module, seed: int | None = None) -> nn.Module:
+        return model if adapters is None else lora.add_adapters(model, adapters, seed=seed, trainable=(VALUE_HEAD,))
+
+    def read(path: str, dtype: torch.dtype, seed: int) -> nn.Module:
+        return with_adapters(build_value_model(path, dtype, seed), seed)
 
     def shard(skeleton: nn.Module, mesh: DeviceMesh) -> nn.Module:
         # every rank's skeleton is built from the reader's class and config, which know nothing of the head
-        return shard_role(with_value_head(skeleton), mesh, fsdp, compute_dtype=fsdp.compute_dtype(model_cfg),
+        return shard_role(with_adapters(with_value_head(skeleton)), mesh, fsdp,
+                          compute_dtype=fsdp.compute_dtype(model_cfg),
                           gradient_checkpointing=model_cfg.enable_gradient_checkpointing)
 
     return load_sharded_model(model_cfg.path, dtype=torch_dtype(fsdp.master_dtype), seed=config.trainer.seed,
-                              mesh=mesh, device=device, read=build_value_model, shard=shard)
+                              mesh=mesh, device=device, read=read, shard=shard)
 
 
 class CriticWorker(Worker):
@@ -121,7 +135,10 @@ class CriticWorker(Worker):
     def update_critic(self, data: DataProto) -> dict[str, float]:
         """Clipped value-loss updates over this rank's rows."""
         with self.offload.on_device(params=True, optimizer=True):
-            return self.critic.update_critic(data)
+            metrics = self.critic.update_critic(data)
+            # what the optimizer holds: with critic LoRA, the adapters' and the value head's moments alone
+            metrics["critic/optimizer_state_bytes_per_rank"] = float(state_bytes(self.optimizer))
+            return metrics
 
     @register(dispatch=ONE_TO_ALL)
     def save_checkpoint(self, directory: str) -> None:
