@@ -111,7 +111,8 @@ class FSDPConfig:
     default): updates far below a weight's bf16 resolution still add up. ``bfloat16`` is pure bf16 training,
     for memory: an update smaller than half a bf16 step of its weight is lost (``experiment=gsm8k_grpo`` on a
     small Qwen2, one step at its warm-up lr of 1e-7: 0.6% of the weights moved in bf16, >= 99% with fp32
-    masters; ``tests/trainer/test_local_checkpoint.py``). The reference ignores it (no optimizer)."""
+    masters; ``tests/trainer/test_local_checkpoint.py``). The reference ignores it (no optimizer). Under LoRA
+    it is the adapters' (and the critic's value head's) dtype: the frozen weights are held in the compute dtype."""
     reduce_dtype: Optional[str] = "float32"
     """The dtype gradients are reduce-scattered in under mixed precision (None: ``param_dtype``)."""
     param_offload: bool = False

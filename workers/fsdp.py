@@ -164,10 +164,10 @@ def shard_role(model: nn.Module, mesh: DeviceMesh, fsdp_config: FSDPConfig, *, c
     an fp32 master copy computing in bf16, say) or names a ``param_dtype`` itself."""
     if gradient_checkpointing:
         enable_activation_checkpointing(model)
-    held = next(model.parameters()).dtype
+    held = {param.dtype for param in model.parameters()}  # two under LoRA: frozen weights may be held narrower
     compute = getattr(torch, compute_dtype)
     policy = None
-    if compute != held or fsdp_config.param_dtype:
+    if held != {compute} or fsdp_config.param_dtype:
         reduce = getattr(torch, fsdp_config.reduce_dtype) if fsdp_config.reduce_dtype else None
         policy = mixed_precision(compute, reduce)
     return shard_model(model, mesh, mp_policy=policy, reshard_after_forward=fsdp_config.reshard_after_forward)
@@ -196,3 +196,10 @@ def full_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
     for name, param in model.named_parameters():
         out[name] = param.full_tensor() if hasattr(param, "full_tensor") else param.detach().clone()
     return out
+
+
+def parameter_bytes(model: nn.Module) -> int:
+    """Bytes of this rank's parameter shards (the sharded layout; under LoRA the frozen base weights are held
+    in the compute dtype, the adapters in the master dtype)."""
+    local = (p.to_local() if hasattr(p, "to_local") else p for p in model.parameters())
+    return sum(t.numel() * t.element_size() for t in local)

@@ -58,10 +58,12 @@ def lora_config(model_cfg: Any, *, never: tuple[str, ...] = ()) -> Any:
     )
 
 
-def add_adapters(model: nn.Module, config: Any, *, seed: int | None = None,
-                 adapter_path: str | None = None, trainable: tuple[str, ...] = ()) -> nn.Module:
+def add_adapters(model: nn.Module, config: Any, *, seed: int | None = None, adapter_path: str | None = None,
+                 trainable: tuple[str, ...] = (), frozen_dtype: torch.dtype | None = None) -> nn.Module:
     """Put LoRA layers into ``model`` in place (``config``: :func:`lora_config`) and freeze everything else but
     the parameters under the top-level modules named in ``trainable`` (the critic's fresh value head).
+    ``frozen_dtype``: the dtype the frozen parameters are then held in (the role's compute dtype: no optimizer
+    updates them, so they need no fp32 master copy); the trainable ones keep the dtype they were read in.
 
     On a real model the adapters are initialised as peft does (``A`` random from ``seed``, ``B`` zero), or
     read from ``adapter_path`` (a peft adapter directory); on a meta-device skeleton they are only shaped.
@@ -76,6 +78,8 @@ def add_adapters(model: nn.Module, config: Any, *, seed: int | None = None,
         inject_adapter_in_model(config, model, adapter_name=ADAPTER)
     for name, param in model.named_parameters():
         param.requires_grad_(is_adapter_parameter(name) or name.split(".")[0] in trainable)
+        if frozen_dtype is not None and not param.requires_grad and param.is_floating_point():
+            param.data = param.data.to(frozen_dtype)  # in place: a tied weight stays one tensor
     if adapter_path is not None and next(model.parameters()).device.type != "meta":
         result = set_peft_model_state_dict(model, read_adapter_weights(adapter_path), adapter_name=ADAPTER)
         missing = [k for k in result.missing_keys if is_adapter_parameter(k)]

@@ -223,3 +223,44 @@ def test_the_first_update_of_b_is_minus_lr_times_the_sign_of_the_hand_computed_g
             torch.testing.assert_close(state[name], -optim.lr * g / (g.abs() + 1e-8), rtol=1e-3, atol=1e-7)
             checked += int((g.abs() > 1e-6).sum())
     assert checked > 5000  # of the 14 B matrices' 6,144 entries, most moved by the full lr
+
+
+# Computing in bf16 (model.dtype), an fp32 master copy of frozen weights would only cost memory: the base is held in
+# bf16 as read, the adapters in fp32, which FSDP2's mixed precision casts to bf16 for each forward.
+def test_computing_in_bf16_the_frozen_base_is_held_in_bf16_and_the_adapters_in_fp32(ray_session, tmp_path):
+    cfg = config(**{"actor_rollout_ref.model.dtype": "bfloat16"})
+    dims = ParallelDims.from_config(cfg, use_critic=False)
+    base, tokenizer = load_model_and_tokenizer(cfg.actor_rollout_ref.model.path, seed=cfg.trainer.seed)
+    base_elements = sum(p.numel() for p in base.parameters())  # the tied embedding once
+    ids, mask, _ = left_pad([tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS],
+                            tokenizer.pad_token_id)
+    prompts = DataProto.from_dict({INPUT_IDS: ids, ATTENTION_MASK: mask}, meta_info={"n": 1, "greedy": True, "seed": 0})
+    kwargs = {"config": cfg, "dims": dims, "loss_agg_mode": "token-mean"}
+    pool = ResourcePool([2])
+    try:
+        with ColocatedWorkerGroup(pool, {"actor": RoleSpec(ActorRolloutWorker, kwargs=kwargs)},
+                                  group_options(cfg)) as group:
+            actor = group["actor"]
+            actor.init_model()
+            batch = columns(actor.generate_sequences(prompts))
+            batch.union(columns(actor.compute_log_prob(batch)))
+            batch.union(columns(actor.compute_ref_log_prob(batch)))
+            batch.batch[ADVANTAGES] = 5.0 * torch.tensor([1.0, -1.0, 1.0, -1.0])[:, None] * batch.batch[RESPONSE_MASK]
+            batch.meta_info["global_step"] = 1
+            metrics = actor.update_actor(batch)
+            actor.save_checkpoint(str(tmp_path))
+    finally:
+        pool.release()
+    state = read_model_state(tmp_path, "actor")
+    base = {name: tensor.to(torch.bfloat16) for name, tensor in base.state_dict().items()}
+    adapters = {k: v for k, v in state.items() if lora.is_adapter_parameter(k)}
+    assert {v.dtype for v in adapters.values()} == {torch.float32}
+    assert any(v.abs().max() > 0 for k, v in adapters.items() if ".lora_B." in k)  # the update moved B
+    frozen = {k: v for k, v in state.items() if not lora.is_adapter_parameter(k)}
+    for name, tensor in frozen.items():
+        assert tensor.dtype == torch.bfloat16 and torch.equal(tensor, base[lora.model_name(name)]), name
+    # per rank: half of the bf16 base and of the fp32 adapters; the optimizer: fp32 moments of the adapters alone
+    held = (2 * base_elements + 4 * sum(v.numel() for v in adapters.values())) / 2
+    assert [m["actor/param_bytes_per_rank"] for m in metrics] == [held, held]
+    elements = sum(v.numel() for v in adapters.values())
+    assert [m["actor/optimizer_state_bytes_per_rank"] for m in metrics] == [(8 * elements + 8 * len(adapters)) / 2] * 2

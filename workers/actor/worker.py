@@ -42,7 +42,7 @@ from hybridflow.core.reshard import plan_reshard
 from hybridflow.core.weight_transfer import WeightTransfer, manifest_of
 from hybridflow.workers.actor.ppo_actor import PPOActor
 from hybridflow.workers.checkpointing import load_role, model_from_full_state, save_hf_files, save_role
-from hybridflow.workers.fsdp import data_parallel_group, shard_role
+from hybridflow.workers.fsdp import data_parallel_group, parameter_bytes, shard_role
 from hybridflow.workers.lora import add_adapters, adapters_disabled, lora_config
 from hybridflow.workers.offload import StateOffloader
 from hybridflow.workers.loading import load_sharded_model, read_causal_lm
@@ -87,20 +87,21 @@ class ActorRolloutWorker(Worker):
         arr = self.config.actor_rollout_ref
         fsdp = arr.actor.fsdp_config
         adapters = lora_config(arr.model) if arr.model.lora_rank else None
+        frozen_dtype = torch_dtype(fsdp.compute_dtype(arr.model))  # under LoRA, of the base weights
         seed = self.config.trainer.seed
 
         def read(path: str, dtype: torch.dtype, seed: int | None) -> torch.nn.Module:
             model = read_causal_lm(path, dtype, seed)
-            return model if adapters is None else add_adapters(model, adapters, seed=seed,
+            return model if adapters is None else add_adapters(model, adapters, seed=seed, frozen_dtype=frozen_dtype,
                                                                adapter_path=arr.model.lora_adapter_path)
 
         def shard(module: torch.nn.Module, mesh) -> torch.nn.Module:
             if adapters is not None:  # shaped on the meta skeleton; the reader's values arrive with the rest
-                add_adapters(module, adapters)
+                add_adapters(module, adapters, frozen_dtype=frozen_dtype)
             return shard_role(module, mesh, fsdp, compute_dtype=fsdp.compute_dtype(arr.model),
                               gradient_checkpointing=arr.model.enable_gradient_checkpointing)
 
-        self.model = load_sharded_model(  # the optimizer's master weights, computing in the compute dtype
+        self.model = load_sharded_model(  # the optimizer's master weights (LoRA's frozen base: the compute dtype)
             arr.model.path, dtype=torch_dtype(fsdp.master_dtype), seed=seed, mesh=self.device_mesh,
             device=self.device, read=read, shard=shard,
         )
@@ -263,6 +264,7 @@ class ActorRolloutWorker(Worker):
             metrics = self.actor.update_policy(data, temperature=temperature, shuffle_seed=data.meta_info["global_step"])
             # what the optimizer holds: with LoRA, the adapters' moments alone
             metrics["actor/optimizer_state_bytes_per_rank"] = float(state_bytes(self.optimizer))
+            metrics["actor/param_bytes_per_rank"] = float(parameter_bytes(self.model))
             self.weight_version += 1
             # vLLM sleeps while the actor trains and takes the weights when woken; an offloaded rollout copy too
             if not (self.use_vllm or self.config.actor_rollout_ref.rollout.offload_weights):

@@ -20,7 +20,7 @@ from hybridflow.core.parallel_dims import ParallelDims
 from hybridflow.workers import lora
 from hybridflow.workers.checkpointing import load_role, save_role
 from hybridflow.workers.critic.ppo_critic import PPOCritic
-from hybridflow.workers.fsdp import shard_role
+from hybridflow.workers.fsdp import parameter_bytes, shard_role
 from hybridflow.workers.loading import load_sharded_model
 from hybridflow.workers.offload import StateOffloader
 from hybridflow.workers.models import load_model_and_tokenizer, torch_dtype
@@ -80,12 +80,14 @@ VALUE_HEAD = "score"
 def load_value_model(config: PPOConfig, mesh: DeviceMesh, device: torch.device | str) -> nn.Module:
     """The critic sharded over ``mesh`` as it trains: fp32 master weights (``fsdp_config.master_dtype``),
     computing in the role's compute dtype; with ``critic.lora_rank``, LoRA adapters in its backbone (the head
-    trains whole, the rest is frozen); collective (:func:`~hybridflow.workers.loading.load_sharded_model`)."""
+    trains whole, the rest is frozen and held in the compute dtype); collective (:func:`~hybridflow.workers.loading.load_sharded_model`)."""
     fsdp, model_cfg = config.critic.fsdp_config, config.actor_rollout_ref.model
     adapters = lora.lora_config(config.critic, never=(VALUE_HEAD,)) if config.critic.lora_rank else None
+    frozen_dtype = torch_dtype(fsdp.compute_dtype(model_cfg))  # under LoRA, of the frozen backbone
 
     def with_adapters(model: nn.Module, seed: int | None = None) -> nn.Module:
-        return model if adapters is None else lora.add_adapters(model, adapters, seed=seed, trainable=(VALUE_HEAD,))
+        return model if adapters is None else lora.add_adapters(model, adapters, seed=seed, trainable=(VALUE_HEAD,),
+                                                                frozen_dtype=frozen_dtype)
 
     def read(path: str, dtype: torch.dtype, seed: int) -> nn.Module:
         return with_adapters(build_value_model(path, dtype, seed), seed)
@@ -138,6 +140,7 @@ class CriticWorker(Worker):
             metrics = self.critic.update_critic(data)
             # what the optimizer holds: with critic LoRA, the adapters' and the value head's moments alone
             metrics["critic/optimizer_state_bytes_per_rank"] = float(state_bytes(self.optimizer))
+            metrics["critic/param_bytes_per_rank"] = float(parameter_bytes(self.model))
             return metrics
 
     @register(dispatch=ONE_TO_ALL)
