@@ -39,16 +39,21 @@ def run(tmp_path, name, **overrides):
     return read_metrics(tmp_path / name)
 
 
-def test_async_with_staleness_zero_trains_as_the_synchronous_loop(ray_session, tmp_path):
+LORA = {"actor_rollout_ref.model.lora_rank": 4, "actor_rollout_ref.model.lora_alpha": 8.0,
+        "actor_rollout_ref.actor.optim.lr": 3e-3}
+
+
+@pytest.mark.parametrize("adapters", [{}, LORA], ids=["full", "lora"])
+def test_async_with_staleness_zero_trains_as_the_synchronous_loop(ray_session, tmp_path, adapters):
     """Colocated sync on one rank vs split async (1 + 1 ranks) with max_staleness=0: the same numbers each step.
 
     Both decode 16 rows in 6 slots (the engine's refilling call vs the stream, one request at a time), the
     rollout's weights arrive over the transfer group: any difference in them, in the seeds or the samples
-    shows in the losses.
+    shows in the losses. With LoRA the split rollout receives the merged weights (base + scaled BA).
     """
-    sync = run(tmp_path, "sync")
+    sync = run(tmp_path, "sync", **adapters)
     split = run(tmp_path, "split", **{"trainer.placement": "split", "trainer.rollout_mode": "async",
-                                       "trainer.max_staleness": 0})
+                                       "trainer.max_staleness": 0, **adapters})
     assert len(sync) == len(split) == 3
     assert len({m["score/mean"] for m in sync}) > 1  # the policy and its scores move
     for a, b in zip(sync, split):
