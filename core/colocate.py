@@ -18,8 +18,10 @@ HybridFlow time-slices one set of devices between the stages of an RL step
 No class is generated at run time and nothing is patched onto a class: the
 worker classes stay exactly as written, so readers and type checkers see what
 runs. Two roles may define methods of the same name without clashing.
-Offloading an idle role's state is the role's own business (a registered
-``offload()`` method the driver calls between stages).
+Offloading an idle role's state is the role's own business: each worker's
+:class:`~hybridflow.workers.offload.StateOffloader` brings its parameters or
+optimizer state back for the stages that need them and sends them away
+afterwards; the driver makes no call for it.
 """
 
 from __future__ import annotations

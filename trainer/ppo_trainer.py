@@ -1,6 +1,7 @@
 """The single controller: the RL loop, one step per batch of prompts.
 
-``fit()`` is the seven steps of DESIGN.md, each one call; everything heavy
+``fit()`` is the seven steps of the single controller (the table in
+docs/architecture.md), each one call; everything heavy
 runs in the worker groups (``self.actor``, ``self.ref``, ``self.critic``),
 and only the logical batch (ids, masks, log-probs, rewards, advantages)
 comes back here. Which stages exist is decided once, in ``__init__``, from
@@ -216,7 +217,7 @@ class PPOTrainer:
             logger.info("exported the policy as a transformers model: %s", summary.hf_export)
 
     def train_step(self) -> dict[str, float]:
-        """One RL step: the seven stages of DESIGN.md, in order (1-4 in :meth:`rollout`)."""
+        """One RL step: the seven stages of docs/architecture.md, in order (1-4 in :meth:`rollout`)."""
         timer, step_start = StageTimer(), time.perf_counter()
         metrics: dict[str, float] = {}
         self.traffic()  # from here on: this step's calls only
