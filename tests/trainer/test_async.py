@@ -61,6 +61,8 @@ def test_async_with_staleness_zero_trains_as_the_synchronous_loop(ray_session, t
             assert math.isclose(a[key], b[key], rel_tol=1e-6, abs_tol=1e-7), (a["step"], key, a[key], b[key])
         assert b["async/staleness_max"] == 0
         assert b["weight_sync/bytes"] > 0 and b["weight_sync/seconds"] > 0
+        # AdamW holds two moments per trained parameter: twice the parameters in full, a sliver with adapters
+        assert (b["actor/optimizer_state_bytes_per_rank"] < b["actor/param_bytes_per_rank"]) == bool(adapters)
 
 
 def test_async_with_staleness_one_is_corrected_bounded_and_resumes(ray_session, tmp_path):
