@@ -10,6 +10,7 @@ a misspelt key or a wrong type fails at start-up with the key's path.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -28,6 +29,9 @@ STEP_MODES = ("sync", "one_step_off", "async")
 RESUME_MODES = ("auto", "disable")
 ROLLOUT_IS_LEVELS = ("token", "sequence")  # losses.rollout_correction's, kept free of torch here
 ROLLOUT_IS_MODES = ("truncate", "mask")
+REWARD_SOURCES = ("verifier", "reward_model")  # rewards/sources.py's, kept free of torch here
+REWARD_NORMALIZATIONS = ("none", "batch", "sigmoid")
+REWARD_COMBINE_MODES = ("sum", "fallback")
 
 # Each section checks its own fields in ``problems()`` (messages start with the
 # field name; the config check adds the section's path). Rules that involve
@@ -547,6 +551,17 @@ class RewardConfig:
     """Address-space limit of each scoring process (None: no limit); importing a CUDA torch maps ~4 GB."""
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
     """Overlong-response penalty."""
+    sources: dict[str, RewardSourceConfig] = field(default_factory=dict)
+    """What the reward is made of, by name: ``verifier`` (the routed verifier plugins) and ``reward_model`` (the
+    ``reward_model`` worker's score), each with a weight and a normalization (``rewards/sources.py``). Empty (the
+    default): the verifiers alone, or, with ``reward_model.enable``, the reward model alone (veRL's rule: its
+    score replaces the rule-based one). Each source takes ``weight`` (default 1.0) and ``normalize``: ``none``
+    (default), ``batch`` (z-score over the step's responses) or ``sigmoid``. Example: ``{verifier: {weight: 1.0},
+    reward_model: {weight: 0.5, normalize: batch}}``."""
+    combine: str = "sum"
+    """How the sources make one score per response: ``sum`` (the weighted sum of the normalized scores; a
+    verifier that abstains adds 0) or ``fallback`` (the weighted verifier score where the verifier decides, else
+    the weighted reward-model score: a verifier decides unless it returns None or its data_source has no route)."""
     component_keys: list[str] = field(default_factory=list)
     """Fields of the verifiers' results (``score`` or an extra field; with a weighted route, ``<verifier>/score``),
     in order, that make the (B, K) ``reward_components`` column for estimators that declare it (``gdpo``); a
@@ -554,8 +569,75 @@ class RewardConfig:
 
     def problems(self) -> list[str]:
         """Broken rules of this section; route targets are checked against the installed verifiers by the config check."""
-        return at_least(self, 1, "num_workers") + greater_than(self, 0, "timeout_s") \
-            + at_least(self, 64, "worker_memory_mb", optional=True)
+        out = at_least(self, 1, "num_workers") + greater_than(self, 0, "timeout_s") \
+            + at_least(self, 64, "worker_memory_mb", optional=True) + one_of(self, "combine", REWARD_COMBINE_MODES)
+        for name, source in self.sources.items():
+            if name not in REWARD_SOURCES:
+                out.append(f"sources has {name!r}; the sources are {', '.join(REWARD_SOURCES)}")
+            else:
+                out += [f"sources.{name}.{problem}" for problem in source.problems()]
+        if self.combine == "fallback" and set(self.sources) != set(REWARD_SOURCES):
+            out.append(f"combine=fallback needs both sources (verifier and reward_model); sources has {sorted(self.sources)}")
+        return out
+
+
+@dataclass
+class RewardSourceConfig:
+    weight: float = 1.0
+    """The factor this source's (normalized) score enters the reward with."""
+    normalize: str = "none"
+    """What is done to this source's raw scores first: ``none``; ``batch`` (z-score over the step's responses:
+    ``(s - mean) / (std + 1e-6)``, std with no Bessel correction); ``sigmoid`` (``1 / (1 + exp(-s))``, a
+    Bradley-Terry reward model's logit as a probability)."""
+
+    def problems(self) -> list[str]:
+        """Broken rules of one source."""
+        out = one_of(self, "normalize", REWARD_NORMALIZATIONS)
+        if not isinstance(self.weight, (int, float)) or not math.isfinite(self.weight):
+            out.append(f"weight={self.weight!r} must be a finite number")
+        return out
+
+
+@dataclass
+class RewardModelPathConfig:
+    path: Optional[str] = None
+    """A local transformers directory holding an ``AutoModelForSequenceClassification`` with one label and its
+    tokenizer (what ``hybridflow-train-rm`` saves): a decoder-only model whose blocks are ``model.layers``
+    (Qwen2, Llama, Mistral, Gemma, ...). Its score of a text is the model's own pooled logit."""
+    tokenizer_path: Optional[str] = None
+    """Where the reward model's tokenizer is; None: ``path``. When it differs from the policy's (vocabulary or
+    chat template), each response is decoded, the prompt's messages and the response re-rendered with the reward
+    model's chat template and re-tokenized (veRL's rule); when it is the same, the rollout's tokens are scored as
+    they are."""
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    """The reward model's compute dtype and parameter offload between stages (it has no optimizer)."""
+
+
+@dataclass
+class RewardModelConfig:
+    enable: bool = False
+    """Build the reward-model worker group (colocated with the other roles, FSDP2 over all ranks) and score every
+    response with it: its stage is ``rm`` in the timers and memory metrics. Used as ``reward.sources`` say."""
+    model: RewardModelPathConfig = field(default_factory=RewardModelPathConfig)
+    """The reward model's checkpoint and tokenizer."""
+    micro_batch_size_per_gpu: int = 16
+    """Rows per reward-model forward on one rank."""
+    use_dynamic_bsz: bool = False
+    """Token-budget micro-batches instead (``forward_max_token_len_per_gpu`` real tokens each)."""
+    forward_max_token_len_per_gpu: int = 16384
+    """The token budget of one micro-batch under ``use_dynamic_bsz``."""
+    max_length: Optional[int] = None
+    """Tokens of one reward-model input at most; a longer one keeps its last ``max_length`` tokens (the response's
+    end, where the score is read). None: no limit."""
+
+    def problems(self) -> list[str]:
+        """Broken rules of this section."""
+        out = at_least(self, 1, "micro_batch_size_per_gpu", "forward_max_token_len_per_gpu") \
+            + at_least(self, 1, "max_length", optional=True)
+        if self.enable and not self.model.path:
+            out.append("model.path is not set: reward_model.enable=true needs a local reward-model directory "
+                       "(an AutoModelForSequenceClassification with one label; hybridflow-train-rm writes one)")
+        return out
 
 
 @dataclass
@@ -727,7 +809,9 @@ class PPOConfig:
     critic: CriticConfig = field(default_factory=CriticConfig)
     """The value model (built only when needed)."""
     reward: RewardConfig = field(default_factory=RewardConfig)
-    """Verifiers and the reward manager."""
+    """Verifiers, the reward manager and how reward sources combine."""
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    """A learned reward model, scored by a worker group of its own (built only when enabled)."""
     data: DataConfig = field(default_factory=DataConfig)
     """Datasets and batch sizes."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)

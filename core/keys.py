@@ -29,6 +29,7 @@ REWARD_BASELINES = "reward_baselines"  # (B,) score of a greedy response to the 
 REWARD_COMPONENTS = "reward_components"  # (B, K) one score per reward component, K fixed for the run (GDPO)
 SUM_PI_SQUARED = "sum_pi_squared"  # (B, T) sum over the vocabulary of pi(v)^2 at each response position
 ROLLOUT_IS_WEIGHTS = "rollout_is_weights"  # (B, T) rollout -> training importance weights, no gradient
+RM_SCORES = "rm_scores"  # (B,) float32 the reward model's score of each row's prompt + response (veRL's name)
 
 # Which tensor columns run along which axis, for padding rollouts of different widths to one
 # (core/rollout_batch.py): P prompt positions (left-padded), T response positions (right-padded).
@@ -52,6 +53,8 @@ DATA_SOURCE = "data_source"  # (B,) which dataset / verifier a row comes from
 GROUND_TRUTH = "ground_truth"  # (B,) reference answer for the verifier
 EXTRA_INFO = "extra_info"  # (B,) dict of anything else the verifier needs
 RAW_PROMPT = "raw_prompt"  # (B,) the prompt as loaded: chat messages (list of dicts) or text
+PROMPT_TEXT = "prompt_text"  # (B,) the prompt as the policy reads it: rendered by its chat template
+RM_INPUTS = (*FORWARD_INPUTS, RAW_PROMPT)  # the reward model: the tokens, or the messages it re-renders in its own template
 
 # meta_info keys
 METRICS = "metrics"  # dict of metric name -> value (lists after concat)

@@ -2,7 +2,7 @@
 
 Every size that depends on how the ranks are split is answered here, once:
 the meshes of the actor's training layout (dp x tp), of its rollout layout
-(dp x tp), of the critic and of the reference (FSDP over all ranks), and how
+(dp x tp), of the critic, the reference and the reward model (FSDP over all ranks), and how
 many rows each rank holds per mini-batch and per micro-batch for each role.
 The config check asks :meth:`ParallelDims.problems` for every divisibility
 rule (key, value, what would work) before anything starts; the workers and
@@ -151,6 +151,11 @@ class ParallelDims:
     def ref(self) -> RoleLayout:
         """The reference policy: FSDP2 over all ranks, the actor's micro-batch for its forward passes."""
         return RoleLayout(self.world_size, 1, 0, self.actor_micro_batch_rows)
+
+    @property
+    def reward_model(self) -> RoleLayout:
+        """The reward model: FSDP2 over all ranks, no-grad forwards only (its micro-batches are its own config's)."""
+        return RoleLayout(self.world_size)
 
     # ----------------------------------------------------------- validation
     def problems(self) -> list[str]:

@@ -40,10 +40,13 @@ from hybridflow.core.data_proto import DataProto
 from hybridflow.core.keys import DATA_SOURCE, EXTRA_INFO, GROUND_TRUTH, RESPONSE_MASK, RESPONSES
 from hybridflow.plugins import get_reward_verifier
 from hybridflow.rewards.pool import Outcome, ScoringPool
-from hybridflow.rewards.routing import Router
+from hybridflow.rewards.routing import Router, UnroutedDataSourceError
 from hybridflow.rewards.scoring import ResolvedCall, score_sample
 
 logger = logging.getLogger(__name__)
+
+ABSTAINED = "abstained"
+"""The outcome status of a sample the verifiers did not decide (see :class:`RewardOutput`'s ``decided``)."""
 
 
 def overlong_penalty(length: int, max_length: int, buffer_len: int, penalty_factor: float) -> float:
@@ -66,6 +69,9 @@ class RewardOutput:
     """``reward/*`` metrics of the batch."""
     fields: list[dict[str, Any]]
     """Per sample: ``score`` (after any overlong penalty) and the verifiers' extra fields (none for a failed sample)."""
+    decided: list[bool]
+    """Per sample: False where the verifiers abstained (returned None, or no route covers its data_source and
+    the manager was built with ``abstain_unrouted``); such a sample scores 0."""
 
 
 class RewardManager:
@@ -93,6 +99,8 @@ class RewardManager:
         torch (through the plugin package): a CUDA build alone maps about
         3.8 GB of address space at import (measured, torch 2.11+cu130), so
         keep this well above 4096 on GPU machines.
+    :param abstain_unrouted: a data_source no route covers abstains (scores 0, not decided) instead of being
+        an error: when a reward model scores what the verifiers cannot (``rewards/sources.py``).
     :param worker_preload: more modules every worker imports before it takes
         samples, besides each routed verifier's module and its declared
         ``RewardVerifier.preload``, so import time does not count against the
@@ -111,8 +119,10 @@ class RewardManager:
         max_response_length: int | None = None,
         worker_memory_mb: int | None = 8192,
         worker_preload: Sequence[str] = (),
+        abstain_unrouted: bool = False,
     ) -> None:
         self.router = Router(route, custom_reward_function, verifier_kwargs)
+        self.abstain_unrouted = abstain_unrouted
         verifiers = [get_reward_verifier(name) for name in sorted(self.router.verifier_names())]
         self._functions = {entry.name: entry.fn for entry in verifiers}
         self.timeout_score = float(timeout_score)
@@ -137,10 +147,16 @@ class RewardManager:
         self.close()
 
     def _calls_for(self, data_source: str) -> tuple[ResolvedCall, ...]:
+        """The verifier calls of ``data_source``; () for one no route covers when unrouted sources abstain."""
         if data_source not in self._calls:
-            self._calls[data_source] = tuple(
-                ResolvedCall(c.name, self._functions[c.name], c.weight, c.kwargs) for c in self.router.resolve(data_source)
-            )
+            try:
+                routed = self.router.resolve(data_source)
+            except UnroutedDataSourceError:
+                if not self.abstain_unrouted:
+                    raise
+                routed = ()
+            self._calls[data_source] = tuple(ResolvedCall(c.name, self._functions[c.name], c.weight, c.kwargs)
+                                             for c in routed)
         return self._calls[data_source]
 
     def score_texts(
@@ -153,16 +169,25 @@ class RewardManager:
         """Scores of decoded responses: ``(scores, extra fields per sample, outcomes)``.
 
         Failed samples get ``timeout_score`` and empty extras; ``outcomes``
-        says what happened to each (status, seconds, error).
+        says what happened to each (status, seconds, error). A sample the
+        verifiers abstain on scores 0 with status ``"abstained"``.
         """
         extra_infos = extra_infos if extra_infos is not None else [None] * len(responses)
         tasks = [
             (self._calls_for(str(ds)), str(ds), text, gt, extra)
             for ds, text, gt, extra in zip(data_sources, responses, ground_truths, extra_infos, strict=True)
         ]
-        outcomes = self.pool.run(score_sample, tasks)
+        routed = [i for i, task in enumerate(tasks) if task[0]]  # an unrouted sample abstains unscored
+        outcomes = [Outcome(ABSTAINED)] * len(tasks)
+        for i, outcome in zip(routed, self.pool.run(score_sample, [tasks[i] for i in routed])):
+            outcomes[i] = Outcome(ABSTAINED, seconds=outcome.seconds) if outcome.status == "ok" and outcome.value is None \
+                else outcome
         scores, extras = [], []
         for index, (outcome, task) in enumerate(zip(outcomes, tasks)):
+            if outcome.status == ABSTAINED:
+                scores.append(0.0)
+                extras.append({})
+                continue
             if outcome.status == "ok":
                 fields = dict(outcome.value)
                 scores.append(float(fields.pop("score")))
@@ -218,7 +243,8 @@ class RewardManager:
         token_level_scores[torch.arange(len(scores)), last] = torch.tensor(scores, dtype=torch.float32)
         metrics.update(_metrics(scores, extras, outcomes))
         metrics["reward/batch_seconds"] = time.monotonic() - start
-        return RewardOutput(token_level_scores, metrics, [{"score": s, **e} for s, e in zip(scores, extras)])
+        return RewardOutput(token_level_scores, metrics, [{"score": s, **e} for s, e in zip(scores, extras)],
+                            [o.status != ABSTAINED for o in outcomes])
 
 
 def _metrics(scores: list[float], extras: list[dict[str, Any]], outcomes: list[Outcome]) -> dict[str, float]:
@@ -228,6 +254,7 @@ def _metrics(scores: list[float], extras: list[dict[str, Any]], outcomes: list[O
         "reward/score/min": float(np.min(scores)) if scores else 0.0,
         "reward/timeouts": float(sum(o.status == "timeout" for o in outcomes)),
         "reward/errors": float(sum(o.status == "error" for o in outcomes)),
+        "reward/abstained": float(sum(o.status == ABSTAINED for o in outcomes)),
         "reward/sample_seconds/max": max((o.seconds for o in outcomes), default=0.0),
     }
     numeric: dict[str, list[float]] = {}

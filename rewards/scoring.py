@@ -41,21 +41,25 @@ def as_score_dict(name: str, result: Any) -> dict[str, Any]:
 
 def score_sample(
     calls: Sequence[ResolvedCall], data_source: str, solution_str: str, ground_truth: Any, extra_info: Any
-) -> dict[str, Any]:
-    """The weighted sum of the verifiers' scores, with their extra fields.
+) -> dict[str, Any] | None:
+    """The weighted sum of the verifiers' scores, with their extra fields; None when every verifier abstained.
 
     With one verifier its extra fields are returned as they are; with
     several, each one's fields (its score included) are prefixed by its name
-    (``format/score``).
+    (``format/score``). A verifier abstains by returning None (it cannot
+    decide this sample: ``reward.combine=fallback`` then takes the reward
+    model's score); among several, one that abstains adds 0.
     """
+    results = [call.fn(data_source, solution_str, ground_truth, extra_info, **call.kwargs) for call in calls]
+    if all(result is None for result in results):
+        return None
     if len(calls) == 1:
-        call = calls[0]
-        out = as_score_dict(call.name, call.fn(data_source, solution_str, ground_truth, extra_info, **call.kwargs))
-        out["score"] *= call.weight
+        out = as_score_dict(calls[0].name, results[0])
+        out["score"] *= calls[0].weight
         return out
     combined: dict[str, Any] = {"score": 0.0}
-    for call in calls:
-        part = as_score_dict(call.name, call.fn(data_source, solution_str, ground_truth, extra_info, **call.kwargs))
+    for call, result in zip(calls, results):
+        part = as_score_dict(call.name, 0.0 if result is None else result)
         combined["score"] += call.weight * part["score"]
         combined.update({f"{call.name}/{k}": v for k, v in part.items()})
     return combined

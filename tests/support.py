@@ -215,3 +215,34 @@ def mixed_precision_rank(rank, model_dir, out_dir, port):
         json.dump({"parameters": sorted({str(p.dtype) for p in model.parameters()}), "logits": str(logits.dtype),
                    "optimizer_state": sorted(states)}, f)
     dist.destroy_process_group()
+
+
+def local_reward_model(directory, tokenizer, *, hidden=32, layers=2, seed=0, scale=0.3):
+    """A local reward-model directory as ``reward_model.model.path`` takes it: a Qwen2 sequence classifier with one
+    label and random weights (``scale``: their std, so scores differ from text to text) beside ``tokenizer``."""
+    from transformers import Qwen2Config, Qwen2ForSequenceClassification
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=512, num_labels=1, pad_token_id=tokenizer.pad_token_id,
+                         eos_token_id=tokenizer.eos_token_id)
+    model = Qwen2ForSequenceClassification(config).float()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, scale)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return str(directory)
+
+
+def bpe_chat_tokenizer():
+    """A byte-level BPE tokenizer trained on :data:`SENTENCES`, with a chat template (:data:`CHAT_TEMPLATE`)."""
+    import tempfile
+
+    from transformers import AutoTokenizer
+
+    with tempfile.TemporaryDirectory() as scratch:
+        local_qwen2_checkpoint(scratch, hidden=8, layers=1)
+        return AutoTokenizer.from_pretrained(scratch)

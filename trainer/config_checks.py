@@ -126,6 +126,21 @@ def _reward_problems(reward: Any, response_length: int) -> Iterator[str]:
                f"{response_length} (the penalty zone sits inside the response budget)")
 
 
+def _reward_model_problems(reward: Any, reward_model: Any) -> Iterator[str]:
+    """A reward-model source needs the worker; an enabled worker that no source uses is a mistake; the model's
+    directory is read only by the workers, so its absence is reported here, before Ray starts."""
+    if "reward_model" in reward.sources and not reward_model.enable:
+        yield ("reward.sources has reward_model but reward_model.enable=false: set reward_model.enable=true and "
+               "reward_model.model.path, or drop the source")
+    if reward_model.enable and reward.sources and "reward_model" not in reward.sources:
+        yield (f"reward_model.enable=true but reward.sources ({', '.join(reward.sources)}) does not use it: add "
+               "reward.sources.reward_model or set reward_model.enable=false")
+    path = reward_model.model.path
+    if reward_model.enable and path and not os.path.isdir(path):
+        yield (f"reward_model.model.path={path!r} is not a directory; give a local HF model directory (an "
+               "AutoModelForSequenceClassification with one label: hybridflow-train-rm writes one)")
+
+
 def _resume_problems(trainer: Any) -> Iterator[str]:
     from hybridflow.trainer.checkpoint import is_checkpoint
 
@@ -369,6 +384,7 @@ def config_problems(cfg: Any) -> list[str]:
     dims = ParallelDims.from_config(cfg, use_critic=use_critic)
     problems += dims.problems()
     problems += _reward_problems(cfg.reward, cfg.actor_rollout_ref.rollout.response_length)
+    problems += _reward_model_problems(cfg.reward, cfg.reward_model)
     problems += _resume_problems(cfg.trainer)
     problems += _device_problems(cfg.trainer, cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.model)
     if not any(p.startswith("trainer.nnodes") or "tensor_model_parallel_size" in p for p in problems):

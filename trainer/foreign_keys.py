@@ -67,8 +67,10 @@ NO_SP = "no sequence parallelism: each sequence lives on one rank"
 NO_COSINE = "the schedule is a linear warm-up to lr (optim.warmup_steps), then constant; no decay"
 NO_MULTI_TURN = ("multi-turn rollouts are agent-loop plugins (rollout.agent_loop=tool_calling, rollout.agent.tools, "
                  "rollout.agent.options; docs/writing-an-agent.md); interactions and this setting have no counterpart")
-NO_RM = ("no reward-model worker: rewards come from verifier plugins routed by data_source "
-         "(reward.route; docs/writing-a-reward.md)")
+RM_COLOCATED = ("the reward model is colocated with the other roles, FSDP2 over all training ranks "
+                "(docs/reward-models.md)")
+GEN_RM = ("a generative reward model is the llm_judge verifier here: it asks an OpenAI-compatible endpoint "
+          "(reward.verifier_kwargs.llm_judge; docs/reward-models.md)")
 NO_VLLM_ARG = ("vLLM's engine arguments other than gpu_memory_utilization, max_num_seqs, enforce_eager and "
                "enable_sleep_mode are "
                "fixed; its context is data.max_prompt_length + rollout.response_length")
@@ -142,6 +144,7 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
     *_fsdp(f"{A}.fsdp_config", f"{A}.fsdp_config"),
     *_fsdp("actor_rollout_ref.ref.fsdp_config", "actor_rollout_ref.ref.fsdp_config"),
     *_fsdp("critic.model.fsdp_config", "critic.fsdp_config"),
+    *_fsdp("reward_model.model.fsdp_config", "reward_model.model.fsdp_config"),
     # actor
     _v(f"{A}.ppo_micro_batch_size", f"{A}.ppo_micro_batch_size_per_gpu", note=PER_RANK),
     _v(f"{A}.clip_ratio", LOSS + ".clip_ratio_low={value}", LOSS + ".clip_ratio_high={value}", note=LOSS_OPTION,
@@ -265,8 +268,22 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
     _v("data.apply_chat_template_kwargs.*", missing="the chat template is applied without extra arguments"),
     _v("data.gen_batch_size", missing="no separate generation batch: each roll-out is data.train_batch_size prompts"),
     # reward
-    _v("reward_model.*", missing=NO_RM),
-    _v("reward_model.enable", by_value={"false": ()}, missing=NO_RM),
+    _v("reward_model.strategy", by_value={"fsdp": (), "fsdp2": ()}, note=ONE_BACKEND, missing=ONE_BACKEND),
+    _v("reward_model.micro_batch_size", "reward_model.micro_batch_size_per_gpu", note=PER_RANK),
+    _v("reward_model.model.input_tokenizer", ignored="the policy's tokenizer is actor_rollout_ref.model.path's; "
+       "the reward model's is compared with it, and responses are re-rendered when they differ"),
+    _v("reward_model.model.use_remove_padding", ignored="reward-model micro-batches are right-padded to their "
+       "longest row"),
+    *(_v(f"reward_model.model.{k}", ignored="nothing to set: the reward model loads with transformers' defaults")
+      for k in ("use_shm", "use_fused_kernels")),
+    _v("reward_model.model.trust_remote_code", by_value={"false": ()},
+       missing="reward models load with transformers' own classes (no remote code)"),
+    _v("reward_model.model.external_lib", missing="reward models load with transformers' own classes"),
+    _v("reward_model.ulysses_sequence_parallel_size", by_value={"1": ()}, missing=NO_SP),
+    _v("reward_model.launch_reward_fn_async", by_value={"false": ()},
+       missing="the reward runs in the step, the verifiers in their process pool (reward.num_workers)"),
+    *(_v(f"reward_model.{k}", missing=RM_COLOCATED) for k in ("enable_resource_pool", "n_gpus_per_node", "nnodes")),
+    *(_v(f"reward_model.{k}", missing=GEN_RM) for k in ("rollout.*", "use_reward_loop", "num_workers")),
     *(_v(f"{section}", by_value={"naive": (), "prime": ("reward.num_workers",),
                                  "dapo": ("reward.overlong_buffer.enable=true",)},
          note="one reward manager here: reward.num_workers processes, a hard timeout per sample, "

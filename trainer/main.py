@@ -61,6 +61,16 @@ def resolve_data_files(config: PPOConfig) -> tuple[list[str], list[str]]:
     return [str(target / "train.parquet")], val or [str(target / "val.parquet")]
 
 
+def resolve_reward_model_paths(config: PPOConfig) -> None:
+    """The reward model's directories, absolute (relative ones against the directory the command started in, as
+    data files are), so that every worker process reads the same one."""
+    model = config.reward_model.model
+    for name in ("path", "tokenizer_path"):
+        value = getattr(model, name)
+        if value and not str(value).startswith("builtin:"):
+            setattr(model, name, to_absolute_path(value))
+
+
 def build_and_fit(config: PPOConfig, run_dir: Path, facts: dict[str, Any] | None = None) -> RunSummary:
     """Start Ray, build the colocated worker groups (and the rollout's own, with ``trainer.placement=split``),
     run the trainer, shut down; returns the run's summary.
@@ -70,6 +80,7 @@ def build_and_fit(config: PPOConfig, run_dir: Path, facts: dict[str, Any] | None
     run used and when it connected and let go (``job_status.json`` of a sweep job records them).
     """
     train_files, val_files = resolve_data_files(config)
+    resolve_reward_model_paths(config)
     # first, before the workers' imports: a data file that is not parquet, has no rows or lacks a column is a
     # ConfigError naming its key, file (and row) within seconds; without data.val_files the training rows validate
     train_rows, val_rows = dataset_rows(config.data, train_files, val_files)
@@ -83,6 +94,7 @@ def build_and_fit(config: PPOConfig, run_dir: Path, facts: dict[str, Any] | None
     from hybridflow.workers.critic.worker import CriticWorker
     from hybridflow.workers.models import load_tokenizer
     from hybridflow.workers.reference import RefWorker
+    from hybridflow.workers.reward_model import RewardModelWorker
     from hybridflow.workers.rollout.vllm_server import VLLMServer, uses_vllm_server
 
     tokenizer = load_tokenizer(config.actor_rollout_ref.model.path)
@@ -107,6 +119,8 @@ def build_and_fit(config: PPOConfig, run_dir: Path, facts: dict[str, Any] | None
             roles["ref"] = RoleSpec(RefWorker, kwargs={"config": config, "dims": dims})
         if dims.use_critic:
             roles["critic"] = RoleSpec(CriticWorker, kwargs={"config": config, "dims": dims})
+        if config.reward_model.enable:
+            roles["reward_model"] = RoleSpec(RewardModelWorker, kwargs={"config": config, "dims": dims})
         pool = _resource_pool(config)
         if dims.split:
             rollout_pool = _resource_pool(config, ranks=[config.trainer.rollout_ranks])
@@ -197,6 +211,7 @@ def _resource_pool(config: PPOConfig, ranks: list[int] | None = None):
 
 def _reward_manager(config: PPOConfig):
     from hybridflow.rewards.manager import RewardManager
+    from hybridflow.rewards.sources import REWARD_MODEL, RewardSources
 
     reward = config.reward
     return RewardManager(
@@ -209,6 +224,8 @@ def _reward_manager(config: PPOConfig):
         verifier_kwargs={name: dict(kwargs) for name, kwargs in reward.verifier_kwargs.items()},
         max_response_length=config.actor_rollout_ref.rollout.response_length,
         worker_memory_mb=reward.worker_memory_mb,
+        # where a reward model scores, a data_source no verifier covers is the model's alone
+        abstain_unrouted=RewardSources.from_config(reward, config.reward_model.enable).uses(REWARD_MODEL),
     )
 
 

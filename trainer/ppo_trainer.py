@@ -2,7 +2,7 @@
 
 ``fit()`` is the seven steps of the single controller (the table in
 docs/architecture.md), each one call; everything heavy
-runs in the worker groups (``self.actor``, ``self.ref``, ``self.critic``),
+runs in the worker groups (``self.actor``, ``self.ref``, ``self.critic``, ``self.reward_model``),
 and only the logical batch (ids, masks, log-probs, rewards, advantages)
 comes back here. Which stages exist is decided once, in ``__init__``, from
 what the estimator and the config declare: the loop never branches on an
@@ -36,6 +36,7 @@ from hybridflow.core.keys import (
     OLD_LOG_PROBS,
     RESPONSE_MASK,
     REWARD_BASELINES,
+    RM_SCORES,
     REWARD_COMPONENTS,
     ROLLOUT_IS_WEIGHTS,
     ROLLOUT_LOG_PROBS,
@@ -49,6 +50,8 @@ from hybridflow.core.rollout_batch import concat_rollouts
 from hybridflow.estimators import compute_advantage
 from hybridflow.plugins import get_estimator
 from hybridflow.losses.rollout_correction import rollout_correction
+from hybridflow.rewards.manager import RewardOutput
+from hybridflow.rewards.sources import VERIFIER, RewardSources
 from hybridflow.trainer import checkpoint as ckpt
 from hybridflow.trainer.agent_rollout import agent_rollout_for
 from hybridflow.trainer.batch_hooks import BatchHooks
@@ -102,10 +105,10 @@ class PPOTrainer:
     """Drives the worker groups through RL steps.
 
     :param config: the composed config.
-    :param groups: role name -> worker-group handle (``actor``; ``ref`` and
-        ``critic`` when :attr:`use_reference` / :attr:`use_critic`).
-    :param reward_fn: the reward manager: ``reward_fn(batch, tokenizer) -> (token_level_scores, metrics)``, and
-        ``reward_fn.score_batch(batch, tokenizer)`` with each sample's fields too (``rewards/manager.py``).
+    :param groups: role name -> worker-group handle (``actor``; ``ref``, ``critic`` and ``reward_model`` when
+        built).
+    :param reward_fn: the reward manager (the verifiers): ``reward_fn.score_batch(batch, tokenizer)``, each
+        sample's score, fields and metrics (``rewards/manager.py``).
     :param tokenizer: decodes responses for the reward.
     :param train_prompts, val_prompts: tokenized prompt sets.
     :param run_dir: where metrics and checkpoints go.
@@ -126,6 +129,8 @@ class PPOTrainer:
         self.config = config
         self.dims = dims
         self.actor, self.ref, self.critic = groups["actor"], groups.get("ref"), groups.get("critic")
+        self.reward_model = groups.get("reward_model")
+        self.sources = RewardSources.from_config(config.reward, config.reward_model.enable)
         if reference_in_actor(config):
             self.ref = self.actor  # its compute_ref_log_prob runs with the adapters off
         # what generates: the actor's group, unless split (a rollout group) or vLLM serves (a vllm serve process)
@@ -248,7 +253,7 @@ class PPOTrainer:
     def traffic(self) -> dict[str, float]:
         """``driver/bytes_sent`` and ``driver/bytes_received``: the DataProto bytes this driver shipped to the
         worker groups and collected back since the last call (``core/worker_group.Traffic``)."""
-        groups = (self.actor, self.ref, self.critic, self.rollout_group)
+        groups = (self.actor, self.ref, self.critic, self.reward_model, self.rollout_group)
         hosts = {id(h): h for g in groups if (h := getattr(g, "hosts", None)) is not None}
         sent = received = 0
         for host in hosts.values():
@@ -278,7 +283,10 @@ class PPOTrainer:
         if self.ref is not None:
             with timer("ref"):  # 3. reference log-probs for the KL terms
                 batch.union(self.memory(metrics, "ref", self.ref.compute_ref_log_prob(batch)))
-        with timer("reward"):  # 4. verifiers (and a greedy baseline, when the estimator declared one)
+        if self.reward_model is not None:
+            with timer("rm"):  # 4. reward: the reward model's scores (a stage of its own) ...
+                batch.union(self.memory(metrics, "rm", self.reward_model.compute_rm_score(batch)))
+        with timer("reward"):  # ... the verifiers', combined as reward.sources declare (and a greedy baseline)
             metrics.update(self.score(batch))
             if self.inputs.greedy_baseline:
                 metrics.update(self.greedy_baseline(prompts, batch))
@@ -335,8 +343,8 @@ class PPOTrainer:
     def greedy_baseline(self, prompts: DataProto, batch: DataProto) -> dict[str, float]:
         """``reward_baselines``: each prompt's greedy response, scored, repeated over its n samples (ReMax)."""
         greedy = DataProto(dict(prompts.batch), dict(prompts.non_tensor_batch), {**prompts.meta_info, "n": 1, "greedy": True})
-        scores, _ = self.reward_fn(self.generate(greedy), self.tokenizer)
-        baseline = scores.sum(-1).repeat_interleave(self.config.actor_rollout_ref.rollout.n)
+        reward, _ = self.rewards(self.generate(greedy))
+        baseline = reward.token_level_scores.sum(-1).repeat_interleave(self.config.actor_rollout_ref.rollout.n)
         batch.batch[REWARD_BASELINES] = baseline
         return {"reward/greedy_baseline/mean": baseline.mean().item()}
 
@@ -365,10 +373,21 @@ class PPOTrainer:
         batch.batch[RESPONSE_MASK] = out.response_mask.to(batch.batch[RESPONSE_MASK].dtype)
         return dict(out.metrics)
 
+    def rewards(self, batch: DataProto) -> tuple[RewardOutput, RewardOutput | None]:
+        """``(reward, verified)``: each response's reward, its sources combined as ``reward.sources`` declare
+        (``rewards/sources.py``; the reward model's scores are computed here unless the batch has them), and
+        the verifiers' own output (None when the verifier is not a source)."""
+        if self.reward_model is not None and RM_SCORES not in batch.batch:  # validation, a greedy baseline
+            scored = self.reward_model.compute_rm_score(batch)
+            scored.meta_info.pop(METRICS, None)  # its peak memory: the rm stage reports the training batch's
+            batch.union(scored)
+        verified = self.reward_fn.score_batch(batch, self.tokenizer) if self.sources.uses(VERIFIER) else None
+        return self.sources.combine(verified, batch.batch.get(RM_SCORES), batch.batch[RESPONSE_MASK]), verified
+
     def score(self, batch: DataProto) -> dict[str, float]:
-        """Verifier scores into ``token_level_scores`` (and ``reward_components``, when the estimator declared
+        """The reward into ``token_level_scores`` (and ``reward_components``, when the estimator declared
         them); rewards with the KL penalty when configured."""
-        out = self.reward_fn.score_batch(batch, self.tokenizer)
+        out, _ = self.rewards(batch)
         metrics = dict(out.metrics)
         batch.batch[TOKEN_LEVEL_SCORES] = out.token_level_scores
         if self.inputs.reward_components:
@@ -383,23 +402,33 @@ class PPOTrainer:
     # ----------------------------------------------------------- validation
     def validate(self) -> dict[str, float]:
         """One response per validation prompt (greedy unless ``rollout.val_greedy`` is off: then sampled
-        at the rollout temperature, seeded); mean score per data_source and accuracy. The first
-        ``trainer.log_val_generations`` prompts go to the loggers with their responses and scores."""
+        at the rollout temperature, seeded); the mean reward (``val/score``, and per data_source), the
+        verifiers' accuracy (the fraction scoring >= 1, over the responses they decide; verifiers run here even
+        when they are no reward source, as the task's true measure) and, with a reward model,
+        ``val/reward_model/score``. The first ``trainer.log_val_generations`` prompts go to the loggers with
+        their responses and rewards."""
         indices = list(range(len(self.val_prompts)))
-        scores, sources, shown = [], [], []
+        scores, sources, shown, verified, rm = [], [], [], [], []
         greedy, keep = self.config.actor_rollout_ref.rollout.val_greedy, self.config.trainer.log_val_generations
         for start in range(0, len(indices), self.config.data.val_batch_size):
             prompts = self.val_prompts.batch(indices[start : start + self.config.data.val_batch_size], self.pad_id)
             prompts.meta_info.update(n=1, greedy=greedy, seed=self._seed() + start)
             out = self.generate(prompts)
-            token_scores, _ = self.reward_fn(out, self.tokenizer)
-            scores.append(token_scores.sum(-1))
+            reward, checked = self.rewards(out)
+            checked = checked or self.reward_fn.score_batch(out, self.tokenizer)
+            scores.append(reward.token_level_scores.sum(-1))
+            verified += [f.get("score", 0.0) for f, d in zip(checked.fields, checked.decided) if d]
+            rm += out.batch[RM_SCORES].tolist() if RM_SCORES in out.batch else []
             sources.extend(out.non_tensor_batch[DATA_SOURCE].tolist())
             shown += generation_rows(out, scores[-1].tolist(), self.tokenizer, keep - len(shown))
         if shown:
             self.tracking.log_table(GENERATIONS_TABLE, GENERATION_COLUMNS, shown, self.global_step)
         all_scores = torch.cat(scores)
-        metrics = {"val/accuracy": (all_scores >= 1.0).float().mean().item(), "val/score": all_scores.mean().item()}
+        metrics = {"val/score": all_scores.mean().item()}
+        if verified:
+            metrics["val/accuracy"] = float(np.mean([s >= 1.0 for s in verified]))
+        if rm:
+            metrics["val/reward_model/score"] = float(np.mean(rm))
         for source in sorted(set(sources)):
             picked = torch.tensor([s == source for s in sources])
             metrics[f"val/{source}/score"] = all_scores[picked].mean().item()

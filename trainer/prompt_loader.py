@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from hybridflow.core import DataProto
+from hybridflow.core.chat import render_prompt
 from hybridflow.core.rollout_batch import left_pad
 from hybridflow.core.keys import (
     ATTENTION_MASK,
@@ -30,20 +31,11 @@ from hybridflow.core.keys import (
     GROUND_TRUTH,
     INPUT_IDS,
     POSITION_IDS,
+    PROMPT_TEXT,
     RAW_PROMPT,
 )
 
 logger = logging.getLogger(__name__)
-
-
-def render_prompt(prompt: Any, tokenizer: Any) -> str:
-    """The text a prompt becomes: chat messages through the chat template, plain text as is."""
-    if isinstance(prompt, str):
-        return prompt
-    messages = [dict(m) for m in prompt]
-    if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return "\n".join(m["content"] for m in messages)
 
 
 @dataclass
@@ -52,6 +44,10 @@ class PromptSet:
 
     token_ids: list[list[int]]
     texts: list[str]
+    """Each prompt as the policy reads it (rendered by its chat template)."""
+    raw: list[Any]
+    """Each prompt as loaded: chat messages (list of dicts) or text; a reward model with a template of its own
+    renders these."""
     data_sources: list[str]
     ground_truths: list[str | None]
     extra_infos: list[dict]
@@ -60,7 +56,7 @@ class PromptSet:
     @classmethod
     def from_rows(cls, rows: Sequence[Mapping[str, Any]], tokenizer: Any, max_prompt_length: int) -> PromptSet:
         """Tokenize ``rows``; prompts over ``max_prompt_length`` tokens are dropped and counted."""
-        kept = cls([], [], [], [], [])
+        kept = cls([], [], [], [], [], [])
         unk, tokens = getattr(tokenizer, "unk_token_id", None), [0, 0]
         for row in rows:
             text = render_prompt(row["prompt"], tokenizer)
@@ -72,6 +68,7 @@ class PromptSet:
                 continue
             kept.token_ids.append(ids)
             kept.texts.append(text)
+            kept.raw.append(row["prompt"] if isinstance(row["prompt"], str) else [dict(m) for m in row["prompt"]])
             kept.data_sources.append(row["data_source"])
             truth = row["reward_model"]["ground_truth"]
             kept.ground_truths.append(truth if truth is None else str(truth))  # None stays None: a reward error, not "None"
@@ -99,7 +96,8 @@ class PromptSet:
                 DATA_SOURCE: [self.data_sources[i] for i in indices],
                 GROUND_TRUTH: [self.ground_truths[i] for i in indices],
                 EXTRA_INFO: [self.extra_infos[i] for i in indices],
-                RAW_PROMPT: [self.texts[i] for i in indices],
+                RAW_PROMPT: [self.raw[i] for i in indices],
+                PROMPT_TEXT: [self.texts[i] for i in indices],
             },
         )
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from hybridflow.core import DataProto
-from hybridflow.core.keys import GROUND_TRUTH, RAW_PROMPT, RESPONSE_MASK, RESPONSES
+from hybridflow.core.keys import GROUND_TRUTH, PROMPT_TEXT, RAW_PROMPT, RESPONSE_MASK, RESPONSES
 
 logger = logging.getLogger("hybridflow.metrics")
 
@@ -64,7 +64,8 @@ def generation_rows(batch: DataProto, scores: Sequence[float], tokenizer: Any, l
     rows: list[Row] = []
     for i in range(min(limit, len(batch))):
         ids = batch.batch[RESPONSES][i][batch.batch[RESPONSE_MASK][i].bool()].tolist()
-        prompt, truth = batch.non_tensor_batch[RAW_PROMPT][i], batch.non_tensor_batch[GROUND_TRUTH][i]
+        shown = batch.non_tensor_batch.get(PROMPT_TEXT, batch.non_tensor_batch[RAW_PROMPT])  # rendered, when known
+        prompt, truth = shown[i], batch.non_tensor_batch[GROUND_TRUTH][i]
         rows.append([str(prompt), tokenizer.decode(ids, skip_special_tokens=False), str(truth), float(scores[i])])
     return rows
 

@@ -124,8 +124,9 @@ def test_a_suggestion_composes_and_passes_the_config_check(name, overrides, cont
      "the reference's forward passes are micro-batched as the actor's old-log-prob pass"),
     (["+custom_reward_function.reward_kwargs.alpha=2"],
      "custom_reward_function.reward_kwargs.alpha is veRL's name; here: +reward.custom_reward_function.kwargs.alpha=2"),
-    (["reward_model.model.path=/models/rm"], "reward_model.model.path is veRL's name; no equivalent yet: no reward-model "
-     "worker: rewards come from verifier plugins routed by data_source (reward.route; docs/writing-a-reward.md)"),
+    (["reward_model.micro_batch_size=32"], "reward_model.micro_batch_size is veRL's name; here: "
+     "reward_model.micro_batch_size_per_gpu; veRL's global micro-batch (deprecated there); here per rank: divide by the "
+     "data-parallel ranks"),
     (["trainer.total_trainig_steps=3"], "trainer.total_trainig_steps: no such key; did you mean trainer.total_training_steps?"),
 ])
 def test_messages(args, expected):
@@ -137,7 +138,10 @@ def test_verl_keys_that_are_ours_now_just_work():
             "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096",
             "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",
             "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=8192", "critic.use_dynamic_bsz=true",
-            "critic.ppo_max_token_len_per_gpu=4096", "critic.forward_max_token_len_per_gpu=8192"]
+            "critic.ppo_max_token_len_per_gpu=4096", "critic.forward_max_token_len_per_gpu=8192",
+            "reward_model.enable=false", "reward_model.model.path=/models/rm", "reward_model.micro_batch_size_per_gpu=8",
+            "reward_model.max_length=2048", "reward_model.use_dynamic_bsz=true",
+            "reward_model.forward_max_token_len_per_gpu=8192", "reward_model.model.fsdp_config.param_offload=true"]
     assert override_problems(keys) == []
     assert all(lookup(k.partition("=")[0]) is None for k in keys)
 
