@@ -47,6 +47,18 @@ def left_pad(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Ten
     return ids, mask, positions_from_mask(mask)
 
 
+def right_pad(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask), each (B, max_len), padded on the right (a reward model's texts)."""
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for i, seq in enumerate(sequences):
+        if seq:
+            ids[i, : len(seq)] = torch.tensor(list(seq), dtype=torch.long)
+            mask[i, : len(seq)] = 1
+    return ids, mask
+
+
 def concat_rollouts(parts: Sequence[DataProto], pad_id: int) -> DataProto:
     """``DataProto.concat`` of rollouts after padding each to the widest prompt and response."""
     widths = [(p.batch[PROMPTS].shape[1], p.batch[RESPONSES].shape[1]) for p in parts]

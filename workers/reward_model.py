@@ -6,9 +6,10 @@ frozen, in its compute dtype, FSDP2-sharded over all ranks, offloadable
 between stages like the reference. A row's score is the model's own pooled
 logit for the row's (prompt, response) (transformers pools at the rightmost
 token that is not ``config.pad_token_id``), so it equals the model run by
-hand on the same tokens, one text at a time. Which tokens: the rollout's own,
-or re-rendered in the reward model's chat template when its tokenizer differs
-from the policy's (``workers/rm_inputs.py``). Micro-batches hold
+hand on the same tokens, one text at a time. Which tokens: the rollout's own
+(the response's special tokens dropped and one EOS closing it), or re-rendered
+in the reward model's chat template when its tokenizer differs from the
+policy's (``workers/rm_inputs.py``). Micro-batches hold
 ``reward_model.micro_batch_size_per_gpu`` rows, or a token budget under
 ``use_dynamic_bsz``; each is right-padded with the pad id.
 """
@@ -25,14 +26,15 @@ from hybridflow.configs.schema import PPOConfig
 from hybridflow.core import DP_COMPUTE_PROTO, ONE_TO_ALL, DataProto, Worker, register
 from hybridflow.core.keys import ATTENTION_MASK, INPUT_IDS, RAW_PROMPT, RESPONSE_MASK, RESPONSES, RM_INPUTS, RM_SCORES
 from hybridflow.core.parallel_dims import ParallelDims
+from hybridflow.core.rollout_batch import right_pad
 from hybridflow.workers.fsdp import shard_role
 from hybridflow.workers.loading import load_sharded_model
 from hybridflow.workers.micro_batches import MicroBatching, restore_order
 from hybridflow.workers.models import load_tokenizer, torch_dtype
 from hybridflow.workers.offload import StateOffloader
-from hybridflow.workers.rm_inputs import chat_ids, same_tokenizer, truncate_left
+from hybridflow.workers.rm_inputs import chat_ids, same_tokenizer, special_ids, truncate_left
 
-__all__ = ["RewardModelInputs", "RewardModelWorker", "read_reward_model"]
+__all__ = ["RewardModelInputs", "RewardModelWorker", "finished", "read_reward_model"]
 
 
 def read_reward_model(path: str, dtype: torch.dtype, seed: int | None = None) -> PreTrainedModel:
@@ -52,25 +54,35 @@ class RewardModelInputs:
         self.retokenize = not same_tokenizer(policy_tokenizer, rm_tokenizer)
 
     def rows(self, data: DataProto) -> list[list[int]]:
-        """One id list per row: the row's prompt + response tokens, or its messages re-rendered."""
+        """One id list per row: the row's prompt tokens and its response as a finished turn (:func:`finished`),
+        or its messages re-rendered."""
+        responses, response_mask = data.batch[RESPONSES], data.batch[RESPONSE_MASK].bool()
         if not self.retokenize:
-            ids, mask = data.batch[INPUT_IDS], data.batch[ATTENTION_MASK].bool()
-            return [truncate_left(row[m].tolist(), self.max_length) for row, m in zip(ids, mask)]
-        responses, mask = data.batch[RESPONSES], data.batch[RESPONSE_MASK].bool()
-        texts = [self.policy.decode(r[m].tolist(), skip_special_tokens=True) for r, m in zip(responses, mask)]
+            ids, mask, width = data.batch[INPUT_IDS], data.batch[ATTENTION_MASK].bool(), responses.shape[1]
+            special = special_ids(self.policy)  # what the verifiers' decoding leaves out
+            # the response region under the attention mask: a multi-turn trajectory's tool output included
+            return [truncate_left(finished(row[:-width][m[:-width]].tolist(), row[-width:][m[-width:]].tolist(),
+                                           special, self.rm.eos_token_id), self.max_length)
+                    for row, m in zip(ids, mask)]
+        texts = [self.policy.decode(r[m].tolist(), skip_special_tokens=True) for r, m in zip(responses, response_mask)]
         return [chat_ids(self.rm, prompt, text, self.max_length)
                 for prompt, text in zip(data.non_tensor_batch[RAW_PROMPT], texts)]
 
     def batch(self, data: DataProto, pad_id: int) -> DataProto:
         """The rows as a right-padded (``input_ids``, ``attention_mask``) DataProto."""
-        rows = self.rows(data)
-        width = max(len(r) for r in rows)
-        ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, row in enumerate(rows):
-            ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-            mask[i, : len(row)] = 1
+        ids, mask = right_pad(self.rows(data), pad_id)
         return DataProto.from_dict({INPUT_IDS: ids, ATTENTION_MASK: mask})
+
+
+def finished(prompt: list[int], response: list[int], special: set[int], eos_id: int | None) -> list[int]:
+    """The prompt's tokens, the response's without special tokens, then EOS: what the response says, as a
+    finished turn. The re-rendered path sees the same (it decodes without special tokens, and a chat template
+    closes the turn); the verifiers read the text without them too; and a reward model trained on texts
+    (``preference_ids``) saw every one end on EOS and no special token inside a response, so its scores of
+    either are untrained, and a policy finds them (a response cut at the budget, or a template token, scored
+    high by the reward model while the task's accuracy stays 0: docs/reward-models.md)."""
+    kept = [t for t in response if t not in special]
+    return prompt + kept + ([] if eos_id is None else [eos_id])
 
 
 def pad_token_id(model: nn.Module, tokenizer: Any) -> int:

@@ -5,7 +5,10 @@ Two layouts, and which one a run uses:
 * **The rollout's own tokens** (the reward model shares the policy's tokenizer:
   same vocabulary, same chat template): the row's prompt and response tokens as
   the policy read and wrote them (``attention_mask`` picks them out of
-  ``input_ids``), EOS included when the response ended. Nothing is decoded.
+  ``input_ids``), except that the response's special tokens are dropped and one
+  EOS closes it (a response cut at the length budget has none): every text a
+  reward model reads is what the response says, as a finished turn, as in
+  training and as a re-rendered chat. Nothing is decoded.
   :func:`preference_ids` builds this layout from text (the prompt through the
   chat template with its generation prompt, then the response, then EOS), so a
   reward model trained on text (``hybridflow-train-rm``) sees what it will score.
@@ -26,7 +29,7 @@ from typing import Any
 
 from hybridflow.core.chat import render_prompt
 
-__all__ = ["chat_ids", "preference_ids", "same_tokenizer", "truncate_left"]
+__all__ = ["chat_ids", "preference_ids", "same_tokenizer", "special_ids", "truncate_left"]
 
 
 def truncate_left(ids: list[int], max_length: int | None) -> list[int]:
@@ -64,3 +67,10 @@ def same_tokenizer(a: Any, b: Any) -> bool:
 
     return (a.get_vocab() == b.get_vocab() and getattr(a, "chat_template", None) == getattr(b, "chat_template", None)
             and special(a) == special(b))
+
+
+def special_ids(tokenizer: Any) -> set[int]:
+    """The ids ``tokenizer.decode(..., skip_special_tokens=True)`` leaves out: its named special tokens and every
+    added token marked special (a chat template's role markers)."""
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    return set(tokenizer.all_special_ids) | {i for i, token in added.items() if getattr(token, "special", False)}

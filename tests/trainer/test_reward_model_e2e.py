@@ -29,8 +29,10 @@ def rm_path(tmp_path_factory):
 
 
 def by_hand(path: str, prompt_text: str, response: str) -> float:
-    """The classifier's score of the rendered prompt + the response as generated (special tokens kept)."""
+    """The classifier's score of the rendered prompt + the response as generated, as a finished turn: its special
+    tokens dropped, one EOS at the end."""
     tok = build_char_tokenizer()
+    response = re.sub(r"<[^<>]*>", "", response) + tok.eos_token
     model = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32).eval()
     ids = tok(prompt_text + response, add_special_tokens=False)["input_ids"]
     with torch.no_grad():

@@ -4,7 +4,8 @@ Two local reward models: one that shares the policy's tokenizer (the built-in ch
 tokens are scored as they are) and one with a BPE tokenizer and a chat template of its own (each response is
 decoded, re-rendered with the prompt's messages and re-tokenized). Every score must equal
 ``AutoModelForSequenceClassification.from_pretrained(path)(ids).logits[0, 0]`` computed here, one text at a time, on
-the tokens the rule of ``workers/rm_inputs.py`` gives, within 1e-5: on 2 ranks and on 1, with parameter offload on
+the tokens the rule of ``workers/rm_inputs.py`` gives (half the responses end without EOS, one holds a template token:
+the response's special tokens go, one EOS closes it), within 1e-5: on 2 ranks and on 1, with parameter offload on
 and off, with fixed-row and token-budget micro-batches.
 """
 
@@ -30,7 +31,7 @@ from hybridflow.workers.reward_model import RewardModelWorker
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 PROMPTS = ["max(3,8,1,5)=", "max(1,2,0,0)=", "max(9,4,4,7)=", "max(2,6,5,1)=", "max(0,0,3,2)="]
-RESPONSES_TEXT = ["8", "2 because", "x", "6,6,6", "", "3)", "99", "max"]
+RESPONSES_TEXT = ["8", "2 because", "x", "6,6,6", "", "3<|assistant|>)", "99", "max"]
 
 
 def policy_batch() -> DataProto:
@@ -54,6 +55,10 @@ def policy_batch() -> DataProto:
     )
 
 
+def tokens(text: str) -> list[int]:
+    return build_char_tokenizer()(text, add_special_tokens=False)["input_ids"]
+
+
 def by_hand(path: str, batch: DataProto, retokenize: bool) -> torch.Tensor:
     """Each row's score from transformers' own model, one unpadded text at a time."""
     model = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32).eval()
@@ -66,7 +71,11 @@ def by_hand(path: str, batch: DataProto, retokenize: bool) -> torch.Tensor:
                     {"role": "assistant", "content": policy_tok.decode(valid, skip_special_tokens=True)}]
             ids = rm_tok(rm_tok.apply_chat_template(chat, tokenize=False), add_special_tokens=False)["input_ids"]
         else:
-            ids = batch.batch[INPUT_IDS][i][batch.batch[ATTENTION_MASK][i].bool()].tolist()
+            width = batch.batch[RESPONSES].shape[1]
+            ids = batch.batch[INPUT_IDS][i][:-width][batch.batch[ATTENTION_MASK][i][:-width].bool()].tolist()
+            response = batch.batch[RESPONSES][i][batch.batch[RESPONSE_MASK][i].bool()].tolist()
+            # the response's text as a finished turn: its special tokens dropped, one EOS at the end
+            ids += [t for t in tokens(policy_tok.decode(response, skip_special_tokens=True))] + [rm_tok.eos_token_id]
         with torch.no_grad():
             scores.append(model(input_ids=torch.tensor([ids])).logits[0, 0])
     return torch.stack(scores)
