@@ -29,7 +29,8 @@ def _compare(args: argparse.Namespace) -> int:
     from hybridflow.trainer.compare import CompareError, compare
 
     try:
-        png, table = compare(args.paths, args.out, args.threshold, labels=args.label, x=args.x, title=args.title)
+        png, table = compare(args.paths, args.out, args.threshold, labels=args.label, x=args.x, title=args.title,
+                             ignore=args.ignore)
     except (FileNotFoundError, CompareError) as error:
         print(f"hybridflow compare: {error}", file=sys.stderr)
         return 2
@@ -81,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
                      help="x axis: training steps (default) or training samples, the responses trained on so far "
                           "(step x data.train_batch_size x rollout.n, from each run's .hydra/config.yaml)")
     cmp.add_argument("--title", help="a title over the figure (default: none)")
+    cmp.add_argument("--ignore", action="append", default=[], metavar="KEY",
+                     help="an override key left out of the grouping, as the seed is (once per key): "
+                          "--ignore reward_model.model.path when each seed trained its own reward model")
     cmp.set_defaults(func=_compare)
     export = sub.add_parser(
         "export", help="write a checkpoint's policy as a transformers model directory with its tokenizer",

@@ -2,9 +2,9 @@
 
 Each row is a prompt of the task (``max(3,8,1,5)=``, as chat messages), a
 ``chosen`` response, the right answer (``"8"``, or, half the time, the answer
-followed by one to three non-digit characters, ``"8)x"``: the verifier reads
-the leading integer, and an untrained policy that writes several tokens puts
-the right digit first long before it learns to stop), and a ``rejected`` one, a
+followed by a junk character and up to two more characters, ``"8)x"``, ``"8x12"``:
+the verifier reads the leading integer, and an untrained policy that writes
+several tokens puts the right digit first long before it learns to stop), and a ``rejected`` one, a
 wrong answer, with ``data_source`` ``synthetic/arithmetic`` and ``extra_info``
 (``split``, ``index``, ``rejected_kind``). A reward model trained on them is
 meant to stand in for the task's verifier (``rewards/arithmetic.py``) in RL:
@@ -20,8 +20,13 @@ on this task (shares: :data:`REJECTED_KINDS`):
   the prompt" ranks it level with the right one, so it must find the maximum.
   A prompt whose digits are all the maximum (``max(5,5,5,5)``) gets an
   ``other_digit`` instead;
-* ``other_digit`` (20%): any digit but the answer, in the prompt or not, written as above;
-* ``junk`` (15%): zero to three of the built-in tokenizer's non-digit
+* ``above_max`` (20%): a digit above the maximum, so in no prompt digit,
+  written as above. The other hard negative: without it a reward model learns
+  "not one of the smaller digits" and pays any larger digit (measured: GRPO
+  then answered 7 to every prompt);
+* ``other_digit`` (10%): any digit but the answer, in the prompt or not (a prompt whose maximum is 9 has no
+  ``above_max``: it gets this), written as above;
+* ``junk`` (10%): zero to three of the built-in tokenizer's non-digit
   characters (``"(x"``, ``"="``; zero characters is the empty response, an
   immediate EOS). An untrained policy answers like this, so the first RL
   steps are scored on such responses: they must score below a right answer.
@@ -29,7 +34,7 @@ on this task (shares: :data:`REJECTED_KINDS`):
   built-in tokenizer of a saved Qwen2 model as ``Qwen2Tokenizer``, whose
   byte-level pre-tokenizer drops it, so a text with a space would not score
   the same after the reward model is saved and loaded;
-* ``longer_number`` (15%): the answer with one to three more digits after it
+* ``longer_number`` (10%): the answer with one to three more digits after it
   (``"85"``, ``"8888"``). The verifier reads the leading integer (85 is not 8),
   and a policy that may write several tokens drifts into repeating its digit:
   a reward model that scored ``"8888"`` like ``"8"`` would pay it to;
@@ -77,7 +82,8 @@ JUNK_CHARACTERS = "+-*%=(),?aimnx"
 """The built-in tokenizer's characters that are neither digits nor the space (junk never maps to ``<unk>``, and
 tokenizes alike before and after a save, see the module docstring)."""
 
-REJECTED_KINDS = {"prompt_digit": 0.3, "other_digit": 0.2, "junk": 0.15, "longer_number": 0.15, "late_answer": 0.2}
+REJECTED_KINDS = {"prompt_digit": 0.3, "above_max": 0.2, "other_digit": 0.1, "junk": 0.1, "longer_number": 0.1,
+                  "late_answer": 0.2}
 """Kind of wrong answer -> its share of the rejected responses (see the module docstring)."""
 
 SUFFIX_SHARE = 0.5
@@ -95,6 +101,10 @@ def rejected_answer(digits: list[int], rng: np.random.Generator) -> tuple[str, s
         kind = "other_digit"  # every digit is the maximum: the prompt has no other digit to offer
     if kind == "prompt_digit":
         return with_tail(str(rng.choice(below)), rng), kind
+    if kind == "above_max" and answer == 9:
+        kind = "other_digit"  # no digit is above 9
+    if kind == "above_max":
+        return with_tail(str(rng.integers(answer + 1, 10)), rng), kind
     if kind == "other_digit":
         return with_tail(str(rng.choice([d for d in range(10) if d != answer])), rng), kind
     if kind == "junk":
@@ -123,8 +133,10 @@ def with_tail(digit: str, rng: np.random.Generator) -> str:
 
 
 def answer_with_junk(answer: str, rng: np.random.Generator) -> str:
-    """``answer`` followed by one to three junk characters."""
-    return answer + "".join(rng.choice(list(JUNK_CHARACTERS), size=int(rng.integers(1, 4))))
+    """``answer``, a junk character, then zero to two characters of junk or digits (``"8)"``, ``"8x12"``): the
+    verifier reads the leading integer, which the junk character ends, so it reads ``answer`` from all of them."""
+    tail = rng.choice(list(JUNK_CHARACTERS + "0123456789"), size=int(rng.integers(0, 3)))
+    return answer + str(rng.choice(list(JUNK_CHARACTERS))) + "".join(tail)
 
 
 def _digits(prompt: list[dict]) -> list[int]:

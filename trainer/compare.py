@@ -310,14 +310,21 @@ def compare(
     labels: Sequence[str] = (),
     x: str = "step",
     title: str | None = None,
+    ignore: Sequence[str] = (),
 ) -> tuple[Path, Path]:
     """Write ``compare.png`` and ``compare.md`` into ``out_dir``; returns their paths.
 
     :param labels: ``SETTING=NAME`` specs (:func:`apply_labels`).
     :param x: ``step`` or ``samples`` (training responses so far).
     :param title: the figure's title (none by default).
+    :param ignore: override keys left out of the grouping, as the seed is: a value that follows the seed
+        (``reward_model.model.path`` of each seed's own reward model) keeps its runs one setting.
     """
-    groups = apply_labels(group_runs(find_runs(paths)), list(labels))
+    runs = find_runs(paths)
+    for run in runs:
+        for key in ignore:
+            run.overrides.pop(key, None)
+    groups = apply_labels(group_runs(runs), list(labels))
     check_x_axis(groups, x)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -70,6 +70,18 @@ def test_runs_group_by_overrides_without_the_seed(sweep):
     }
 
 
+def test_an_ignored_key_that_follows_the_seed_keeps_the_seeds_one_setting(tmp_path):
+    for seed in (0, 1):  # each seed trained its own reward model
+        write_run(tmp_path / f"g{seed}", ["experiment=rlhf", f"reward_model.model.path=/rm_s{seed}", f"trainer.seed={seed}"],
+                  [0.1, 0.5 + seed / 10])
+    write_run(tmp_path / "p0", ["experiment=rlhf_ppo", "reward_model.model.path=/rm_s0", "trainer.seed=0"], [0.2, 0.7])
+    _, table = compare([tmp_path], tmp_path / "out", ignore=["reward_model.model.path"])
+    assert set(_rows(table.read_text())) == {"experiment=rlhf", "experiment=rlhf_ppo"}
+    assert "| 2 | 0.550" in _rows(table.read_text())["experiment=rlhf"]  # both seeds, final accuracies 0.5 and 0.6
+    _, table = compare([tmp_path], tmp_path / "out")
+    assert len(_rows(table.read_text())) == 3  # without it each seed's path is a setting of its own
+
+
 def test_t_quantiles_match_the_tables():
     # textbook values of t_{0.975, df}; beyond df 30 the expansion, against scipy.stats.t.ppf(0.975, df)
     assert t_quantile_975(1) == pytest.approx(12.706, abs=5e-4)
