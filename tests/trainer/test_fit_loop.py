@@ -9,6 +9,7 @@ import torch
 
 from hybridflow.core import DataProto, WorkerStalledError
 from hybridflow.core.keys import DATA_SOURCE
+from hybridflow.rewards.manager import RewardOutput
 from hybridflow.trainer.ppo_trainer import PPOTrainer, Progress
 
 
@@ -86,9 +87,15 @@ def test_validation_decodes_as_rollout_val_greedy_says(val_greedy):
                              trainer=SimpleNamespace(seed=3, log_val_generations=0))
     actor = FakeActor()
     scores = iter([torch.tensor([[1.0], [0.0]]), torch.tensor([[1.0], [1.0]]), torch.tensor([[0.0]])])
+
+
+    def rewards(out):  # the verifiers' scores are the reward: (reward, verified) as PPOTrainer.rewards returns them
+        token_scores = next(scores)
+        verified = RewardOutput(token_scores, {}, [{"score": float(s)} for s in token_scores.sum(-1)], [True] * len(out))
+        return verified, verified
+
     trainer = SimpleNamespace(config=config, rollout_group=actor, val_prompts=FakePrompts(), pad_id=0, tokenizer=None, agents=None,
-                              reward_fn=lambda out, tok: (next(scores), {}), global_step=4,
-                              _seed=lambda: 3 * 100_003 + 4)
+                              rewards=rewards, global_step=4, _seed=lambda: 3 * 100_003 + 4)
     trainer.generate = lambda prompts: PPOTrainer.generate(trainer, prompts)
     metrics = PPOTrainer.validate(trainer)
     assert [c["greedy"] for c in actor.calls] == [val_greedy] * 3

@@ -49,7 +49,7 @@ def test_the_critic_path_is_accepted_when_it_is_the_policys_and_refused_with_wha
 @pytest.mark.parametrize("arg,says", [
     (f"{R}.log_prob_micro_batch_size=256", f"here: {R}.log_prob_micro_batch_size_per_gpu"),  # global, not per rank
     ("data.truncation=left", "prompts are never truncated"),
-    ("reward_model.enable=True", "no reward-model worker"),
+    ("reward_model.micro_batch_size=32", "here: reward_model.micro_batch_size_per_gpu"),  # global, not per rank
     ("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.1", "a step count here"),
 ])
 def test_a_verl_key_whose_meaning_differs_is_left_for_the_check_to_refuse(arg, says):
