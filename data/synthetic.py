@@ -59,7 +59,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-__all__ = ["DATA_SOURCE", "MIN_ANSWER", "NUM_DIGITS", "generate_synthetic", "make_example"]
+__all__ = ["DATA_SOURCE", "MIN_ANSWER", "NUM_DIGITS", "generate_synthetic", "make_example", "write_parquet_atomically"]
 
 logger = logging.getLogger(__name__)
 
@@ -98,8 +98,9 @@ def _draw_rows(pool: np.ndarray, size: int, rng: np.random.Generator) -> np.ndar
     return np.array([by_max[m][rng.integers(len(by_max[m]))] for m in chosen_max], dtype=np.int64)
 
 
-def _write_parquet(rows: list[dict], path: str) -> None:
-    # Write then rename, so concurrent writers (two ranks) never leave a torn file.
+def write_parquet_atomically(rows: list[dict], path: str) -> None:
+    """Write ``rows`` to ``path`` beside it, then rename: a concurrent reader or writer (two ranks, two jobs of a
+    sweep) never sees a torn file."""
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".parquet.tmp")
     os.close(fd)
     try:
@@ -130,6 +131,6 @@ def generate_synthetic(
         drawn = _tuple_digits(_draw_rows(pools[split], size, rng))
         rows = [make_example(tuple(int(d) for d in digits), split=split, index=i) for i, digits in enumerate(drawn)]
         paths[split] = os.path.join(output_dir, f"{split}.parquet")
-        _write_parquet(rows, paths[split])
+        write_parquet_atomically(rows, paths[split])
         logger.info("wrote %d %s rows of %s to %s", len(rows), split, DATA_SOURCE, paths[split])
     return paths

@@ -68,10 +68,9 @@ import re
 import tempfile
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 
-from hybridflow.data.synthetic import DATA_SOURCE, generate_synthetic
+from hybridflow.data.synthetic import DATA_SOURCE, generate_synthetic, write_parquet_atomically
 
 __all__ = ["JUNK_CHARACTERS", "REJECTED_KINDS", "SUFFIX_SHARE", "answer_with_junk", "generate_preferences",
            "rejected_answer", "with_junk", "with_tail"]
@@ -159,18 +158,6 @@ def _pairs(task_rows: list[dict], rng: np.random.Generator) -> list[dict]:
     return rows
 
 
-def _write_atomically(rows: list[dict], path: str) -> None:
-    # written beside the target, then renamed: a reader (another job of a sweep) never sees half a file
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".parquet.tmp")
-    os.close(fd)
-    try:
-        pq.write_table(pa.Table.from_pylist(rows), tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
 def generate_preferences(
     out_dir: str, seed: int = 0, *, train_size: int = 4096, val_size: int = 512
 ) -> dict[str, str]:
@@ -187,6 +174,6 @@ def generate_preferences(
         for split in ("train", "val"):
             rows = _pairs(pq.read_table(task[split]).to_pylist(), rng)
             paths[split] = os.path.join(out_dir, f"{split}.parquet")
-            _write_atomically(rows, paths[split])
+            write_parquet_atomically(rows, paths[split])
             logger.info("wrote %d %s preference pairs of %s to %s", len(rows), split, DATA_SOURCE, paths[split])
     return paths

@@ -26,7 +26,7 @@ import os
 
 import numpy as np
 
-from hybridflow.data.synthetic import _write_parquet
+from hybridflow.data.synthetic import write_parquet_atomically
 
 __all__ = ["DATA_SOURCE", "generate_tool_task", "make_tool_example"]
 
@@ -64,6 +64,6 @@ def generate_tool_task(output_dir: str, *, train_size: int = 8192, val_size: int
         rows = [make_tool_example([int(d) for d in v], int(h), split=split, index=i)
                 for i, (v, h) in enumerate(zip(visible, hidden))]
         paths[split] = os.path.join(output_dir, f"{split}.parquet")
-        _write_parquet(rows, paths[split])
+        write_parquet_atomically(rows, paths[split])
         logger.info("wrote %d %s rows of %s to %s", len(rows), split, DATA_SOURCE, paths[split])
     return paths

@@ -104,11 +104,10 @@ SENTENCES = [
 ]
 
 
-def local_qwen2_checkpoint(directory, *, hidden=32, layers=2, seed=0, tied=True):
-    """A real local HF checkpoint, as a practitioner has one: a small Qwen2 with random weights and a byte-level
-    BPE tokenizer trained on a few sentences, with a chat template, both written with ``save_pretrained``."""
+def bpe_chat_tokenizer():
+    """A byte-level BPE tokenizer trained on :data:`SENTENCES`, with a chat template (:data:`CHAT_TEMPLATE`)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+    from transformers import PreTrainedTokenizerFast
 
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     bpe = Tokenizer(models.BPE())
@@ -119,6 +118,15 @@ def local_qwen2_checkpoint(directory, *, hidden=32, layers=2, seed=0, tied=True)
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>",
                                         padding_side="left")
     tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def local_qwen2_checkpoint(directory, *, hidden=32, layers=2, seed=0, tied=True):
+    """A real local HF checkpoint, as a practitioner has one: a small Qwen2 with random weights and a byte-level
+    BPE tokenizer trained on a few sentences, with a chat template, both written with ``save_pretrained``."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    tokenizer = bpe_chat_tokenizer()
     torch.manual_seed(seed)
     config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
                          num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
@@ -236,13 +244,3 @@ def local_reward_model(directory, tokenizer, *, hidden=32, layers=2, seed=0, sca
     tokenizer.save_pretrained(directory)
     return str(directory)
 
-
-def bpe_chat_tokenizer():
-    """A byte-level BPE tokenizer trained on :data:`SENTENCES`, with a chat template (:data:`CHAT_TEMPLATE`)."""
-    import tempfile
-
-    from transformers import AutoTokenizer
-
-    with tempfile.TemporaryDirectory() as scratch:
-        local_qwen2_checkpoint(scratch, hidden=8, layers=1)
-        return AutoTokenizer.from_pretrained(scratch)

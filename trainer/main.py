@@ -66,9 +66,8 @@ def resolve_reward_model_paths(config: PPOConfig) -> None:
     data files are), so that every worker process reads the same one."""
     model = config.reward_model.model
     for name in ("path", "tokenizer_path"):
-        value = getattr(model, name)
-        if value and not str(value).startswith("builtin:"):
-            setattr(model, name, to_absolute_path(value))
+        if getattr(model, name):
+            setattr(model, name, to_absolute_path(getattr(model, name)))
 
 
 def build_and_fit(config: PPOConfig, run_dir: Path, facts: dict[str, Any] | None = None) -> RunSummary:

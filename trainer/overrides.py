@@ -65,12 +65,20 @@ def override_problems(args: list[str]) -> list[str]:
     ``args`` use Hydra flags this check does not model (then Hydra speaks, unless an argument is a veRL or TRL name)."""
     if any(a.startswith("-") and a not in _FLAGS_WITHOUT_VALUE for a in args):
         return argv_problems(args)
-    texts = [a for a in args if not a.startswith("-")]
+    return schema_override_problems([a for a in args if not a.startswith("-")], PPOConfig, group_options())
+
+
+def schema_override_problems(texts: list[str], root: type, groups: dict[str, list[str]],
+                             key_list: str = "docs/config.md", foreign: bool = True) -> list[str]:
+    """One message per override in ``texts`` (no flags) that names no key of the dataclass schema ``root`` nor an
+    option of one of ``groups``, or gives a key a value of the wrong type; ``key_list`` is where a reader finds
+    every key, ``foreign``: explain veRL's and TRL's names (``trainer/foreign_keys.py``, the RL trainer's). Also
+    the check of ``hybridflow-train-rm`` (``trainer/train_rm.py``), on its own schema."""
     try:
         overrides = OverridesParser.create().parse_overrides(texts)
     except Exception:  # noqa: BLE001 - a syntax error: Hydra's own message says where
         return []
-    keys, groups = schema_keys(), group_options()
+    keys = schema_keys(root)
     problems = []
     for o, text in zip(overrides, texts):
         name = o.key_or_group
@@ -79,7 +87,7 @@ def override_problems(args: list[str]) -> list[str]:
         if name in groups and "." not in name:
             problems += _group_problem(o, groups[name])
         elif name not in keys:
-            problems += _unknown_key(o, keys, text.partition("=")[2])
+            problems += _unknown_key(o, keys, text.partition("=")[2], key_list, foreign)
         elif not o.is_sweep_override():
             problems += _type_problem(o.get_key_element().lstrip("+~"), keys[name], o.value())
     return problems
@@ -200,17 +208,17 @@ def _group_problem(o: Any, options: list[str]) -> list[str]:
             for v in bad]
 
 
-def _unknown_key(o: Any, keys: dict[str, Any], value: str) -> list[str]:
-    foreign = explain(o.key_or_group, value)
-    if foreign is not None:
-        return [foreign]
+def _unknown_key(o: Any, keys: dict[str, Any], value: str, key_list: str, foreign: bool) -> list[str]:
+    explained = explain(o.key_or_group, value) if foreign else None
+    if explained is not None:
+        return [explained]
     parent = o.key_or_group.rsplit(".", 1)[0]
     while parent and parent not in keys:
         parent = parent.rsplit(".", 1)[0] if "." in parent else ""
     if parent and _is_mapping(keys[parent]):
         return []  # a key inside a dict-valued field (reward.route.x): Hydra checks the '+'
     close = difflib.get_close_matches(o.key_or_group, list(keys), n=3, cutoff=0.75)
-    hint = f"; did you mean {' or '.join(close)}?" if close else "; docs/config.md lists every key"
+    hint = f"; did you mean {' or '.join(close)}?" if close else f"; {key_list} lists every key"
     return [f"{o.get_key_element()}: no such key{hint}"]
 
 

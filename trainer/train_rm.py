@@ -15,13 +15,11 @@ steps that evaluate) and the model (``trainer.output_dir``). Keys:
 
 from __future__ import annotations
 
-import difflib
 import logging
 import math
 import os
 import sys
 import time
-import typing
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -143,44 +141,10 @@ def check_config(config: RMConfig) -> None:
 def override_problems(args: Sequence[str]) -> list[str]:
     """One line per command-line override that names no key of the schema or gives a value of the wrong type
     (Hydra would refuse it too, with a traceback-like page); Hydra's own flags and ``hydra.*`` keys pass."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hybridflow.trainer.overrides import schema_override_problems
 
-    from hybridflow.trainer.overrides import schema_keys
-
-    texts = [a for a in args if not a.startswith("-")]
-    try:
-        overrides = OverridesParser.create().parse_overrides(texts)
-    except Exception:  # noqa: BLE001 - a syntax error: Hydra's own message says where
-        return []
-    keys, problems = schema_keys(RMConfig), []
-    for o in overrides:
-        name = o.key_or_group
-        if name.split(".")[0] == "hydra" or o.is_delete() or o.is_sweep_override():
-            continue
-        if name not in keys:
-            close = difflib.get_close_matches(name, list(keys), n=3, cutoff=0.7)
-            problems.append(f"{name}: no such key" + (f"; did you mean {' or '.join(close)}?" if close else
-                                                      "; configs/rm_schema.py lists every key"))
-        else:
-            problems += _type_problem(name, keys[name], o.value())
-    return problems
-
-
-def _type_problem(key: str, hint: Any, value: Any) -> list[str]:
-    """The override when its value cannot become the key's number or boolean."""
-    args = typing.get_args(hint)
-    optional = type(None) in args
-    base = next((a for a in args if a is not type(None)), hint) if optional else hint
-    if value is None:
-        return [] if optional else [f"{key}=null: this key needs a value"]
-    if isinstance(value, str) and "${" in value:
-        return []  # an interpolation, resolved later
-    checks = {int: ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
-              float: ("a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)),
-              bool: ("true or false", lambda v: isinstance(v, bool))}
-    if base in checks and not checks[base][1](value):
-        return [f"{key}={value!r} must be {checks[base][0]}"]
-    return []
+    return schema_override_problems([a for a in args if not a.startswith("-")], RMConfig, groups={},
+                                    key_list="configs/rm_schema.py", foreign=False)
 
 
 # ------------------------------------------------------------------ training
