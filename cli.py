@@ -26,7 +26,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from hybridflow.trainer.compare import CompareError, compare
+    from hybridflow.tools.compare import CompareError, compare
 
     try:
         png, table = compare(args.paths, args.out, args.threshold, labels=args.label, x=args.x, title=args.title,
@@ -40,7 +40,7 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from hybridflow.trainer.export import ExportError, export_checkpoint
+    from hybridflow.tools.export import ExportError, export_checkpoint
 
     try:
         out = export_checkpoint(args.checkpoint, args.out_dir, adapter=args.adapter)

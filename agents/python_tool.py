@@ -1,6 +1,6 @@
 """Tool ``python``: run model-written Python in the code verifier's sandbox and return what it printed.
 
-The code runs as a fresh program in :func:`hybridflow.rewards.sandbox.run_python`
+The code runs as a fresh program in :func:`hybridflow.sandbox.runner.run_python`
 (namespaces, a fresh uid, CPU / memory / process / file limits and a
 wall-clock kill of the whole process tree), so an infinite loop, a fork bomb
 or a flood of output costs at most ``timeout_s`` and never touches the
@@ -22,7 +22,7 @@ from typing import Any
 
 from hybridflow.agents.toolbox import cut_middle
 from hybridflow.plugins import Tool, ToolError, hookimpl
-from hybridflow.rewards.sandbox import SandboxLimits, SandboxUnavailableError, run_python
+from hybridflow.sandbox.runner import SandboxLimits, SandboxUnavailableError, run_python
 
 __all__ = ["run_code"]
 

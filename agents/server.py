@@ -98,7 +98,7 @@ from aiohttp import web
 from hybridflow.agents.batcher import GenerationBatcher
 from hybridflow.agents.client import Completion
 from hybridflow.core.data_proto import DataProto
-from hybridflow.workers.rollout.sampling import SamplingParams
+from hybridflow.core.sampling import SamplingParams
 
 __all__ = ["MAX_SEED_STREAMS", "PolicyServer", "engine_generate_fn"]
 

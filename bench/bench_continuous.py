@@ -33,7 +33,7 @@ import torch
 from bench_rollout import build_prompts
 from hybridflow.core.keys import METRICS, RESPONSE_MASK
 from hybridflow.workers.models import load_model_and_tokenizer
-from hybridflow.workers.rollout import RolloutConfig, RolloutEngine, SamplingParams
+from hybridflow.workers.rollout import EngineConfig, RolloutEngine, SamplingParams
 
 
 def run(engine: RolloutEngine, prompts, n: int, max_new_tokens: int, seed: int) -> dict[str, float]:
@@ -61,10 +61,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model_and_tokenizer("builtin:small-qwen2", seed=0)
     prompts = build_prompts(tokenizer, args.prompts)
-    configs = {"every row at once (no bound)": RolloutConfig()}
+    configs = {"every row at once (no bound)": EngineConfig()}
     for slots in (int(s) for s in args.slots.split(",")):
-        configs[f"{slots} slots, chunks (refill=false)"] = RolloutConfig(max_num_seqs=slots, refill=False)
-        configs[f"{slots} slots, refilled (refill=true)"] = RolloutConfig(max_num_seqs=slots, refill=True)
+        configs[f"{slots} slots, chunks (refill=false)"] = EngineConfig(max_num_seqs=slots, refill=False)
+        configs[f"{slots} slots, refilled (refill=true)"] = EngineConfig(max_num_seqs=slots, refill=True)
     engines = {name: RolloutEngine(model, tokenizer, config) for name, config in configs.items()}
     run(engines[next(iter(engines))], prompts, args.n, 8, seed=0)  # warm-up
     results: dict[str, list[dict[str, float]]] = {name: [] for name in engines}

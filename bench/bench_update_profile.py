@@ -29,7 +29,7 @@ from hybridflow.core.keys import ADVANTAGES, OLD_LOG_PROBS, RESPONSE_MASK, ROLLO
 from hybridflow.workers.actor.ppo_actor import PPOActor
 from hybridflow.workers.models import load_model_and_tokenizer
 from hybridflow.workers.packing import pack, probe_packing
-from hybridflow.workers.rollout import RolloutConfig, RolloutEngine, SamplingParams
+from hybridflow.workers.rollout import EngineConfig, RolloutEngine, SamplingParams
 
 LAYOUTS = {"prefix trees (default)": (True, True), "packed, no sharing": (True, False), "padded (TRL's)": (False, False)}
 FAMILIES = {"linear layers (mm, addmm)": ("aten::mm", "aten::addmm"),
@@ -89,7 +89,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model_and_tokenizer("builtin:small-qwen2", seed=0)
-    engine = RolloutEngine(model, tokenizer, RolloutConfig())
+    engine = RolloutEngine(model, tokenizer, EngineConfig())
     prompts = build_prompts(tokenizer, args.prompts)
     rows = args.prompts * args.n // 2
     batch = rollout(engine, prompts, args.n, args.response_length, seed=0)

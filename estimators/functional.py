@@ -1,13 +1,11 @@
-"""Small tensor helpers the estimators (and the losses' diagnostics) share: masked and group statistics."""
+"""Small tensor helpers the estimators share: whitening and group statistics (``masked_mean`` itself is in
+:mod:`hybridflow.core.masked`, shared with the losses)."""
 
 from __future__ import annotations
 
 import torch
 
-
-def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of ``x`` over positions where ``mask`` is 1 (a scalar tensor; 0 when nothing is valid)."""
-    return (x * mask).sum() / mask.sum().clamp(min=1)
+from hybridflow.core.masked import masked_mean
 
 
 def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """Small helpers the policy losses share: the clamped log-ratio and the rollout-correction reweighting.
 
-Diagnostics use the estimators' :func:`~hybridflow.estimators.functional.masked_mean`
+Diagnostics use :func:`~hybridflow.core.masked.masked_mean`
 (re-exported here), so the codebase keeps one masked mean.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from hybridflow.estimators.functional import masked_mean
+from hybridflow.core.masked import masked_mean
 
 __all__ = ["clamped_log_ratio", "masked_mean", "reweight", "token_covariance"]
 

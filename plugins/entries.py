@@ -324,7 +324,7 @@ class Tool(PluginEntry):
     whose call failed in a way it can describe raises :class:`ToolError`
     with the observation as its message (status ``error``, however the text
     reads). A tool that runs model-written code must run it in a sandbox
-    (:func:`hybridflow.rewards.sandbox.run_python`), as ``python`` does.
+    (:func:`hybridflow.sandbox.runner.run_python`), as ``python`` does.
 
     ``parameters`` is the JSON schema of the arguments (an ``object`` schema
     with ``properties`` and ``required``), shown to models in the OpenAI

@@ -23,8 +23,8 @@ forms:
 Score 1.0 when every case passes (io cases checked in order, stopping at the
 first failure), else 0.0. A program cannot report its own success: the
 verdict is made here, from outputs read as untrusted data (the threat model
-is in :mod:`hybridflow.rewards.sandbox`). Every run uses
-:func:`hybridflow.rewards.sandbox.run_python`: hostile programs (infinite
+is in :mod:`hybridflow.sandbox.runner`). Every run uses
+:func:`hybridflow.sandbox.runner.run_python`: hostile programs (infinite
 loops, fork bombs, huge allocations, writes outside the sandbox, reading the
 environment, sockets) fail their case and leave the caller untouched. The
 reward pool's ``timeout_s`` must cover up to ``max_tests`` runs of
@@ -44,7 +44,7 @@ from typing import Any
 from hybridflow.plugins import RewardVerifier, hookimpl
 from hybridflow.rewards import code_harness
 from hybridflow.rewards.code_asserts import Verdict, judge, plan_asserts
-from hybridflow.rewards.sandbox import MAX_OUTPUT_BYTES, MAX_RESULT_BYTES, SandboxLimits, run_python
+from hybridflow.sandbox.runner import MAX_OUTPUT_BYTES, MAX_RESULT_BYTES, SandboxLimits, run_python
 
 logger = logging.getLogger(__name__)
 
@@ -139,7 +139,7 @@ def code_score(
     sandboxed run, ``total_memory_mb`` all its processes together; only the
     first ``max_tests`` cases are run; ``allow_unisolated`` runs without
     namespaces where the machine has none (see
-    :mod:`hybridflow.rewards.sandbox`), otherwise that raises. A ground truth
+    :mod:`hybridflow.sandbox.runner`), otherwise that raises. A ground truth
     with an assert form :mod:`~hybridflow.rewards.code_asserts` cannot judge
     safely raises ValueError.
     """

@@ -89,7 +89,7 @@ def engine_rank(rank, world, port, model_dir, out_dir, tp):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from hybridflow.configs.schema import RolloutConfig
-    from hybridflow.workers.rollout.sampling import SamplingParams
+    from hybridflow.core.sampling import SamplingParams
     from hybridflow.workers.rollout.vllm_engine import VLLMRolloutEngine, iter_full_weights
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")

@@ -26,6 +26,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from hybridflow.configs.roles import needs_critic
 from hybridflow.core.parallel_dims import ParallelDims
 from hybridflow.core.resource_pool import DEFAULT_CPUS_PER_CPU_BUNDLE
 from hybridflow.data.loading import REQUIRED_COLUMNS, DatasetError, load_rows
@@ -370,8 +371,6 @@ def config_problems(cfg: Any) -> list[str]:
     """Every invalid setting of ``cfg`` (a PPOConfig or its DictConfig), one message each."""
     if isinstance(cfg, DictConfig):
         cfg = OmegaConf.to_object(cfg)
-    from hybridflow.trainer.ppo_trainer import needs_critic  # the trainer decides which roles exist
-
     problems = list(section_problems(cfg))
     problems += _plugin_problems(cfg)
     problems += _name_problems(cfg)

@@ -3,7 +3,7 @@
 Parse the config, check it, build the worker groups, train, print a summary.
 Everything a run writes (metrics.jsonl, checkpoints) goes to Hydra's run
 directory (``outputs/<date>/<time>/`` by default). Under ``--multirun`` each
-job runs through :func:`hybridflow.trainer.sweep.run_sweep_job`: a failing
+job runs through :func:`hybridflow.trainer.multirun.run_sweep_job`: a failing
 job is recorded and the sweep goes on (see that module).
 """
 
@@ -28,10 +28,10 @@ from omegaconf import DictConfig, OmegaConf
 from hybridflow.configs.schema import PPOConfig, register_configs
 from hybridflow.core.rank_wait import WorkerError
 from hybridflow.trainer.config_checks import ConfigError, check_config, check_datasets, config_warnings, dataset_rows
-from hybridflow.trainer.overrides import override_problems, translate
+from hybridflow.configs.overrides import override_problems, translate
 from hybridflow.trainer.ppo_trainer import RunSummary
 from hybridflow.trainer.run_dir import remove_unused_run_dir
-from hybridflow.trainer.sweep import current_job, logger_names, run_sweep_job
+from hybridflow.trainer.multirun import current_job, logger_names, run_sweep_job
 
 logger = logging.getLogger("hybridflow.train")
 
@@ -86,8 +86,8 @@ def build_and_fit(config: PPOConfig, run_dir: Path, facts: dict[str, Any] | None
 
     from hybridflow.core import ColocatedWorkerGroup, RoleSpec, init_ray, shutdown
     from hybridflow.core.parallel_dims import ParallelDims
-    from hybridflow.trainer.ppo_trainer import (PPOTrainer, needs_critic, needs_reference, reference_in_actor,
-                                                resolve_loss_agg_mode)
+    from hybridflow.configs.roles import needs_critic, needs_reference, reference_in_actor, resolve_loss_agg_mode
+    from hybridflow.trainer.ppo_trainer import PPOTrainer
     from hybridflow.trainer.prompt_loader import PromptSet
     from hybridflow.workers.actor.worker import ActorRolloutWorker
     from hybridflow.workers.critic.worker import CriticWorker

@@ -26,6 +26,7 @@ import torch
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from hybridflow.configs.roles import reference_in_actor
 from hybridflow.configs.schema import PPOConfig
 from hybridflow.agents.runner import AGENT_METRICS_PREFIX
 from hybridflow.core import DataProto
@@ -548,27 +549,3 @@ def agent_metrics(batch: DataProto) -> dict[str, float]:
 def _mean_over_ranks(per_rank: list[dict[str, float]]) -> dict[str, float]:
     keys = per_rank[0].keys()
     return {key: sum(m[key] for m in per_rank) / len(per_rank) for key in keys}
-
-
-def needs_reference(config: PPOConfig) -> bool:
-    """A reference policy is built only when a KL term uses it."""
-    return bool(config.actor_rollout_ref.actor.use_kl_loss or config.algorithm.use_kl_in_reward)
-
-
-def reference_in_actor(config: PPOConfig) -> bool:
-    """With LoRA the reference is the actor's model with its adapters off: the actor group computes the
-    reference log-probs, and no reference group is built."""
-    return needs_reference(config) and config.actor_rollout_ref.model.lora_rank > 0
-
-
-def needs_critic(config: PPOConfig) -> bool:
-    """A critic is built when the config asks for one, or (by default) when the estimator needs one."""
-    enable = config.critic.enable
-    return get_estimator(config.algorithm.adv_estimator).needs_critic if enable is None else bool(enable)
-
-
-def resolve_loss_agg_mode(config: PPOConfig) -> str:
-    """The configured mode, else the estimator's recommendation, else ``token-mean``."""
-    if config.actor_rollout_ref.actor.loss_agg_mode is not None:
-        return config.actor_rollout_ref.actor.loss_agg_mode
-    return get_estimator(config.algorithm.adv_estimator).actor_defaults.get("loss_agg_mode", "token-mean")

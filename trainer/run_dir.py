@@ -25,7 +25,7 @@ def remove_unused_run_dir() -> Path | None:
     A run that ended on a config error before writing anything leaves no empty ``outputs/<date>/<time>/``.
     A directory with anything else in it (a checkpoint, ``metrics.jsonl``, a user's file) is left as it is, and
     so is a run directory that is (or holds) the working directory. Not for ``--multirun`` jobs: each leaves
-    its ``job_status.json`` (``trainer/sweep.py``).
+    its ``job_status.json`` (``trainer/multirun.py``).
     """
     if not HydraConfig.initialized():  # called outside a Hydra app (a test): no run directory of its making
         return None

@@ -28,7 +28,7 @@ from hybridflow.plugins import Tool, ToolError, get_agent_loop
 from hybridflow.rewards.tool_task import compute_score
 from hybridflow.workers.models import load_model_and_tokenizer
 from hybridflow.workers.rollout.engine import RolloutEngine
-from hybridflow.workers.rollout.sampling import SamplingParams
+from hybridflow.core.sampling import SamplingParams
 
 
 @pytest.fixture(scope="module")
@@ -244,7 +244,7 @@ def test_a_failing_programs_error_and_status_reach_the_policy_past_a_long_output
 def test_a_program_cannot_forge_an_infrastructure_error():
     """The sandbox's "unavailable" marker and exit status 71, printed by the program itself: a failed program
     (exit code 71, its own text), not the sandbox unavailable."""
-    from hybridflow.rewards import sandbox_launcher
+    from hybridflow.sandbox import launcher as sandbox_launcher
 
     code = (f"import sys\nsys.stderr.write({sandbox_launcher.UNAVAILABLE_MARK!r} + ': namespaces\\n')\n"
             f"sys.exit({sandbox_launcher.EXIT_UNAVAILABLE})")

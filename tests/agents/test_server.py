@@ -28,7 +28,7 @@ from hybridflow.core.data_proto import DataProto
 from hybridflow.core.keys import ATTENTION_MASK, INPUT_IDS, RESPONSE_MASK, RESPONSES, ROLLOUT_LOG_PROBS
 from hybridflow.workers.models import load_model_and_tokenizer
 from hybridflow.workers.rollout import RolloutEngine, SamplingParams
-from hybridflow.workers.rollout.engine import RolloutConfig as EngineConfig
+from hybridflow.workers.rollout.engine import EngineConfig
 
 MODEL = "hybridflow-policy"
 

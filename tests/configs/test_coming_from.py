@@ -4,7 +4,7 @@
 with each setting of veRL's scripts (the same, translated, no effect,
 refused); each row is run through :func:`translate` and the override check.
 ``docs/coming-from-trl.md``'s tables map ``GRPOConfig`` names to keys here;
-each row's names must be in the table of ``trainer/foreign_keys.py``, and the
+each row's names must be in the table of ``configs/foreign_keys.py``, and the
 keys the row gives must be among those the table suggests.
 """
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from hybridflow.trainer.foreign_keys import TRL_NAMES, lookup, suggestion
-from hybridflow.trainer.overrides import override_problems, translate
+from hybridflow.configs.foreign_keys import TRL_NAMES, lookup, suggestion
+from hybridflow.configs.overrides import override_problems, translate
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 TICKS = re.compile(r"`([^`]+)`")

@@ -23,7 +23,7 @@ from hybridflow.configs.schema import register_configs
 from hybridflow.plugins import get_plugin_manager, reset_plugin_manager
 from hybridflow.plugins.manager import PluginSource
 from hybridflow.trainer.config_checks import config_problems
-from hybridflow.trainer.overrides import override_problems, translate
+from hybridflow.configs.overrides import override_problems, translate
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

@@ -11,9 +11,9 @@ import time
 import pytest
 
 import hybridflow
-from hybridflow.rewards import sandbox_memory
+from hybridflow.sandbox import memory as sandbox_memory
 from hybridflow.rewards.code import code_score, extract_code
-from hybridflow.rewards.sandbox import RESULT_FD, SandboxLimits, run_python
+from hybridflow.sandbox.runner import RESULT_FD, SandboxLimits, run_python
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.serial]  # serial: it counts and measures the sandbox users' processes
 
@@ -285,7 +285,7 @@ def test_killing_the_pool_worker_takes_the_sandbox_down(sandbox_tmp):
 
 def test_launcher_refuses_without_namespaces(monkeypatch, capsys):
     """Where namespaces cannot be made, the launcher exits with a clear message (unless allowed)."""
-    from hybridflow.rewards import sandbox_launcher
+    from hybridflow.sandbox import launcher as sandbox_launcher
 
     monkeypatch.setattr(sandbox_launcher, "_unshare_namespaces", lambda: False)
     monkeypatch.setattr(sandbox_launcher.os, "fork", lambda: pytest.fail("must not start the program"))
@@ -298,8 +298,8 @@ def test_launcher_refuses_without_namespaces(monkeypatch, capsys):
 
 
 def test_run_python_raises_when_the_launcher_refuses(tmp_path, monkeypatch, sandbox_tmp):
-    from hybridflow.rewards import sandbox, sandbox_launcher
-    from hybridflow.rewards.sandbox import SandboxUnavailableError
+    from hybridflow.sandbox import launcher as sandbox_launcher, runner as sandbox
+    from hybridflow.sandbox.runner import SandboxUnavailableError
 
     refusing = tmp_path / "refusing_launcher.py"
     refusing.write_text(  # the launcher's word goes to its status channel, as the real one's
@@ -318,7 +318,7 @@ def test_a_program_cannot_forge_the_launchers_word(sandbox_tmp):
     """The launcher's markers on the program's stderr (and its exit status 71) are the program's output only:
     not "the sandbox is unavailable" (which the python tool would report as an infrastructure error), and
     not "this run was unisolated"."""
-    from hybridflow.rewards import sandbox_launcher
+    from hybridflow.sandbox import launcher as sandbox_launcher
 
     forged = run_python(
         "import sys\n"

@@ -25,7 +25,7 @@ from omegaconf import OmegaConf
 from hybridflow.configs import CONFIG_DIR
 from hybridflow.configs.schema import register_configs
 from hybridflow.trainer.config_checks import ConfigError, check_datasets, config_problems, dataset_rows
-from hybridflow.trainer.overrides import override_problems
+from hybridflow.configs.overrides import override_problems
 
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("bad_settings", ROOT / "bench" / "bad_settings.py")

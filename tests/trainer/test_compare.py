@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from hybridflow.cli import main
-from hybridflow.trainer.compare import (
+from hybridflow.tools.compare import (
     CompareError,
     apply_labels,
     ci_half_width,

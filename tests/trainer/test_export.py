@@ -21,7 +21,7 @@ from hybridflow.cli import main
 from hybridflow.configs.schema import PPOConfig
 from hybridflow.data.synthetic import generate_synthetic
 from hybridflow.trainer.checkpoint import DRIVER_STATE, latest_checkpoint
-from hybridflow.trainer.export import ExportError, export_checkpoint
+from hybridflow.tools.export import ExportError, export_checkpoint
 from hybridflow.trainer.main import build_and_fit
 from hybridflow.workers.checkpointing import HF_FILES, save_hf_files, save_role
 from hybridflow.workers.models import load_model_and_tokenizer

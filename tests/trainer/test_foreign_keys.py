@@ -1,6 +1,6 @@
 """veRL keys and TRL ``GRPOConfig`` names get the hybridflow key that does the same, and that key works.
 
-Every suggestion of ``trainer/foreign_keys.py`` is checked the way a reader
+Every suggestion of ``configs/foreign_keys.py`` is checked the way a reader
 would use it: each key it names exists in the schema, and its overrides
 (with the entry's example value) parse, compose and pass the config check,
 with the policy loss's options checked against the loss as the actor will
@@ -24,9 +24,9 @@ from hybridflow.configs import CONFIG_DIR
 from hybridflow.configs.schema import register_configs
 from hybridflow.plugins import get_policy_loss
 from hybridflow.trainer.config_checks import config_problems
-from hybridflow.trainer.foreign_keys import (TABLE, TRL_NAMES, VERL_KEYS, VERL_VALUES, ForeignKey, explain, lookup,
+from hybridflow.configs.foreign_keys import (TABLE, TRL_NAMES, VERL_KEYS, VERL_VALUES, ForeignKey, explain, lookup,
                                               suggestion)
-from hybridflow.trainer.overrides import group_options, override_problems, schema_keys
+from hybridflow.configs.overrides import group_options, override_problems, schema_keys
 
 ROOT = Path(__file__).resolve().parents[2]
 KEYS, GROUPS = schema_keys(), group_options()
@@ -217,6 +217,6 @@ def test_every_dotted_name_on_the_pages_is_ours_or_in_the_table(page):
 
 
 def test_hydra_groups_and_keys_are_left_to_hydra():
-    from hybridflow.trainer.overrides import override_problems
+    from hybridflow.configs.overrides import override_problems
 
     assert override_problems(["hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "hydra.sweep.dir=x"]) == []

@@ -16,7 +16,7 @@ import torch.multiprocessing as mp
 from torch.distributed.checkpoint import FileSystemReader
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from hybridflow.trainer.export import export_checkpoint
+from hybridflow.tools.export import export_checkpoint
 from support import gsm8k_parquet, local_qwen2_checkpoint, mixed_precision_rank
 
 

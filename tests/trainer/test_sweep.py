@@ -12,16 +12,8 @@ from hydra import compose, initialize_config_dir
 
 from hybridflow.configs import CONFIG_DIR
 from hybridflow.trainer.config_checks import ConfigError
-from hybridflow.trainer.sweep import (
-    ERROR_FILE,
-    STATUS_FILE,
-    SUMMARY_FILE,
-    SweepJob,
-    SweepSummary,
-    error_line,
-    read_statuses,
-    run_sweep_job,
-)
+from hybridflow.tools.sweep import SUMMARY_FILE, SweepSummary, read_statuses
+from hybridflow.trainer.multirun import ERROR_FILE, STATUS_FILE, SweepJob, error_line, run_sweep_job
 
 # A few-step job of the real trainer (see tests/trainer/test_e2e.py); the
 # validation before and after the 2 steps gives a final accuracy.

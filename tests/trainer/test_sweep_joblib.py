@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from hybridflow.trainer.sweep import SUMMARY_FILE, read_statuses
+from hybridflow.tools.sweep import SUMMARY_FILE, read_statuses
 
 pytestmark = pytest.mark.slow
 

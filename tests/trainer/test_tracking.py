@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 
 from hybridflow.configs.schema import PPOConfig
 from hybridflow.trainer.config_checks import ConfigError, check_config
-from hybridflow.trainer.sweep import job_run_name, logger_names, short_keys
+from hybridflow.trainer.multirun import job_run_name, logger_names, short_keys
 from hybridflow.trainer.tracking import (
     SINKS,
     JsonlSink,

@@ -17,11 +17,11 @@ from hybridflow.data.synthetic_preferences import REJECTED_KINDS, generate_prefe
 from hybridflow.losses.bradley_terry import bradley_terry_loss, correct_pairs, pairwise_accuracy
 from hybridflow.rewards.arithmetic import compute_score
 from hybridflow.trainer.prompt_loader import PromptSet
-from hybridflow.trainer.train_rm import override_problems
+from hybridflow.tools.train_rm import override_problems
 from hybridflow.workers.models import load_tokenizer
 from hybridflow.workers.reward_model_trainer import preference_ids
 
-TRAIN_RM = [sys.executable, "-m", "hybridflow.trainer.train_rm"]
+TRAIN_RM = [sys.executable, "-m", "hybridflow.tools.train_rm"]
 STEPS = 6
 
 

@@ -1,11 +1,11 @@
 """A veRL command line as veRL's example scripts write it: translated where the meaning is the same, refused
-with what to write where it is not (``trainer/overrides.py`` :func:`translate`, the table in
-``trainer/foreign_keys.py``). A real run written this way: ``tests/trainer/test_run_report.py``.
+with what to write where it is not (``configs/overrides.py`` :func:`translate`, the table in
+``configs/foreign_keys.py``). A real run written this way: ``tests/trainer/test_run_report.py``.
 """
 
 import pytest
 
-from hybridflow.trainer.overrides import override_problems, translate
+from hybridflow.configs.overrides import override_problems, translate
 
 R = "actor_rollout_ref.rollout"
 

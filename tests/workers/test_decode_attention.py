@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from hybridflow.core import DataProto
 from hybridflow.workers import attention
 from hybridflow.workers.decode_attention import decode_attention, takes
-from hybridflow.workers.rollout import RolloutConfig, RolloutEngine, SamplingParams
+from hybridflow.workers.rollout import EngineConfig, RolloutEngine, SamplingParams
 from support import spiky_model
 
 
@@ -44,9 +44,9 @@ def test_the_engine_generates_what_the_models_own_attention_generates():
     same log-probs from the same seed, over left-padded prompts of several lengths."""
     model, tokenizer = spiky_model()
     plain = copy.deepcopy(model)
-    wrapped_engine = RolloutEngine(model, tokenizer, RolloutConfig())
+    wrapped_engine = RolloutEngine(model, tokenizer, EngineConfig())
     assert model.config._attn_implementation == attention.PREFIX + "sdpa"
-    engine = RolloutEngine(plain, tokenizer, RolloutConfig())
+    engine = RolloutEngine(plain, tokenizer, EngineConfig())
     attention.uninstall(plain)
     assert plain.config._attn_implementation == "sdpa"
     prompts = tokenizer(["1+2=", "12+30=", "7="], padding=True, padding_side="left", return_tensors="pt")

@@ -25,7 +25,7 @@ from hybridflow.core.keys import (ADVANTAGES, ATTENTION_MASK, INPUT_IDS, METRICS
 from hybridflow.core.parallel_dims import ParallelDims
 from hybridflow.core.rollout_batch import left_pad
 from hybridflow.trainer.checkpoint import DRIVER_STATE
-from hybridflow.trainer.export import export_checkpoint
+from hybridflow.tools.export import export_checkpoint
 from hybridflow.trainer.main import group_options
 from hybridflow.workers import lora
 from hybridflow.workers.actor.worker import ActorRolloutWorker

@@ -17,7 +17,7 @@ from hybridflow.core.keys import (
     RESPONSES,
     ROLLOUT_LOG_PROBS,
 )
-from hybridflow.workers.rollout import RolloutConfig, RolloutEngine, SamplingParams
+from hybridflow.workers.rollout import EngineConfig, RolloutEngine, SamplingParams
 from support import spiky_model
 
 PROMPT_TEXTS = ["max(1,2)=", "7", "max(3,8,1,5)=", "(12+4)*3=", "99"]
@@ -87,7 +87,7 @@ def test_greedy_equals_hf_generate_with_left_padding_and_eos(name, fraction):
     plain = _hf_responses(model, prompts, steps, eos=tokenizer.eos_token_id, pad=tokenizer.pad_token_id)
     eos = _frequent_mid_token(plain)
     expected = _hf_responses(model, prompts, steps, eos=eos, pad=tokenizer.pad_token_id)
-    engine = RolloutEngine(model, tokenizer, RolloutConfig(eos_token_ids=(eos,), compact_fraction=fraction))
+    engine = RolloutEngine(model, tokenizer, EngineConfig(eos_token_ids=(eos,), compact_fraction=fraction))
     out = engine.generate(prompts, sampling=SamplingParams(max_new_tokens=steps), greedy=True)
     assert torch.equal(out.batch[RESPONSES], expected)
     lengths = _lengths(out)
@@ -174,7 +174,7 @@ def _expected_decode_batches(lengths: torch.Tensor, steps: int, fraction: float)
 @pytest.mark.parametrize("fraction", [0.0, 0.3])
 def test_prefill_once_per_prompt_and_finished_rows_stop_costing_compute(qwen, fraction):
     model, tokenizer = qwen
-    engine = RolloutEngine(model, tokenizer, RolloutConfig(compact_fraction=fraction))
+    engine = RolloutEngine(model, tokenizer, EngineConfig(compact_fraction=fraction))
     prompts = _prompts(tokenizer)
     n, steps = 6, 16
     recorder = _ForwardRecorder(model)
@@ -256,7 +256,7 @@ def test_rejects_bad_n_and_bad_compact_fraction(qwen):
     with pytest.raises(ValueError, match="n must be"):
         RolloutEngine(model, tokenizer).generate(_prompts(tokenizer), n=0)
     with pytest.raises(ValueError, match="compact_fraction"):
-        RolloutConfig(compact_fraction=1.5)
+        EngineConfig(compact_fraction=1.5)
 
 
 def test_training_mode_is_restored(qwen):
@@ -285,7 +285,7 @@ def test_a_kv_cache_bound_decodes_in_chunks_with_the_same_greedy_outputs(qwen):
     sampling = SamplingParams(max_new_tokens=6)
     whole = RolloutEngine(model, tokenizer).generate(prompts, n=2, sampling=sampling, greedy=True)
     # room for one prompt at a time; refill=False: chunks (tests/workers/test_continuous_batching.py refills)
-    bounded = RolloutEngine(model, tokenizer, RolloutConfig(max_kv_cache_bytes=1, refill=False))
+    bounded = RolloutEngine(model, tokenizer, EngineConfig(max_kv_cache_bytes=1, refill=False))
     width = prompts.batch["input_ids"].shape[1]
     assert len(bounded._prompt_chunks(prompts.batch["input_ids"].shape, 1, 6)) == len(prompts)
     per_row = bounded.kv_cache_bytes_per_row(width + 6)

@@ -16,7 +16,7 @@ import torch
 from hybridflow.core.data_proto import DataProto
 from hybridflow.core.keys import ATTENTION_MASK, INPUT_IDS, RESPONSE_MASK, RESPONSES, ROLLOUT_LOG_PROBS, ROLLOUT_VERSIONS
 from hybridflow.workers.log_probs import response_log_probs
-from hybridflow.workers.rollout import RolloutConfig, RolloutEngine, SamplingParams
+from hybridflow.workers.rollout import EngineConfig, RolloutEngine, SamplingParams
 from hybridflow.workers.rollout.stream import RolloutStream
 from support import spiky_model
 
@@ -39,7 +39,7 @@ def prompts_of(tokenizer, texts):
 
 
 def stream_of(model, tokenizer, swap="step"):
-    engine = RolloutEngine(model, tokenizer, RolloutConfig(max_num_seqs=SLOTS))
+    engine = RolloutEngine(model, tokenizer, EngineConfig(max_num_seqs=SLOTS))
     return engine, RolloutStream.builtin(engine, SLOTS, N, SamplingParams(max_new_tokens=STEPS), swap)
 
 

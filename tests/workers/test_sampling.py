@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from hybridflow.workers.rollout.sampling import SamplingParams, filter_top_k_top_p, sample_next_tokens
+from hybridflow.core.sampling import SamplingParams
+from hybridflow.workers.rollout.sampling import filter_top_k_top_p, sample_next_tokens
 
 NEG = float("-inf")
 

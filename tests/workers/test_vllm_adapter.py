@@ -20,7 +20,7 @@ import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 
 from hybridflow.configs.schema import PPOConfig
-from hybridflow.configs.schema import RolloutConfig as RolloutSettings
+from hybridflow.configs.schema import RolloutConfig
 from hybridflow.core.data_proto import DataProto
 from hybridflow.core.keys import (
     ATTENTION_MASK,
@@ -223,7 +223,7 @@ def test_iter_full_weights_fsdp2_two_ranks_one_gathered_tensor_at_a_time(tmp_pat
 
 # ------------------------------------------------------------- config translation
 def test_vllm_engine_kwargs():
-    rollout = RolloutSettings(gpu_memory_utilization=0.35, enforce_eager=True, enable_sleep_mode=False)
+    rollout = RolloutConfig(gpu_memory_utilization=0.35, enforce_eager=True, enable_sleep_mode=False)
     kwargs = vllm_engine_kwargs("/models/qwen", rollout, 2, 7, max_model_len=32 + 8, device="cuda", dtype="float32")
     assert kwargs == {
         "model": "/models/qwen",
@@ -241,11 +241,11 @@ def test_vllm_engine_kwargs():
         "disable_custom_all_reduce": True,
         "disable_log_stats": True,
     }
-    defaults = vllm_engine_kwargs("/m", RolloutSettings(), 1, 0, max_model_len=1056, device="cuda", load_format="auto")
+    defaults = vllm_engine_kwargs("/m", RolloutConfig(), 1, 0, max_model_len=1056, device="cuda", load_format="auto")
     assert (defaults["gpu_memory_utilization"], defaults["enforce_eager"], defaults["enable_sleep_mode"]) == (0.5, False, True)
     assert defaults["load_format"] == "auto" and defaults["dtype"] == "bfloat16"
     # the CPU build: an explicit KV cache, no GPU fraction, and no sleep mode (vLLM refuses it there)
-    cpu = vllm_engine_kwargs("/m", RolloutSettings(), 1, 0, max_model_len=64, device="cpu", kv_cache_bytes=2**25)
+    cpu = vllm_engine_kwargs("/m", RolloutConfig(), 1, 0, max_model_len=64, device="cpu", kv_cache_bytes=2**25)
     assert cpu["kv_cache_memory_bytes"] == 2**25 and "gpu_memory_utilization" not in cpu
     assert cpu["enable_sleep_mode"] is False
 
@@ -253,13 +253,13 @@ def test_vllm_engine_kwargs():
 @pytest.mark.parametrize(
     "call,message",
     [
-        (lambda: vllm_engine_kwargs("builtin:tiny-qwen2", RolloutSettings(), 1, 0, max_model_len=8, device="cuda"),
+        (lambda: vllm_engine_kwargs("builtin:tiny-qwen2", RolloutConfig(), 1, 0, max_model_len=8, device="cuda"),
          "local HF directory"),
-        (lambda: vllm_engine_kwargs("/m", RolloutSettings(), 0, 0, max_model_len=8, device="cuda"),
+        (lambda: vllm_engine_kwargs("/m", RolloutConfig(), 0, 0, max_model_len=8, device="cuda"),
          "tensor_parallel_size must be >= 1"),
-        (lambda: vllm_engine_kwargs("/m", RolloutSettings(gpu_memory_utilization=1.5), 1, 0, max_model_len=8, device="cuda"),
+        (lambda: vllm_engine_kwargs("/m", RolloutConfig(gpu_memory_utilization=1.5), 1, 0, max_model_len=8, device="cuda"),
          r"\(0, 1\]"),
-        (lambda: vllm_engine_kwargs("/m", RolloutSettings(), 1, 0, max_model_len=8, device="cpu"), "KV cache size"),
+        (lambda: vllm_engine_kwargs("/m", RolloutConfig(), 1, 0, max_model_len=8, device="cpu"), "KV cache size"),
     ],
 )
 def test_vllm_engine_kwargs_rejects(call, message):
@@ -572,7 +572,7 @@ def test_a_builtin_model_gets_a_directory_vllm_reads():
 @pytest.mark.skipif(BUILD is not None and (BUILD.device == "cpu" or HAS_CUDA), reason="this machine can run vLLM")
 def test_create_where_vllm_cannot_run_fails_with_the_install_hint():
     with pytest.raises(RuntimeError, match="rollout.name=vllm cannot run here"):
-        VLLMRolloutEngine.create("builtin:tiny-qwen2-h32", SimpleNamespace(), RolloutSettings(name="vllm"), 1,
+        VLLMRolloutEngine.create("builtin:tiny-qwen2-h32", SimpleNamespace(), RolloutConfig(name="vllm"), 1,
                                  max_model_len=16, device="cpu", rows=1)
 
 

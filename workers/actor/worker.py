@@ -243,7 +243,7 @@ class ActorRolloutWorker(Worker):
     @register(dispatch=DP_COMPUTE_PROTO, reads=FORWARD_INPUTS)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         """``ref_log_probs`` with LoRA: the policy with its adapters off is the initial policy, so the actor
-        computes them and no reference group exists (``trainer/ppo_trainer.py reference_in_actor``)."""
+        computes them and no reference group exists (``configs/roles.py reference_in_actor``)."""
         if self.adapter_config is None:
             raise RuntimeError("the actor computes reference log-probs only with LoRA adapters (lora_rank > 0); "
                                "without them the reference is a worker group of its own")

@@ -1,7 +1,7 @@
 """Continuous batching for the built-in engine: a finished row's slot is refilled with a waiting prompt.
 
 When one ``generate`` call has more rows than the engine decodes at once
-(``RolloutConfig.max_num_seqs``, or the rows whose KV cache fits
+(``EngineConfig.max_num_seqs``, or the rows whose KV cache fits
 ``max_kv_cache_bytes``), the static engine decodes them in consecutive chunks,
 and every chunk runs until its longest row ends: with heavy-tailed response
 lengths most of a chunk's steps run a nearly empty batch. Here the engine holds
@@ -42,7 +42,8 @@ from typing import Any
 import torch
 
 from hybridflow.workers.rollout.kv_cache import PreallocatedLayer, make_generation_cache
-from hybridflow.workers.rollout.sampling import SamplingParams, sample_next_tokens
+from hybridflow.core.sampling import SamplingParams
+from hybridflow.workers.rollout.sampling import sample_next_tokens
 
 __all__ = ["FinishedRows", "SlotDecoder", "decode_continuous"]
 

@@ -52,15 +52,16 @@ from hybridflow.core.rollout_batch import positions_from_mask
 from hybridflow.workers import attention
 from hybridflow.workers.rollout.continuous import decode_continuous
 from hybridflow.workers.rollout.kv_cache import make_generation_cache, preallocatable
-from hybridflow.workers.rollout.sampling import SamplingParams, sample_next_tokens
+from hybridflow.core.sampling import SamplingParams
+from hybridflow.workers.rollout.sampling import sample_next_tokens
 
-__all__ = ["RolloutConfig", "RolloutEngine", "assemble_rollout", "positions_from_mask"]
+__all__ = ["EngineConfig", "RolloutEngine", "assemble_rollout", "positions_from_mask"]
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class RolloutConfig:
+class EngineConfig:
     """Engine settings that do not change from call to call."""
 
     eos_token_ids: tuple[int, ...] | None = None
@@ -114,11 +115,11 @@ class RolloutEngine:
     """Samples ``n`` responses per prompt from ``model`` (see the module docstring)."""
 
     def __init__(
-        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: RolloutConfig | None = None
+        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: EngineConfig | None = None
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
-        self.config = config or RolloutConfig()
+        self.config = config or EngineConfig()
         self.eos_token_ids = self._resolve_eos()
         pad = self.config.pad_token_id
         if pad is None:
@@ -142,7 +143,7 @@ class RolloutEngine:
             ids += gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos]
         ids = tuple(dict.fromkeys(int(i) for i in ids if i is not None))
         if not ids:
-            raise ValueError("no EOS token id: set RolloutConfig.eos_token_ids or give the tokenizer an eos_token")
+            raise ValueError("no EOS token id: set EngineConfig.eos_token_ids or give the tokenizer an eos_token")
         return ids
 
     @property

@@ -1,4 +1,4 @@
-"""Sampling parameters and the per-step token choice of the rollout engine.
+"""The per-step token choice of the rollout engine (its parameters: :class:`hybridflow.core.sampling.SamplingParams`).
 
 Log-prob convention: the log-prob recorded for a sampled token is
 ``log_softmax(logits / temperature)[token]``, computed from the model's raw
@@ -10,33 +10,11 @@ greedy mode the temperature is taken as 1.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-__all__ = ["SamplingParams", "filter_top_k_top_p", "sample_next_tokens"]
+from hybridflow.core.sampling import SamplingParams
 
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How the rollout engine picks each next token."""
-
-    temperature: float = 1.0
-    """Divides the logits before softmax; must be > 0 (use greedy mode for argmax)."""
-    top_p: float = 1.0
-    """Nucleus sampling: keep the smallest set of tokens whose probability sum reaches top_p (1.0: off)."""
-    top_k: int = 0
-    """Keep only the k most likely tokens (0 or negative: off)."""
-    max_new_tokens: int = 64
-    """Response length T: generation stops after this many tokens even without EOS."""
-
-    def __post_init__(self) -> None:
-        if not self.temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {self.temperature}; use greedy=True for argmax decoding")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+__all__ = ["filter_top_k_top_p", "sample_next_tokens"]
 
 
 def filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:

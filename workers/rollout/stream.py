@@ -43,7 +43,7 @@ from hybridflow.core.keys import ATTENTION_MASK, INPUT_IDS, METRICS, POSITION_ID
 from hybridflow.core.rollout_batch import positions_from_mask
 from hybridflow.workers.rollout.continuous import SlotDecoder
 from hybridflow.workers.rollout.engine import RolloutEngine, assemble_rollout
-from hybridflow.workers.rollout.sampling import SamplingParams
+from hybridflow.core.sampling import SamplingParams
 
 __all__ = ["BuiltinDecoder", "RolloutStream", "SWAP_POINTS"]
 

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hybridflow.configs.schema import RolloutConfig as RolloutSettings
+from hybridflow.configs.schema import RolloutConfig
 from hybridflow.core.data_proto import DataProto
 from hybridflow.core.keys import (
     ATTENTION_MASK,
@@ -45,7 +45,7 @@ from hybridflow.core.keys import (
     POSITION_IDS,
 )
 from hybridflow.workers.rollout.engine import assemble_rollout, positions_from_mask
-from hybridflow.workers.rollout.sampling import SamplingParams
+from hybridflow.core.sampling import SamplingParams
 from hybridflow.workers.rollout.vllm_build import (
     cpu_kv_cache_bytes,
     head_size_problem,
@@ -127,7 +127,7 @@ def iter_full_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
 # ------------------------------------------------------------------ config translation
 def vllm_engine_kwargs(
     model_dir: str,
-    rollout: RolloutSettings,
+    rollout: RolloutConfig,
     tp_size: int,
     seed: int,
     *,
@@ -394,7 +394,7 @@ class VLLMRolloutEngine:
         cls,
         model_path: str,
         tokenizer: Any,
-        rollout: RolloutSettings,
+        rollout: RolloutConfig,
         tp_size: int,
         *,
         max_model_len: int,

@@ -25,7 +25,7 @@ import torch
 from hybridflow.core.data_proto import DataProto
 from hybridflow.core.keys import ATTENTION_MASK, INPUT_IDS
 from hybridflow.workers.rollout.continuous import FinishedRows
-from hybridflow.workers.rollout.sampling import SamplingParams
+from hybridflow.core.sampling import SamplingParams
 from hybridflow.workers.rollout.vllm_engine import completion_arrays
 
 __all__ = ["VLLMCall", "VLLMDecoder"]

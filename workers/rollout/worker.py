@@ -28,9 +28,9 @@ from hybridflow.core.keys import ROLLOUT_VERSIONS, SEQUENCE_COLUMNS
 from hybridflow.core.parallel_dims import ParallelDims
 from hybridflow.core.weight_transfer import WeightTransfer
 from hybridflow.workers.models import load_model_config, load_tokenizer, torch_dtype
-from hybridflow.workers.rollout.engine import RolloutConfig as EngineConfig
+from hybridflow.workers.rollout.engine import EngineConfig
 from hybridflow.workers.rollout.engine import RolloutEngine
-from hybridflow.workers.rollout.sampling import SamplingParams
+from hybridflow.core.sampling import SamplingParams
 from hybridflow.workers.rollout.stream import RolloutStream
 from hybridflow.workers.rollout.tensor_parallel import build_tp_rollout_model
 from hybridflow.workers.rollout.tp_plan import rollout_slice

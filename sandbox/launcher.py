@@ -1,6 +1,6 @@
 """Sandbox launcher, run as a plain script: ``python -I -S sandbox_launcher.py CONFIG_JSON``.
 
-Started by :func:`hybridflow.rewards.sandbox.run_python` (which documents
+Started by :func:`hybridflow.sandbox.runner.run_python` (which documents
 the guarantees); standard library only, imports nothing from hybridflow.
 Steps, in this order because each needs the privileges the next one drops::
 

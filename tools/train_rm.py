@@ -1,6 +1,6 @@
 """``hybridflow-train-rm``: a Bradley-Terry reward model trained on preference pairs.
 
-Also ``python -m hybridflow.trainer.train_rm``.
+Also ``python -m hybridflow.tools.train_rm``.
 
 Check the config (before Ray or a model starts: a bad key, value or file
 exits 2 with one line per problem), tokenize the pairs here, start one worker
@@ -141,7 +141,7 @@ def check_config(config: RMConfig) -> None:
 def override_problems(args: Sequence[str]) -> list[str]:
     """One line per command-line override that names no key of the schema or gives a value of the wrong type
     (Hydra would refuse it too, with a traceback-like page); Hydra's own flags and ``hydra.*`` keys pass."""
-    from hybridflow.trainer.overrides import schema_override_problems
+    from hybridflow.configs.overrides import schema_override_problems
 
     return schema_override_problems([a for a in args if not a.startswith("-")], RMConfig, groups={},
                                     key_list="configs/rm_schema.py", foreign=False)

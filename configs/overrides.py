@@ -5,7 +5,7 @@ that would not work here (``+key=...`` on a strict schema). This check reads
 the overrides the way Hydra does (its own parser) and answers in one line
 per problem: an unknown key with the closest keys that exist (or, for a
 veRL key or a TRL ``GRPOConfig`` argument, the key that does the same here:
-``trainer/foreign_keys.py``), an unknown config group option with the options
+``configs/foreign_keys.py``), an unknown config group option with the options
 there are, a value of the wrong type with the type. Anything it does not
 understand (Hydra's own flags, ``hydra.*`` keys, interpolations) it leaves to
 Hydra, but still explains the veRL and TRL names among them (``--learning_rate 1e-6``).
@@ -32,7 +32,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from hybridflow.configs import CONFIG_DIR
 from hybridflow.configs.schema import PPOConfig
-from hybridflow.trainer.foreign_keys import (VALUES, VERL, ForeignKey, argv_problems, explain, lookup, note_for,
+from hybridflow.configs.foreign_keys import (VALUES, VERL, ForeignKey, argv_problems, explain, lookup, note_for,
                                               suggestion)
 
 _FLAGS_WITHOUT_VALUE = ("--multirun", "-m")
@@ -72,8 +72,8 @@ def schema_override_problems(texts: list[str], root: type, groups: dict[str, lis
                              key_list: str = "docs/config.md", foreign: bool = True) -> list[str]:
     """One message per override in ``texts`` (no flags) that names no key of the dataclass schema ``root`` nor an
     option of one of ``groups``, or gives a key a value of the wrong type; ``key_list`` is where a reader finds
-    every key, ``foreign``: explain veRL's and TRL's names (``trainer/foreign_keys.py``, the RL trainer's). Also
-    the check of ``hybridflow-train-rm`` (``trainer/train_rm.py``), on its own schema."""
+    every key, ``foreign``: explain veRL's and TRL's names (``configs/foreign_keys.py``, the RL trainer's). Also
+    the check of ``hybridflow-train-rm`` (``tools/train_rm.py``), on its own schema."""
     try:
         overrides = OverridesParser.create().parse_overrides(texts)
     except Exception:  # noqa: BLE001 - a syntax error: Hydra's own message says where

@@ -3,7 +3,7 @@
 Someone coming from veRL types ``data.max_response_length=512``; someone
 coming from TRL types ``learning_rate=1e-6`` (or ``--learning_rate 1e-6``).
 Neither is a key here, and difflib finds nothing close, so the override check
-(``trainer/overrides.py``) asks :func:`explain` first::
+(``configs/overrides.py``) asks :func:`explain` first::
 
     data.max_response_length is veRL's name; here: actor_rollout_ref.rollout.response_length=512
     repetition_penalty is TRL's GRPOConfig name; no equivalent yet: sampling takes temperature, top_p ...
@@ -52,7 +52,7 @@ class ForeignKey:
     """Overrides the suggestion is checked under in the tests (``note`` says when it applies)."""
     exact: bool = False
     """The overrides do what the foreign key does, whatever the value: a veRL command line is rewritten to them,
-    with one line at start, instead of refused (``trainer/overrides.py`` :func:`translate`)."""
+    with one line at start, instead of refused (``configs/overrides.py`` :func:`translate`)."""
     ignored: str = ""
     """Why the key changes nothing here, whatever its value: a veRL command line keeps going, with this line."""
     same_as: str = ""

@@ -15,7 +15,7 @@ is that comparison, never a line the program prints about itself. An
 unisolated run (below) keeps only part of these walls.
 
 Each run gets a fresh temporary directory (removed afterwards) and a
-separate process tree started by :mod:`hybridflow.rewards.sandbox_launcher`:
+separate process tree started by :mod:`hybridflow.sandbox.launcher`:
 
 * **no network**: a new network namespace (only a downed loopback);
 * **nothing outside its directory**: a fresh unprivileged uid that owns
@@ -31,7 +31,7 @@ separate process tree started by :mod:`hybridflow.rewards.sandbox_launcher`:
 * **limits** (``setrlimit``): CPU seconds, address space, file size,
   processes (per uid, so a fork bomb stops at ``max_processes``), open
   files, no core dumps; the memory of the whole tree together
-  (:mod:`hybridflow.rewards.sandbox_memory`); a wall-clock timeout after
+  (:mod:`hybridflow.sandbox.memory`); a wall-clock timeout after
   which the whole tree is killed (a pid namespace: nothing it forked survives);
 * **a scrubbed environment**: ``PATH``, ``HOME``, ``LANG`` and nothing of
   the trainer's (no API keys); ``python -I`` ignores ``PYTHON*`` variables;
@@ -62,8 +62,8 @@ import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
-from hybridflow.rewards import sandbox_launcher
-from hybridflow.rewards.sandbox_memory import memory_guard
+from hybridflow.sandbox import launcher as sandbox_launcher
+from hybridflow.sandbox.memory import memory_guard
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ class SandboxLimits:
     total_memory_mb: int = 1024
     """Memory of all the run's processes together (resident pages, plus page cache
     under a cgroup); past it the kernel OOM-kills inside the tree (memory cgroup) or
-    the watchdog kills the tree. See :mod:`hybridflow.rewards.sandbox_memory`."""
+    the watchdog kills the tree. See :mod:`hybridflow.sandbox.memory`."""
     file_size_mb: int = 16
     """Largest file the program may write, stdout and the result channel included (RLIMIT_FSIZE)."""
     max_processes: int = 16

@@ -1,0 +1,32 @@
+"""Which roles a run builds, and the actor settings its estimator prescribes: read from the config and the
+estimator's declaration, by the entry point (which groups to start), the config check (which keys then
+matter) and the layout (``ParallelDims``' critic ranks)."""
+
+from __future__ import annotations
+
+from hybridflow.configs.schema import PPOConfig
+from hybridflow.plugins import get_estimator
+
+
+def needs_reference(config: PPOConfig) -> bool:
+    """A reference policy is built only when a KL term uses it."""
+    return bool(config.actor_rollout_ref.actor.use_kl_loss or config.algorithm.use_kl_in_reward)
+
+
+def reference_in_actor(config: PPOConfig) -> bool:
+    """With LoRA the reference is the actor's model with its adapters off: the actor group computes the
+    reference log-probs, and no reference group is built."""
+    return needs_reference(config) and config.actor_rollout_ref.model.lora_rank > 0
+
+
+def needs_critic(config: PPOConfig) -> bool:
+    """A critic is built when the config asks for one, or (by default) when the estimator needs one."""
+    enable = config.critic.enable
+    return get_estimator(config.algorithm.adv_estimator).needs_critic if enable is None else bool(enable)
+
+
+def resolve_loss_agg_mode(config: PPOConfig) -> str:
+    """The configured mode, else the estimator's recommendation, else ``token-mean``."""
+    if config.actor_rollout_ref.actor.loss_agg_mode is not None:
+        return config.actor_rollout_ref.actor.loss_agg_mode
+    return get_estimator(config.algorithm.adv_estimator).actor_defaults.get("loss_agg_mode", "token-mean")
