@@ -54,8 +54,8 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``hybridflow`` console script."""
+def build_parser() -> argparse.ArgumentParser:
+    """The ``hybridflow`` command line: one subcommand per tool (the docs' commands are checked against it)."""
     parser = argparse.ArgumentParser(prog="hybridflow", description=__doc__, epilog=TRAIN_HINT)
     sub = parser.add_subparsers(dest="command", required=True)
     plugins = sub.add_parser("plugins", help="list installed plugins and what each registered")
@@ -97,7 +97,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="a LoRA run's checkpoint: write its peft adapter directory (adapter_config.json, "
                              "adapter_model.safetensors) instead of the merged model")
     export.set_defaults(func=_export)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``hybridflow`` console script."""
+    args = build_parser().parse_args(argv)
     return args.func(args)
 
 
