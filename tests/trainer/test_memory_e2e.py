@@ -50,6 +50,8 @@ def test_offload_on_and_off_give_identical_losses_and_every_stage_reports_its_pe
             assert 0 < b[f"memory/{stage}/peak_gb"] < 64, stage
 
 
+# only that both run through the trainer (critic included); the dtypes held, computed, reduced and stepped, and the
+# update losses' gap to fp32's, are tests/trainer/test_mixed_precision.py's
 def test_mixed_precision_and_activation_checkpointing_train(ray_session, tmp_path):
     steps = run(tmp_path, "bf16", **{"actor_rollout_ref.actor.fsdp_config.param_dtype": "bfloat16",
                                      "critic.fsdp_config.param_dtype": "bfloat16",
