@@ -39,7 +39,20 @@ import torch
 
 from hybridflow.agents.client import Completion
 from hybridflow.core.data_proto import DataProto
-from hybridflow.core.keys import ATTENTION_MASK, INPUT_IDS, POSITION_IDS, RESPONSE_MASK, RESPONSES, ROLLOUT_LOG_PROBS
+from hybridflow.core.keys import (
+    ATTENTION_MASK,
+    GREEDY,
+    INPUT_IDS,
+    MAX_NEW_TOKENS,
+    N_SAMPLES,
+    POSITION_IDS,
+    RESPONSE_MASK,
+    RESPONSES,
+    ROLLOUT_LOG_PROBS,
+    SEED,
+    STOP_TOKEN_IDS,
+    WEIGHT_VERSION,
+)
 from hybridflow.core.rollout_batch import left_pad
 
 __all__ = ["BatcherStats", "GenerationBatcher"]
@@ -239,15 +252,15 @@ class GenerationBatcher:
         limits = [r.limit(self.max_tokens_per_call) for r in requests]
         input_ids, attention_mask, positions = left_pad([r.context for r in requests], self.pad_token_id)
         steps = max(limits)
-        meta = {"n": 1, "greedy": self.greedy, "seed": self.seed + self.stats.calls, "max_new_tokens": steps,
-                "stop_token_ids": list(stops)}
+        meta = {N_SAMPLES: 1, GREEDY: self.greedy, SEED: self.seed + self.stats.calls, MAX_NEW_TOKENS: steps,
+                STOP_TOKEN_IDS: list(stops)}
         start = time.perf_counter()
         prompts = {INPUT_IDS: input_ids, ATTENTION_MASK: attention_mask, POSITION_IDS: positions}
         out = self.generate_fn(DataProto.from_dict(prompts, meta_info=meta))
         self.stats.generate_s += time.perf_counter() - start
         self.stats.calls += 1
         self.stats.requests += len(requests)
-        version = out.meta_info.get("weight_version")
+        version = out.meta_info.get(WEIGHT_VERSION)
         if version is not None:
             self.stats.weight_versions.add(int(version))
         lengths = out.batch[RESPONSE_MASK].sum(-1).tolist()

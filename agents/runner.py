@@ -29,7 +29,7 @@ from hybridflow.agents.request import AgentRequest
 from hybridflow.agents.toolbox import ToolBox
 from hybridflow.agents.trajectory import Trajectory, assemble_trajectories
 from hybridflow.core.data_proto import DataProto
-from hybridflow.core.keys import ATTENTION_MASK, EXTRA_INFO, INPUT_IDS, METRICS
+from hybridflow.core.keys import ATTENTION_MASK, EXTRA_INFO, INPUT_IDS, METRICS, N_SAMPLES, WEIGHT_VERSION
 from hybridflow.plugins.entries import AgentLoop
 
 __all__ = ["AGENT_METRICS_PREFIX", "AgentRunner", "trajectory_metrics"]
@@ -61,14 +61,14 @@ class AgentRunner:
     def run(self, prompts: DataProto, client_for: Callable[[int], PolicyClient]) -> DataProto:
         """``meta_info["n"]`` trajectories per prompt row; ``client_for(count)`` makes the rollout's client
         for ``count`` concurrent loops. Blocks until every loop has finished."""
-        rows = prompts.repeat(int(prompts.meta_info.get("n", 1)), interleave=True)
+        rows = prompts.repeat(int(prompts.meta_info.get(N_SAMPLES, 1)), interleave=True)
         requests = [self._request(rows, i) for i in range(len(rows))]
         trajectories, client_metrics = asyncio.run(self._run_all(requests, client_for))
         out = assemble_trajectories(rows, trajectories, self.response_length, self.pad_token_id)
         out.non_tensor_batch[EXTRA_INFO] = with_trajectory_counts(rows.non_tensor_batch.get(EXTRA_INFO), trajectories)
         versions = set().union(*(t.weight_versions for t in trajectories))
         if versions:
-            out.meta_info["weight_version"] = min(versions)
+            out.meta_info[WEIGHT_VERSION] = min(versions)
         out.meta_info[METRICS] = {**trajectory_metrics(trajectories), **client_metrics}
         return out
 

@@ -98,6 +98,7 @@ from aiohttp import web
 from hybridflow.agents.batcher import GenerationBatcher
 from hybridflow.agents.client import Completion
 from hybridflow.core.data_proto import DataProto
+from hybridflow.core.keys import GREEDY, MAX_NEW_TOKENS, N_SAMPLES, SEED, STOP_TOKEN_IDS, WEIGHT_VERSION
 from hybridflow.core.sampling import SamplingParams
 
 __all__ = ["MAX_SEED_STREAMS", "PolicyServer", "engine_generate_fn"]
@@ -123,10 +124,10 @@ def engine_generate_fn(engine: Any, sampling: SamplingParams | None = None) -> C
     def generate(prompts: DataProto) -> DataProto:
         meta = prompts.meta_info
         params = SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
-                                max_new_tokens=int(meta["max_new_tokens"]))
-        out = engine.generate(prompts, n=meta["n"], sampling=params, greedy=meta["greedy"], seed=meta["seed"],
-                              stop_token_ids=tuple(meta["stop_token_ids"]))
-        out.meta_info["weight_version"] = 0
+                                max_new_tokens=int(meta[MAX_NEW_TOKENS]))
+        out = engine.generate(prompts, n=meta[N_SAMPLES], sampling=params, greedy=meta[GREEDY], seed=meta[SEED],
+                              stop_token_ids=tuple(meta[STOP_TOKEN_IDS]))
+        out.meta_info[WEIGHT_VERSION] = 0
         return out
 
     return generate

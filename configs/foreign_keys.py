@@ -164,8 +164,6 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
     *(_v(f"{A}.policy_loss.{k}", LOSS + f".{k}={{value}}", note="an option of the kl_cov loss", example=x,
          checked_with=(f"{A}.policy_loss=kl_cov",), exact=True)
       for k, x in (("kl_cov_ratio", "0.0002"), ("ppo_kl_coef", "0.1"))),
-    _v(f"{A}.loss_scale_factor", missing="seq-mean-token-sum-norm divides by the padded response length "
-       "(rollout.response_length); there is no separate constant"),
     _v(f"{A}.strategy", by_value={"fsdp": (), "fsdp2": ()}, note=ONE_BACKEND, missing=ONE_BACKEND + " (no Megatron)"),
     _v(f"{A}.ulysses_sequence_parallel_size", by_value={"1": ()}, missing=NO_SP),
     _v(f"{A}.use_torch_compile", by_value={"false": ()}, missing="models run eagerly (no torch.compile)"),
@@ -330,8 +328,6 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
        note="dropping tokens or sequences outside the bounds is rollout_is_mode=mask here"),
     _v("algorithm.rollout_correction.rollout_rs_threshold", "algorithm.rollout_correction.rollout_is_threshold",
        note="one upper bound (and rollout_is_threshold_lower) for truncation and masking"),
-    _v("algorithm.rollout_correction.bypass_mode", by_value={"false": ()},
-       missing="the actor always recomputes the old log-probs"),
     # critic
     _v("critic.ppo_mini_batch_size", f"{A}.ppo_mini_batch_size", note="the critic steps on the actor's mini-batches"),
     _v("critic.ppo_epochs", f"{A}.ppo_epochs", note="the critic takes the actor's epochs"),
@@ -353,7 +349,9 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
                "actor_rollout_ref.model.path (a separate critic checkpoint is not supported)"),
     _v("critic.model.*", missing="the critic is a copy of the policy (actor_rollout_ref.model.path, its dtype) "
        "with a one-output value head; it has no model settings of its own"),
-    _v("critic.loss_agg_mode", missing="the value loss is a token mean over the mini-batch"),
+    _v("critic.loss_scale_factor", f"{A}.loss_scale_factor={{value}}", example="16",
+       note="one constant for the actor's and the critic's seq-mean-token-sum-norm (veRL's critic takes the "
+            "actor's unless set)"),
     _v("critic.strategy", by_value={"fsdp": (), "fsdp2": ()}, note=ONE_BACKEND, missing=ONE_BACKEND + " (no Megatron)"),
     _v("critic.ulysses_sequence_parallel_size", by_value={"1": ()}, missing=NO_SP),
     # trainer

@@ -30,3 +30,12 @@ def resolve_loss_agg_mode(config: PPOConfig) -> str:
     if config.actor_rollout_ref.actor.loss_agg_mode is not None:
         return config.actor_rollout_ref.actor.loss_agg_mode
     return get_estimator(config.algorithm.adv_estimator).actor_defaults.get("loss_agg_mode", "token-mean")
+
+
+def resolve_loss_scale_factor(config: PPOConfig) -> int:
+    """The constant T_max of ``seq-mean-token-sum-norm``: ``actor.loss_scale_factor``, else the most tokens a
+    response can have, ``rollout.response_length`` (veRL's Dr.GRPO setting; its ``agg_loss`` falls back to the
+    batch's padded width, which is that length only while every batch is padded to it). One number for the
+    actor and the critic, whatever the estimator: Dr.GRPO's paper divides by the generation budget."""
+    factor = config.actor_rollout_ref.actor.loss_scale_factor
+    return config.actor_rollout_ref.rollout.response_length if factor is None else factor

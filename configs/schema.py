@@ -29,6 +29,7 @@ STEP_MODES = ("sync", "one_step_off", "async")
 RESUME_MODES = ("auto", "disable")
 ROLLOUT_IS_LEVELS = ("token", "sequence")  # losses.rollout_correction's, kept free of torch here
 ROLLOUT_IS_MODES = ("truncate", "mask")
+BYPASS_LOSS_TYPES = ("ppo_clip", "reinforce")  # losses.bypass's, kept free of torch here
 REWARD_SOURCES = ("verifier", "reward_model")  # rewards/sources.py's, kept free of torch here
 REWARD_NORMALIZATIONS = ("none", "batch", "sigmoid")
 REWARD_COMBINE_MODES = ("sum", "fallback")
@@ -187,6 +188,11 @@ class ActorConfig:
     """``token-mean``, ``token-sum``, ``token-mean-local`` (TRL's ``bnpo``), ``seq-mean-token-sum``,
     ``seq-mean-token-mean`` or ``seq-mean-token-sum-norm`` (formulas and TRL's names: ``losses/aggregation.py``).
     None: the estimator's recommended mode (Dr.GRPO: ``seq-mean-token-sum-norm``), else ``token-mean``."""
+    loss_scale_factor: Optional[int] = None
+    """The constant T_max of ``seq-mean-token-sum-norm`` (Dr.GRPO), veRL's name: the token sums of the
+    sequences are divided by (sequences in the mini-batch x T_max), the same number every step whatever the
+    padding, packing or micro-batches. None: ``rollout.response_length``, the most tokens a response can have
+    (``resolve_loss_scale_factor`` in ``configs/roles.py``), as veRL's Dr.GRPO recipe sets it. The critic's ``seq-mean-token-sum-norm`` divides by the same constant; other modes ignore it."""
     ppo_mini_batch_size: int = 8
     """Prompts per optimizer step (each with its ``rollout.n`` responses)."""
     ppo_micro_batch_size_per_gpu: int = 16
@@ -207,7 +213,8 @@ class ActorConfig:
     forward), which is the built-in engine computing in fp32 (it generates in the actor's compute dtype from the
     same weights; in bf16 the two passes round apart by ~1e-2), when no rollout correction
     compares the two and the estimator needs nothing more of the pass (``sum_pi_squared``); a recompute
-    otherwise, so always under vLLM (other kernels). Either way the update logs
+    otherwise, so always under vLLM (other kernels); under ``algorithm.rollout_correction.bypass_mode`` only for
+    the estimator's ``sum_pi_squared`` (the loss divides by the rollout's either way). Either way the update logs
     ``rollout/log_prob_gap_max``, the largest gap between the rollout's log-probs and its own first forward
     (under the weights that sampled), and ``actor/entropy`` from that forward."""
     shuffle: bool = False
@@ -219,8 +226,9 @@ class ActorConfig:
     kl_loss_coef: float = 0.001
     """Weight of that KL term."""
     kl_loss_type: str = "low_var_kl"
-    """KL estimator: ``k1``/``kl``, ``abs``, ``k2``/``mse``, ``k3``/``low_var_kl``, or ``k1+``, ``k2+``, ``k3+``
-    (the base estimator's value with the k2 gradient; ``losses/kl.py``)."""
+    """KL estimator: ``k1``/``kl``, ``abs``, ``k2``/``mse``, ``k3``/``low_var_kl``, or any of them with a ``+``
+    (``k3+``, ``low_var_kl+``, ``kl+``, ``abs+``, ...: the base estimator's value with the k2 gradient, veRL's
+    straight-through names; ``losses/kl.py``)."""
     tensor_model_parallel_size: int = 1
     """Tensor-parallel degree p of the training layout: a (ranks / p) x p mesh, ``torch.distributed``
     tensor parallelism (colwise / rowwise) inside each group of p consecutive ranks, FSDP2 over the
@@ -233,6 +241,7 @@ class ActorConfig:
     def problems(self) -> list[str]:
         """Broken rules of this section; batch sizes and tp are checked with the layout (``core/parallel_dims.py``)."""
         out = at_least(self, 1, "ppo_epochs", "ppo_max_token_len_per_gpu") + at_least(self, 0, "kl_loss_coef")
+        out += greater_than(self, 0, "loss_scale_factor", optional=True)
         if str(self.recompute_old_log_prob).lower() not in RECOMPUTE_SETTINGS:
             out.append(f"recompute_old_log_prob={self.recompute_old_log_prob!r}; allowed: {', '.join(RECOMPUTE_SETTINGS)}")
         return out
@@ -402,6 +411,12 @@ class CriticConfig:
     """None: build a critic exactly when the estimator needs one (``gae``). False with such an estimator is an error."""
     cliprange_value: float = 0.5
     """Clip range of the value loss around the old values."""
+    loss_agg_mode: str = "token-mean"
+    """How the per-token value losses become one number, veRL's key: the actor's modes (``token-mean``,
+    ``token-sum``, ``token-mean-local``, ``seq-mean-token-sum``, ``seq-mean-token-mean``,
+    ``seq-mean-token-sum-norm``; ``losses/aggregation.py``), counted over the global mini-batch, so the update
+    does not depend on the micro-batch split. ``seq-mean-token-sum-norm`` divides by the actor's
+    ``loss_scale_factor``. Not the estimator's recommendation: that is for the policy loss."""
     ppo_micro_batch_size_per_gpu: int = 16
     """Rows per critic forward/backward pass on one rank."""
     use_dynamic_bsz: bool = False
@@ -467,10 +482,23 @@ class RolloutCorrectionConfig:
     """``mask`` mode's lower bound (None: 1 / C)."""
     rollout_is_batch_normalize: bool = False
     """Divide the weights by their mean over the batch after truncating or masking."""
+    bypass_mode: bool = False
+    """veRL's bypass mode (two policies instead of three): the rollout's own log-probs are the old log-probs of
+    the PPO ratio, so no teacher-forced pass recomputes them (unless the estimator needs one, or
+    ``actor.recompute_old_log_prob=true``), and the policy loss is ``loss_type``'s, computed by the actor
+    against the rollout's log-probs (``losses/bypass.py``). ``rollout_is`` and its settings then weigh
+    pi_current / pi_rollout per micro-batch inside the loss (no gradient); ``mask`` mode drops tokens from the
+    policy term only. False: the decoupled correction above, computed by the driver before the update."""
+    loss_type: str = "ppo_clip"
+    """The policy loss of ``bypass_mode``: ``ppo_clip`` (the ``vanilla`` PPO clip, options from
+    ``actor.policy_loss_options``, with ratio pi_current / pi_rollout: the ratio is the correction, no weights
+    multiply it) or ``reinforce`` (-A * log pi_current * w, w the ``rollout_is`` weights, or 1 when it is
+    null; no clipping)."""
 
     def problems(self) -> list[str]:
         """Broken rules of this section (see ``configs/rules.py``)."""
         out = greater_than(self, 1.0, "rollout_is_threshold") + one_of(self, "rollout_is_mode", ROLLOUT_IS_MODES)
+        out += one_of(self, "loss_type", BYPASS_LOSS_TYPES)
         if self.rollout_is is not None:
             out += one_of(self, "rollout_is", ROLLOUT_IS_LEVELS)
         if self.rollout_is_threshold_lower is not None:

@@ -20,6 +20,12 @@ T_max = ``norm_len``; b, n, s: the same for this micro-batch alone)::
 
 S leaves out fully masked rows (a filtered or rejected response), as veRL's
 ``agg_loss`` does: a fully masked row must not shrink everyone else's loss.
+T_max is veRL's ``loss_scale_factor`` (``actor.loss_scale_factor``, null:
+``rollout.response_length``, resolved once by ``configs/roles.py``), a
+constant of the run: the padded width of a batch would change with packing,
+dynamic batch sizes or a batch padded to its longest response. veRL's
+``agg_loss`` divides ``seq-mean-token-sum`` by S and then by T_max, as here
+(older veRL summed over sequences without dividing by S: its issue 3741).
 ``token-mean-local`` is the one mode that depends on the micro-batch split,
 on purpose: it averages per-micro-batch token means (weighted by their
 share of the sequences, so equal micro-batches weigh the same).
@@ -71,8 +77,9 @@ def agg_loss(
     :param num_tokens: valid tokens in the global mini-batch (``token-mean``).
     :param num_seqs: sequences with at least one valid token in the global
         mini-batch (the ``seq-*`` modes and ``token-mean-local``).
-    :param norm_len: the constant length of ``seq-mean-token-sum-norm``
-        (default: T, the padded response length).
+    :param norm_len: the constant length of ``seq-mean-token-sum-norm``, veRL's
+        ``loss_scale_factor`` (default: T, this batch's padded width, as veRL's
+        ``agg_loss`` falls back to; the actor and the critic pass the run's constant).
     """
     if token_losses.shape != response_mask.shape or token_losses.dim() != 2:
         raise ValueError(

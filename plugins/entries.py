@@ -120,6 +120,11 @@ ROLLOUT_CORRECTION_WEIGHTS = EstimatorInput(
 
 _BASE_INPUTS = ("token_level_rewards", "response_mask")
 
+ACTOR_DEFAULT_KEYS = ("loss_agg_mode",)
+"""The ``actor_rollout_ref.actor`` keys an estimator's ``actor_defaults`` may set: the ones the trainer applies
+(``configs/roles.py`` :func:`resolve_loss_agg_mode`). ``loss_scale_factor`` is not one: its default, the
+rollout's ``response_length``, is a setting of the run, not a number an estimator could declare."""
+
 
 @dataclass(frozen=True)
 class AdvantageEstimator(PluginEntry):
@@ -138,7 +143,9 @@ class AdvantageEstimator(PluginEntry):
 
     ``actor_defaults`` are actor settings the estimator's paper prescribes
     (for example Dr.GRPO's loss aggregation); the trainer applies them unless
-    the config sets those keys itself.
+    the config sets those keys itself. Only the keys in
+    :data:`ACTOR_DEFAULT_KEYS` are applied (``configs/roles.py``), so any other
+    key is refused here, at registration, rather than silently ignored.
     """
 
     kind: ClassVar[str] = "estimator"
@@ -150,6 +157,10 @@ class AdvantageEstimator(PluginEntry):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        unapplied = sorted(set(self.actor_defaults) - set(ACTOR_DEFAULT_KEYS))
+        if unapplied:
+            raise ValueError(f"estimator {self.name!r}: actor_defaults sets {unapplied}, which the trainer does not "
+                             f"apply; allowed: {', '.join(ACTOR_DEFAULT_KEYS)}")
         needs = tuple(self.needs)
         for need in needs:
             if not isinstance(need, EstimatorInput):

@@ -25,6 +25,7 @@ from hybridflow.agents.runner import AgentRunner
 from hybridflow.agents.toolbox import ToolBox
 from hybridflow.configs.schema import PPOConfig
 from hybridflow.core.data_proto import DataProto
+from hybridflow.core.keys import GREEDY, SEED, WEIGHT_VERSION
 from hybridflow.plugins import get_agent_loop
 
 __all__ = ["AgentRollout", "agent_rollout_for"]
@@ -54,10 +55,10 @@ class AgentRollout:
     def generate(self, prompts: DataProto) -> DataProto:
         """``meta_info["n"]`` trajectories per prompt, laid out as the single-generation rollout is."""
         meta = prompts.meta_info
-        greedy, seed = bool(meta.get("greedy", False)), int(meta.get("seed", 0))
+        greedy, seed = bool(meta.get(GREEDY, False)), int(meta.get(SEED, 0))
         out = self.runner.run(prompts, lambda count: self._client(count, greedy, seed))
         if self.vllm_server is not None:  # vLLM's completions carry no version: the server's is the batch's
-            out.meta_info["weight_version"] = self.vllm_server.weight_version()
+            out.meta_info[WEIGHT_VERSION] = self.vllm_server.weight_version()
         return out
 
     def _client(self, count: int, greedy: bool, seed: int) -> Any:

@@ -359,12 +359,23 @@ def _name_problems(cfg: Any) -> Iterator[str]:
     actor, trainer = cfg.actor_rollout_ref.actor, cfg.trainer
     if actor.loss_agg_mode is not None and actor.loss_agg_mode not in LOSS_AGG_MODES:
         yield f"actor_rollout_ref.actor.loss_agg_mode={actor.loss_agg_mode!r}; allowed: {', '.join(LOSS_AGG_MODES)}, or null"
+    if cfg.critic.loss_agg_mode not in LOSS_AGG_MODES:
+        yield f"critic.loss_agg_mode={cfg.critic.loss_agg_mode!r}; allowed: {', '.join(LOSS_AGG_MODES)}"
     for key, value in (("actor_rollout_ref.actor.kl_loss_type", actor.kl_loss_type), ("algorithm.kl_penalty", cfg.algorithm.kl_penalty)):
         if value not in KL_PENALTIES:
             yield f"{key}={value!r}; allowed: {', '.join(KL_PENALTIES)}"
     unknown_loggers = [name for name in trainer.logger if name not in SINKS]
     if unknown_loggers:
         yield f"trainer.logger has {unknown_loggers}; allowed: {', '.join(SINKS)}"
+
+
+def _bypass_problems(cfg: Any) -> Iterator[str]:
+    """Bypass mode computes veRL's own policy loss (``losses/bypass.py``): a configured other one would be ignored."""
+    corr, loss = cfg.algorithm.rollout_correction, cfg.actor_rollout_ref.actor.policy_loss
+    if corr.bypass_mode and loss != "vanilla":
+        yield (f"algorithm.rollout_correction.bypass_mode=true computes its own policy loss (loss_type={corr.loss_type}: "
+               "the vanilla PPO clip against the rollout's log-probs, or REINFORCE), so actor_rollout_ref.actor."
+               f"policy_loss={loss!r} would be ignored: set it to vanilla, or bypass_mode=false")
 
 
 def config_problems(cfg: Any) -> list[str]:
@@ -374,6 +385,7 @@ def config_problems(cfg: Any) -> list[str]:
     problems = list(section_problems(cfg))
     problems += _plugin_problems(cfg)
     problems += _name_problems(cfg)
+    problems += _bypass_problems(cfg)
     problems += _placement_problems(cfg)
     problems += _lora_problems(cfg.actor_rollout_ref)
     problems += _vllm_server_problems(cfg)
@@ -396,7 +408,9 @@ def config_warnings(cfg: Any) -> list[str]:
     arr = cfg.actor_rollout_ref
     path = str(arr.model.path or "")
     out = []
-    if cfg.trainer.rollout_mode != "sync" and cfg.algorithm.rollout_correction.rollout_is is None:
+    corr = cfg.algorithm.rollout_correction
+    ratio_corrects = corr.bypass_mode and corr.loss_type == "ppo_clip"  # the PPO ratio is against pi_rollout
+    if cfg.trainer.rollout_mode != "sync" and corr.rollout_is is None and not ratio_corrects:
         out.append(f"trainer.rollout_mode={cfg.trainer.rollout_mode!r} trains on samples from older weights without a "
                    "correction: set algorithm.rollout_correction.rollout_is=token (truncated importance weights)")
     if path and not path.startswith("builtin:") and arr.rollout.response_length <= 16:

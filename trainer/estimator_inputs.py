@@ -69,6 +69,8 @@ def recompute_old_log_prob(config: Any, *, needs_pass: bool) -> bool:
     setting = str(arr.actor.recompute_old_log_prob).lower()
     if setting != "auto":
         return setting == "true"
+    if config.algorithm.rollout_correction.bypass_mode:  # veRL's bypass: the rollout's log-probs are the old ones
+        return needs_pass
     same_numbers = arr.rollout.name == "builtin" and arr.actor.fsdp_config.compute_dtype(arr.model) == "float32"
     stale = config.trainer.rollout_mode != "sync"  # the rollout's weights may be older than the trainer's
     return needs_pass or stale or config.algorithm.rollout_correction.rollout_is is not None or not same_numbers
@@ -88,7 +90,8 @@ def input_problems(estimator: AdvantageEstimator, config: Any) -> list[str]:
     if str(config.actor_rollout_ref.actor.recompute_old_log_prob).lower() == "false":
         needs = [f"algorithm.adv_estimator={name!r} needs sum_pi_squared"] if SUM_PI_SQUARED in {
             n.column for n in estimator.needs} else []
-        if config.algorithm.rollout_correction.rollout_is is not None:
+        corr = config.algorithm.rollout_correction
+        if corr.rollout_is is not None and not corr.bypass_mode:  # bypass compares them inside the loss
             needs.append("algorithm.rollout_correction compares the training and the rollout log-probs")
         problems += [f"actor_rollout_ref.actor.recompute_old_log_prob=false, but {why}, which the training pass "
                      "computes: set it to auto or true" for why in needs]

@@ -33,7 +33,10 @@ from hybridflow.core import DataProto
 from hybridflow.core.parallel_dims import ParallelDims
 from hybridflow.core.keys import (
     DATA_SOURCE,
+    GLOBAL_STEP,
+    GREEDY,
     METRICS,
+    N_SAMPLES,
     OLD_LOG_PROBS,
     RESPONSE_MASK,
     REWARD_BASELINES,
@@ -41,9 +44,11 @@ from hybridflow.core.keys import (
     REWARD_COMPONENTS,
     ROLLOUT_IS_WEIGHTS,
     ROLLOUT_LOG_PROBS,
+    SEED,
     TOKEN_LEVEL_REWARDS,
     TOKEN_LEVEL_SCORES,
     UID,
+    WITH_SUM_PI_SQUARED,
 )
 from hybridflow.core.memory import MEMORY_PEAK_GB
 from hybridflow.core.rank_wait import WorkerError
@@ -230,14 +235,15 @@ class PPOTrainer:
         batch = self.rollout(timer, metrics)  # 1-4, again on more prompts while after-reward hooks drop groups
         if self.critic is not None:
             with timer("values"):  # 5. values, for estimators that need a critic
-                batch.union(self.memory(metrics, "values", self.critic.compute_values(batch)))
+                values = self.critic.compute_values(batch)
+                batch.union(self.memory(metrics, "values", values))
         with timer("adv"):  # 6. advantages, the estimator resolved by name
             options = dict(self.config.algorithm.estimator_options)
             batch = compute_advantage(batch, self.config.algorithm.adv_estimator, **options)
             batch, hook_metrics = self.hooks.run("before_update", batch)
             metrics.update(hook_metrics)
         with timer("update"):  # 7. update critic, then actor, each on the same global mini-batches
-            batch.meta_info["global_step"] = self.global_step
+            batch.meta_info[GLOBAL_STEP] = self.global_step
             if self.critic is not None:
                 critic = self.critic.update_critic(self.dims.critic.arrange_for_update(batch))
                 metrics.update(_mean_over_ranks(self.memory(metrics, "update", critic)))
@@ -267,8 +273,8 @@ class PPOTrainer:
         seed from (``trainer.seed``, ``index``), so a resumed or pipelined run samples batch ``index`` alike."""
         prompts = self.loader.next_batch()
         prompts.non_tensor_batch[UID] = np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)
-        prompts.meta_info.update(n=self.config.actor_rollout_ref.rollout.n, greedy=False,
-                                 seed=self.config.trainer.seed * 100_003 + index)
+        prompts.meta_info.update({N_SAMPLES: self.config.actor_rollout_ref.rollout.n, GREEDY: False,
+                                  SEED: self.config.trainer.seed * 100_003 + index})
         return prompts
 
     def generate_and_score(self, timer: StageTimer, metrics: dict[str, float]) -> DataProto:
@@ -283,10 +289,12 @@ class PPOTrainer:
             metrics.update(self.correct_for_rollout(batch))
         if self.ref is not None:
             with timer("ref"):  # 3. reference log-probs for the KL terms
-                batch.union(self.memory(metrics, "ref", self.ref.compute_ref_log_prob(batch)))
+                ref = self.ref.compute_ref_log_prob(batch)
+                batch.union(self.memory(metrics, "ref", ref))
         if self.reward_model is not None:
             with timer("rm"):  # 4. reward: the reward model's scores (a stage of its own) ...
-                batch.union(self.memory(metrics, "rm", self.reward_model.compute_rm_score(batch)))
+                scores = self.reward_model.compute_rm_score(batch)
+                batch.union(self.memory(metrics, "rm", scores))
         with timer("reward"):  # ... the verifiers', combined as reward.sources declare (and a greedy baseline)
             metrics.update(self.score(batch))
             if self.inputs.greedy_baseline:
@@ -343,7 +351,7 @@ class PPOTrainer:
 
     def greedy_baseline(self, prompts: DataProto, batch: DataProto) -> dict[str, float]:
         """``reward_baselines``: each prompt's greedy response, scored, repeated over its n samples (ReMax)."""
-        greedy = DataProto(dict(prompts.batch), dict(prompts.non_tensor_batch), {**prompts.meta_info, "n": 1, "greedy": True})
+        greedy = DataProto(dict(prompts.batch), dict(prompts.non_tensor_batch), {**prompts.meta_info, N_SAMPLES: 1, GREEDY: True})
         reward, _ = self.rewards(self.generate(greedy))
         baseline = reward.token_level_scores.sum(-1).repeat_interleave(self.config.actor_rollout_ref.rollout.n)
         batch.batch[REWARD_BASELINES] = baseline
@@ -356,14 +364,16 @@ class PPOTrainer:
         if not self.inputs.recompute_old_log_prob:
             batch.batch[OLD_LOG_PROBS] = batch.batch[ROLLOUT_LOG_PROBS]
             return
-        batch.meta_info["with_sum_pi_squared"] = self.inputs.sum_pi_squared
-        batch.union(self.memory(metrics, "old_log_prob", self.actor.compute_log_prob(batch)))
+        batch.meta_info[WITH_SUM_PI_SQUARED] = self.inputs.sum_pi_squared
+        log_probs = self.actor.compute_log_prob(batch)
+        batch.union(self.memory(metrics, "old_log_prob", log_probs))
 
     def correct_for_rollout(self, batch: DataProto) -> dict[str, float]:
         """``rollout_is_weights`` between the training and the rollout policy (``algorithm.rollout_correction``);
-        in ``mask`` mode the rejected tokens leave ``response_mask``. Nothing when it is off."""
+        in ``mask`` mode the rejected tokens leave ``response_mask``. Nothing when it is off, or in bypass mode
+        (the actor's loss weighs pi_current / pi_rollout itself: ``losses/bypass.py``)."""
         cfg = self.config.algorithm.rollout_correction
-        if cfg.rollout_is is None:
+        if cfg.rollout_is is None or cfg.bypass_mode:
             return {}
         out = rollout_correction(
             batch.batch[OLD_LOG_PROBS], batch.batch[ROLLOUT_LOG_PROBS], batch.batch[RESPONSE_MASK],
@@ -413,7 +423,7 @@ class PPOTrainer:
         greedy, keep = self.config.actor_rollout_ref.rollout.val_greedy, self.config.trainer.log_val_generations
         for start in range(0, len(indices), self.config.data.val_batch_size):
             prompts = self.val_prompts.batch(indices[start : start + self.config.data.val_batch_size], self.pad_id)
-            prompts.meta_info.update(n=1, greedy=greedy, seed=self._seed() + start)
+            prompts.meta_info.update({N_SAMPLES: 1, GREEDY: greedy, SEED: self._seed() + start})
             out = self.generate(prompts)
             reward, checked = self.rewards(out)
             checked = checked or self.reward_fn.score_batch(out, self.tokenizer)

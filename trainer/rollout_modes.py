@@ -29,7 +29,16 @@ from typing import Any, Callable
 import numpy as np
 
 from hybridflow.core import DataProto
-from hybridflow.core.keys import METRICS, RESPONSE_MASK, ROLLOUT_VERSIONS, WEIGHT_SYNC_PREFIX
+from hybridflow.core.keys import (
+    METRICS,
+    N_SAMPLES,
+    RESPONSE_MASK,
+    ROLLOUT_VERSIONS,
+    SEED,
+    STREAM_REQUEST,
+    WEIGHT_SYNC_PREFIX,
+    WEIGHT_VERSION,
+)
 from hybridflow.core.worker_group import gather
 
 logger = logging.getLogger(__name__)
@@ -38,7 +47,7 @@ __all__ = ["GroupWeightSync", "NoWeightSync", "PipelinedRollout", "ServerWeightS
            "weight_sync",
            "with_prompt_columns"]
 
-CALL_KEYS = ("seed", "request")
+CALL_KEYS = (SEED, STREAM_REQUEST)
 """``meta_info`` keys of one rollout request; they leave its batch (the rollout batches of one step differ in them,
 and ``concat`` wants equal ``meta_info``)."""
 
@@ -187,7 +196,7 @@ class PipelinedRollout:
         while not self.pending or (self.drawn <= version + self.ahead and len(self.pending) < self.steps - version):
             state = self.loader.state_dict()
             prompts = self.draw(self.drawn)
-            prompts.meta_info["request"] = self.drawn
+            prompts.meta_info[STREAM_REQUEST] = self.drawn
             future = self.rollout.generate_stream.options(blocking=False)(prompts)
             self.pending.append(_Submitted(prompts, future, state, self.drawn))
             self.drawn += 1
@@ -225,7 +234,7 @@ def drop_call_keys(batch: DataProto) -> None:
 def with_prompt_columns(rollout: DataProto, prompts: DataProto) -> DataProto:
     """``rollout`` (``n`` rows per prompt, adjacent) with the prompts' non-tensor columns (data source, ground
     truth, uid, ...) repeated beside them: the workers get the token columns only and never ship those back."""
-    columns = prompts.select(batch_keys=[], meta_info_keys=[]).repeat(prompts.meta_info["n"], interleave=True)
+    columns = prompts.select(batch_keys=[], meta_info_keys=[]).repeat(prompts.meta_info[N_SAMPLES], interleave=True)
     return rollout.union(columns)
 
 
@@ -242,7 +251,7 @@ def rollout_source(config: Any, draw: Draw, generate: Callable, rollout: Any, lo
 def check_version(batch: DataProto, version: int, allow_stale: bool) -> None:
     """Fail (or warn, with ``allow_stale``) when a synchronous rollout did not sample with the trainer's
     current weights: the actor makes one update per step, so its version is the step count."""
-    sampled = batch.meta_info.get("weight_version")
+    sampled = batch.meta_info.get(WEIGHT_VERSION)
     if sampled == version:
         return
     message = (f"step {version + 1}: the rollout sampled with weight version {sampled}, but the actor has made "

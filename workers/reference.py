@@ -14,7 +14,7 @@ import torch
 from hybridflow.configs.schema import PPOConfig
 from hybridflow.core import DP_COMPUTE_PROTO, ONE_TO_ALL, DataProto, Worker, register
 from hybridflow.core.parallel_dims import ParallelDims
-from hybridflow.core.keys import REF_LOG_PROBS
+from hybridflow.core.keys import LOG_PROB_INPUTS, REF_LOG_PROBS
 from hybridflow.workers.fsdp import shard_role
 from hybridflow.workers.offload import StateOffloader
 from hybridflow.workers.log_probs import response_log_probs
@@ -32,7 +32,7 @@ class RefWorker(Worker):
         self.config, self.dims = config, dims
         self.init_device_mesh(*dims.ref.mesh)
 
-    @register(dispatch=ONE_TO_ALL)
+    @register(dispatch=ONE_TO_ALL, reads=())
     def init_model(self) -> None:
         """Load the initial policy weights, frozen, sharded over the ranks."""
         arr = self.config.actor_rollout_ref
@@ -49,7 +49,7 @@ class RefWorker(Worker):
         self.offload = StateOffloader(self.model, None, params=fsdp.param_offload, optimizer_state=False)
         self.offload.offload()
 
-    @register(dispatch=DP_COMPUTE_PROTO)
+    @register(dispatch=DP_COMPUTE_PROTO, reads=LOG_PROB_INPUTS)
     @torch.no_grad()
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         """Teacher-forced log-probs of the responses, at the rollout temperature."""

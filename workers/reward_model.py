@@ -105,7 +105,7 @@ class RewardModelWorker(Worker):
         self.config, self.dims = config, dims
         self.init_device_mesh(*dims.reward_model.mesh)
 
-    @register(dispatch=ONE_TO_ALL)
+    @register(dispatch=ONE_TO_ALL, reads=())
     def init_model(self) -> None:
         """Load the reward model, frozen, sharded over the ranks; its tokenizer and the policy's."""
         rm, policy = self.config.reward_model, self.config.actor_rollout_ref.model

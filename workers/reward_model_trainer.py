@@ -146,7 +146,7 @@ class RewardModelTrainerWorker(Worker):
         self.config = config
         self.init_device_mesh((self.world_size,), ("dp",))
 
-    @register(dispatch=ONE_TO_ALL)
+    @register(dispatch=ONE_TO_ALL, reads=())
     def init_model(self) -> None:
         """Build the reward model (rank 0 reads, every rank gets its shard) and its optimizer."""
         self.model = load_score_model(self.config, self.device_mesh, self.device)
@@ -192,7 +192,7 @@ class RewardModelTrainerWorker(Worker):
         return DataProto.from_dict({CHOSEN_SCORES: scores[:, 0].contiguous(),
                                     REJECTED_SCORES: scores[:, 1].contiguous()})
 
-    @register(dispatch=ONE_TO_ALL)
+    @register(dispatch=ONE_TO_ALL, reads=())
     def save_hf_model(self, directory: str) -> None:
         """Gather the full weights (collective) and, on rank 0, write ``directory`` with ``save_pretrained``:
         the model (config with ``num_labels=1`` and ``pad_token_id``) and the tokenizer, set to pad on the

@@ -15,6 +15,12 @@ batch. What it guarantees:
   ``pg_clipfrac``, ...) do not depend on the micro-batch split either: each is
   the rank's mini-batch value, summed from the micro-batches' shares of it
   (the policy loss's own, token means, weighted by tokens).
+* ``seq-mean-token-sum-norm`` divides by a constant of the run
+  (``loss_scale_factor``), never by a micro-batch's padded width, so packing
+  and token-budget micro-batches leave it unchanged.
+* Under the rollout correction's ``bypass_mode`` the policy term is computed
+  against the rollout's own log-probs (``losses/bypass.py``); the entropy and
+  KL terms are unchanged.
 
 Micro-batches hold a fixed number of rows or, under ``use_dynamic_bsz``, a
 token budget (``workers/micro_batches.py``); forwards run padded or packed
@@ -29,7 +35,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hybridflow.configs.schema import ActorConfig
+from hybridflow.configs.schema import ActorConfig, RolloutCorrectionConfig
 from hybridflow.core import DataProto
 from hybridflow.core.keys import (
     ADVANTAGES,
@@ -42,6 +48,7 @@ from hybridflow.core.keys import (
     SUM_PI_SQUARED,
 )
 from hybridflow.losses import agg_loss, kl_penalty
+from hybridflow.losses.bypass import bypass_policy_loss
 from hybridflow.plugins import get_policy_loss
 from hybridflow.workers.log_probs import response_log_probs
 from hybridflow.workers.micro_batches import MicroBatching, restore_order
@@ -62,6 +69,11 @@ class PPOActor:
     :param config: the ``actor_rollout_ref.actor`` config.
     :param loss_agg_mode: the resolved aggregation mode (the trainer fills in
         the estimator's recommendation when the config leaves it unset).
+    :param loss_scale_factor: the constant of ``seq-mean-token-sum-norm``, resolved
+        (``configs/roles.py``: ``rollout.response_length`` unless set); None: each
+        micro-batch's padded width, as veRL's ``agg_loss`` falls back to.
+    :param rollout_correction: ``algorithm.rollout_correction``; with ``bypass_mode`` the
+        policy term is ``losses/bypass.py``'s against ``rollout_log_probs`` (None: off).
     :param dp_group: the data-parallel process group (None: a single rank).
     :param rows_per_mini_batch: this rank's rows per optimizer step
         (``ppo_mini_batch_size * n / dp_size``).
@@ -85,9 +97,13 @@ class PPOActor:
         use_remove_padding: bool = True,
         share_prompts: bool = False,
         log_prob_batching: MicroBatching | None = None,
+        loss_scale_factor: float | None = None,
+        rollout_correction: RolloutCorrectionConfig | None = None,
     ) -> None:
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.config = config
+        self.loss_scale_factor = loss_scale_factor
+        self.bypass = rollout_correction if rollout_correction is not None and rollout_correction.bypass_mode else None
         self.update_batching = MicroBatching(
             config.ppo_micro_batch_size_per_gpu, config.ppo_max_token_len_per_gpu if config.use_dynamic_bsz else None
         )
@@ -143,9 +159,10 @@ class PPOActor:
         for index, mini in enumerate(mini_batches):
             probe = index == 0  # the first optimizer step's forwards still see the weights that sampled
             num_tokens, num_seqs = global_counts(mini.batch[RESPONSE_MASK], self.dp_group)
-            counts = {"num_tokens": num_tokens, "num_seqs": num_seqs}
+            norm = {"norm_len": self.loss_scale_factor}
+            counts = {"num_tokens": num_tokens, "num_seqs": num_seqs, **norm}
             local_tokens, local_seqs = global_counts(mini.batch[RESPONSE_MASK], None)
-            local = {"num_tokens": max(local_tokens, 1.0), "num_seqs": max(local_seqs, 1.0)}
+            local = {"num_tokens": max(local_tokens, 1.0), "num_seqs": max(local_seqs, 1.0), **norm}
             diagnostics: dict[str, float] = defaultdict(float)  # the rank's mini-batch values, summed from shares
             micro_batches, _ = self.update_batching.split(mini, self.dp_group)
             step = optimizer_step(
@@ -184,22 +201,18 @@ class PPOActor:
         need_entropy = self.config.entropy_coeff != 0 or probe
         log_probs, entropy, _ = response_log_probs(self.model, micro, temperature=temperature, with_entropy=need_entropy,
                                                    packing=self.packing)
-        # rollout correction: importance weights pi_old / pi_rollout, when the driver computed them
-        correction = {"rollout_is_weights": micro.batch[ROLLOUT_IS_WEIGHTS]} if ROLLOUT_IS_WEIGHTS in micro.batch else {}
-        token_losses, loss_metrics = self.policy_loss.fn(
-            micro.batch[OLD_LOG_PROBS], log_probs, micro.batch[ADVANTAGES], mask, **correction,
-            **self.config.policy_loss_options,
-        )
-        terms = {"pg_loss": (1.0, token_losses)}
+        token_losses, pg_mask, loss_metrics, corr_metrics = self._policy_term(micro, log_probs, mask)
+        terms = {"pg_loss": (1.0, token_losses, pg_mask)}  # name: (coefficient, token values, their mask)
         if self.config.entropy_coeff != 0:
-            terms["entropy"] = (-self.config.entropy_coeff, entropy)
+            terms["entropy"] = (-self.config.entropy_coeff, entropy, mask)
         if self.config.use_kl_loss:
             kl = kl_penalty(log_probs, micro.batch[REF_LOG_PROBS], self.config.kl_loss_type)
-            terms["kl_loss"] = (self.config.kl_loss_coef, kl)
-        loss = sum(coef * agg_loss(values, mask, self.loss_agg_mode, **counts) for coef, values in terms.values())
+            terms["kl_loss"] = (self.config.kl_loss_coef, kl, mask)
+        loss = sum(coef * agg_loss(values, m, self.loss_agg_mode, **counts) for coef, values, m in terms.values())
         with torch.no_grad():  # diagnostics: shares of the rank's mini-batch value, so the split cannot change them
-            for name, (_, values) in terms.items():
-                diagnostics[f"actor/{name}"] += agg_loss(values, mask, self.loss_agg_mode, **local).item()
+            for name, (_, values, m) in terms.items():
+                diagnostics[f"actor/{name}"] += agg_loss(values, m, self.loss_agg_mode, **local).item()
+            _add_shares(diagnostics, corr_metrics, float(mask.sum()) / local["num_tokens"])
             # whatever the loss plugin computes: > 0 when the updates so far made advantaged tokens likelier
             gain = micro.batch[ADVANTAGES] * (log_probs - micro.batch[OLD_LOG_PROBS])
             diagnostics["actor/surrogate_gain"] += agg_loss(gain, mask, "token-mean", num_tokens=local["num_tokens"]).item()
@@ -211,6 +224,32 @@ class PPOActor:
                 self._probe(micro, log_probs, entropy, mask, local, diagnostics)
         return loss, {}
 
+    def _policy_term(
+        self, micro: DataProto, log_probs: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float], dict[str, float]]:
+        """The policy loss per token, the mask it is aggregated under, its diagnostics, and (bypass mode) the
+        ``rollout_corr/`` statistics of this micro-batch's weights pi_current / pi_rollout."""
+        advantages = micro.batch[ADVANTAGES]
+        if self.bypass is None:
+            # rollout correction: importance weights pi_old / pi_rollout, when the driver computed them
+            weights = {"rollout_is_weights": micro.batch[ROLLOUT_IS_WEIGHTS]} if ROLLOUT_IS_WEIGHTS in micro.batch else {}
+            token_losses, metrics = self.policy_loss.fn(micro.batch[OLD_LOG_PROBS], log_probs, advantages, mask,
+                                                        **weights, **self.config.policy_loss_options)
+            return token_losses, mask, metrics, {}
+        if ROLLOUT_LOG_PROBS not in micro.batch:
+            raise ValueError("algorithm.rollout_correction.bypass_mode=true needs the rollout's log-probs "
+                             f"(batch[{ROLLOUT_LOG_PROBS!r}]), and this batch has none")
+        cfg = self.bypass
+        correction = None if cfg.rollout_is is None else {
+            "rollout_is": cfg.rollout_is, "rollout_is_mode": cfg.rollout_is_mode,
+            "rollout_is_threshold": cfg.rollout_is_threshold, "rollout_is_threshold_lower": cfg.rollout_is_threshold_lower,
+            "rollout_is_batch_normalize": cfg.rollout_is_batch_normalize}
+        token_losses, pg_mask, metrics = bypass_policy_loss(
+            micro.batch[ROLLOUT_LOG_PROBS], log_probs, advantages, mask, loss_type=cfg.loss_type, correction=correction,
+            ppo_options=self.config.policy_loss_options)
+        corr = {k: v for k, v in metrics.items() if k.startswith("rollout_corr/")}
+        return token_losses, pg_mask, {k: v for k, v in metrics.items() if k not in corr}, corr
+
     def _probe(self, micro: DataProto, log_probs: torch.Tensor, entropy: torch.Tensor, mask: torch.Tensor,
                local: dict[str, float], diagnostics: dict[str, float]) -> None:
         """The rollout policy's entropy (unless a loss term reports it) and its log-prob gap to this forward."""
@@ -219,3 +258,14 @@ class PPOActor:
         if ROLLOUT_LOG_PROBS in micro.batch:
             gap = ((log_probs - micro.batch[ROLLOUT_LOG_PROBS]).abs() * mask).max().item()
             diagnostics[GAP] = max(diagnostics[GAP], gap)
+
+
+def _add_shares(diagnostics: dict[str, float], metrics: dict[str, float], weight: float) -> None:
+    """A micro-batch's statistics into the rank's mini-batch values: means weighted by its share of the tokens,
+    ``*_max`` / ``*_min`` as the largest / smallest over the micro-batches."""
+    for key, value in metrics.items():
+        if key.endswith(("_max", "_min")):
+            pick = max if key.endswith("_max") else min
+            diagnostics[key] = pick(diagnostics[key], value) if key in diagnostics else value
+        else:
+            diagnostics[key] += value * weight

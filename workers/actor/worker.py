@@ -33,10 +33,12 @@ from typing import Any
 
 import torch
 
+from hybridflow.configs.roles import resolve_loss_scale_factor
 from hybridflow.configs.schema import PPOConfig
 from hybridflow.core import DP_COMPUTE_METRIC, DP_COMPUTE_PROTO, ONE_TO_ALL, DataProto, Worker, register
-from hybridflow.core.keys import (ACTOR_UPDATE_INPUTS, FORWARD_INPUTS, METRICS, OLD_LOG_PROBS, REF_LOG_PROBS,
-                                  SEQUENCE_COLUMNS, WEIGHT_SYNC_PREFIX)
+from hybridflow.core.keys import (ACTOR_UPDATE_INPUTS, GLOBAL_STEP, GREEDY, LOG_PROB_INPUTS, METRICS, N_SAMPLES,
+                                  OLD_LOG_PROBS, REF_LOG_PROBS, SEQUENCE_COLUMNS, STOP_TOKEN_IDS, WEIGHT_SYNC_PREFIX,
+                                  WEIGHT_VERSION, WITH_SUM_PI_SQUARED)
 from hybridflow.core.parallel_dims import ParallelDims
 from hybridflow.core.reshard import plan_reshard
 from hybridflow.core.weight_transfer import WeightTransfer, manifest_of
@@ -80,7 +82,7 @@ class ActorRolloutWorker(Worker):
         self.weight_version = 0  # bumped by every optimizer update
         self.rollout_version = -1  # the weight version the rollout layout holds
 
-    @register(dispatch=ONE_TO_ALL)
+    @register(dispatch=ONE_TO_ALL, reads=())
     def init_model(self) -> None:
         """Load the model sharded (rank 0 reads it, the others receive their shards: ``workers/loading.py``),
         build the optimizer, the rollout layout (filled by the reshard) and the engine."""
@@ -119,6 +121,8 @@ class ActorRolloutWorker(Worker):
             rows_per_mini_batch=self.dims.actor.rows_per_mini_batch, dp_group=dp_group, scheduler=self.scheduler,
             use_remove_padding=arr.model.use_remove_padding, share_prompts=arr.model.share_prompts,
             log_prob_batching=log_prob_batching(arr, self.dims.actor.micro_batch_rows),
+            loss_scale_factor=resolve_loss_scale_factor(self.config),  # from the config alone: resolved here
+            rollout_correction=self.config.algorithm.rollout_correction,
         )
         if self.split:
             self.engine = None
@@ -156,7 +160,7 @@ class ActorRolloutWorker(Worker):
         self.engine = vllm_engine(self.config, self.dims, self.tokenizer)
         self.engine.sleep()
 
-    @register(dispatch=ONE_TO_ALL)
+    @register(dispatch=ONE_TO_ALL, reads=())
     def tokenizer_info(self) -> dict[str, Any]:
         """The pad token id the driver pads prompts with, the engine's first EOS id and all of them."""
         if self.engine is None:
@@ -216,10 +220,10 @@ class ActorRolloutWorker(Worker):
             self.engine.wake_up(["kv_cache"])
         rollout = self.config.actor_rollout_ref.rollout
         meta = prompts.meta_info
-        out = self.engine.generate(prompts, n=meta["n"], sampling=sampling_for(self.config, meta), greedy=meta["greedy"],
+        out = self.engine.generate(prompts, n=meta[N_SAMPLES], sampling=sampling_for(self.config, meta), greedy=meta[GREEDY],
                                    seed=call_seed(meta, self.dp_layout(ROLLOUT_MESH).dp_rank),
-                                   stop_token_ids=tuple(meta.get("stop_token_ids", ())))
-        out.meta_info["weight_version"] = self.rollout_version
+                                   stop_token_ids=tuple(meta.get(STOP_TOKEN_IDS, ())))
+        out.meta_info[WEIGHT_VERSION] = self.rollout_version
         out.meta_info.setdefault(METRICS, {}).update({k: v for k, v in synced.items() if k.startswith(WEIGHT_SYNC_PREFIX)})
         if self.use_vllm:
             self.engine.sleep()
@@ -228,7 +232,7 @@ class ActorRolloutWorker(Worker):
             self.rollout_version = -1
         return out
 
-    @register(dispatch=DP_COMPUTE_PROTO, reads=FORWARD_INPUTS)
+    @register(dispatch=DP_COMPUTE_PROTO, reads=LOG_PROB_INPUTS)
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """``old_log_probs`` (the importance ratio's denominator) under the training layout; also
         ``sum_pi_squared`` when ``meta_info["with_sum_pi_squared"]`` (an estimator declared it). The entropy
@@ -237,10 +241,10 @@ class ActorRolloutWorker(Worker):
         with self.offload.on_device(params=True):
             return self.actor.compute_log_prob(
                 data, temperature=temperature, with_entropy=False,
-                with_sum_pi_squared=bool(data.meta_info.get("with_sum_pi_squared", False)),
+                with_sum_pi_squared=bool(data.meta_info.get(WITH_SUM_PI_SQUARED, False)),
             )
 
-    @register(dispatch=DP_COMPUTE_PROTO, reads=FORWARD_INPUTS)
+    @register(dispatch=DP_COMPUTE_PROTO, reads=LOG_PROB_INPUTS)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         """``ref_log_probs`` with LoRA: the policy with its adapters off is the initial policy, so the actor
         computes them and no reference group exists (``configs/roles.py reference_in_actor``)."""
@@ -261,7 +265,7 @@ class ActorRolloutWorker(Worker):
         """
         temperature = self.config.actor_rollout_ref.rollout.temperature
         with self.offload.on_device(params=True, optimizer=True):
-            metrics = self.actor.update_policy(data, temperature=temperature, shuffle_seed=data.meta_info["global_step"])
+            metrics = self.actor.update_policy(data, temperature=temperature, shuffle_seed=data.meta_info[GLOBAL_STEP])
             # what the optimizer holds: with LoRA, the adapters' moments alone
             metrics["actor/optimizer_state_bytes_per_rank"] = float(state_bytes(self.optimizer))
             metrics["actor/param_bytes_per_rank"] = float(parameter_bytes(self.model))
@@ -271,7 +275,7 @@ class ActorRolloutWorker(Worker):
                 metrics.update(self._sync_rollout_weights())
         return metrics
 
-    @register(dispatch=ONE_TO_ALL)
+    @register(dispatch=ONE_TO_ALL, reads=())
     def join_weight_transfer(self, host: str, port: int, members: int) -> None:
         """Rank 0 hosts the trainer-to-rollout group (``core/weight_transfer.py``) as member 0 and publishes the
         manifest of the weights; the other ranks only take part in the gathers of :meth:`send_weights`."""
@@ -280,7 +284,7 @@ class ActorRolloutWorker(Worker):
                                            timeout_s=self.config.trainer.timeouts.weight_sync_s)
             self.transfer.publish(manifest_of(self.weights.named()))
 
-    @register(dispatch=ONE_TO_ALL)
+    @register(dispatch=ONE_TO_ALL, reads=())
     def send_weights(self) -> dict[str, float]:
         """Gather the full weights (collective over the training ranks) and broadcast them with the weight
         version to the rollout's ranks (with their ``receive_weights``); rank 0's ``weight_sync/*`` metrics."""
@@ -294,7 +298,7 @@ class ActorRolloutWorker(Worker):
             stats = self.transfer.send(weights, self.weight_version, bucket)
             return {**stats.metrics(), "weight_sync/version": float(stats.version)}
 
-    @register(dispatch=ONE_TO_ALL)
+    @register(dispatch=ONE_TO_ALL, reads=())
     def save_checkpoint(self, directory: str) -> None:
         """Write this rank's sharded model and optimizer state into ``directory/actor``; rank 0 adds the HF
         config, generation config and tokenizer (``actor/huggingface``), so the checkpoint exports offline."""
@@ -306,7 +310,7 @@ class ActorRolloutWorker(Worker):
             if self.adapter_config is not None:  # what an offline export needs to merge or write the adapter
                 self.adapter_config.save_pretrained(target)
 
-    @register(dispatch=ONE_TO_ALL)
+    @register(dispatch=ONE_TO_ALL, reads=())
     def load_checkpoint(self, directory: str) -> None:
         """Restore the state :meth:`save_checkpoint` wrote; the rollout layout follows on the next generate."""
         with self.offload.on_device(params=True, optimizer=True):  # else the host copy would overwrite what loads
@@ -315,7 +319,7 @@ class ActorRolloutWorker(Worker):
         self.weight_version = extra["weight_version"]
         self.rollout_version = -1
 
-    @register(dispatch=ONE_TO_ALL)
+    @register(dispatch=ONE_TO_ALL, reads=())
     def save_hf_model(self, directory: str) -> None:
         """Gather the full weights (collective) and save an HF model directory (rank 0 writes)."""
         with self.offload.on_device(params=True):

@@ -5,8 +5,10 @@ The critic is the policy's architecture with a one-output token head
 response token t is the head's output at the position *before* it (the
 state in which token t was chosen), mirroring how log-probs are read.
 Mini-batches, micro-batches, global normalization and skipped steps work as
-for the actor (``workers/train_step.py``); the value loss is always averaged
-over the global mini-batch's valid tokens. Micro-batches hold a fixed number
+for the actor (``workers/train_step.py``); the value loss is aggregated with
+``critic.loss_agg_mode`` (veRL's key; a token mean by default), its counts
+taken over the global mini-batch as the actor's are, so the split does not
+change the update. Micro-batches hold a fixed number
 of rows or a token budget (``use_dynamic_bsz``); forwards run padded or packed.
 """
 
@@ -47,7 +49,9 @@ class PPOCritic:
 
     ``use_remove_padding``: packed forwards (the policy's ``model.use_remove_padding``:
     the critic has no model section), in the layout its attention confines (``probe_packing``);
-    ``share_prompts``: the rows of one prompt as a prefix tree (``model.share_prompts``).
+    ``share_prompts``: the rows of one prompt as a prefix tree (``model.share_prompts``);
+    ``loss_scale_factor``: the constant of ``seq-mean-token-sum-norm`` (the actor's, resolved; None: each
+    micro-batch's padded width, as veRL's ``agg_loss`` falls back to).
     """
 
     def __init__(
@@ -62,9 +66,11 @@ class PPOCritic:
         scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
         use_remove_padding: bool = True,
         share_prompts: bool = False,
+        loss_scale_factor: float | None = None,
     ) -> None:
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.config = config
+        self.loss_scale_factor = loss_scale_factor
         dynamic, rows = config.use_dynamic_bsz, config.ppo_micro_batch_size_per_gpu
         self.update_batching = MicroBatching(rows, config.ppo_max_token_len_per_gpu if dynamic else None)
         forward_budget = config.forward_max_token_len_per_gpu
@@ -93,13 +99,16 @@ class PPOCritic:
         self.model.train()
         steps = []
         for mini in data.make_iterator(self.rows_per_mini_batch, epochs=self.ppo_epochs):
-            num_tokens, _ = global_counts(mini.batch[RESPONSE_MASK], self.dp_group)
-            local_tokens = max(global_counts(mini.batch[RESPONSE_MASK], None)[0], 1.0)
+            num_tokens, num_seqs = global_counts(mini.batch[RESPONSE_MASK], self.dp_group)
+            counts = {"num_tokens": num_tokens, "num_seqs": num_seqs, "norm_len": self.loss_scale_factor}
+            local_tokens, local_seqs = global_counts(mini.batch[RESPONSE_MASK], None)
+            local = {"num_tokens": max(local_tokens, 1.0), "num_seqs": max(local_seqs, 1.0),
+                     "norm_len": self.loss_scale_factor}
             diagnostics: dict[str, float] = defaultdict(float)  # the rank's mini-batch values, summed from shares
             micro_batches, _ = self.update_batching.split(mini, self.dp_group)
             step = optimizer_step(
                 micro_batches,
-                lambda micro: self._micro_batch_loss(micro, num_tokens, local_tokens, diagnostics),
+                lambda micro: self._micro_batch_loss(micro, counts, local, diagnostics),
                 self.model,
                 self.optimizer,
                 grad_clip=self.config.optim.grad_clip,
@@ -113,19 +122,21 @@ class PPOCritic:
         return metrics
 
     def _micro_batch_loss(
-        self, micro: DataProto, num_tokens: float, local_tokens: float, diagnostics: dict[str, float]
+        self, micro: DataProto, counts: dict[str, float], local: dict[str, float], diagnostics: dict[str, float]
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """The micro-batch's share of the global value loss; its shares of the rank's mini-batch token means
-        (``local_tokens``) are added to ``diagnostics``."""
+        """The micro-batch's share of the global value loss (``counts``: the global mini-batch's); its shares of
+        the rank's mini-batch values (``local``: the rank's counts) are added to ``diagnostics``."""
         mask = micro.batch[RESPONSE_MASK].float()
         values = response_values(self.model, micro, packing=self.packing)
         token_losses, loss_metrics = clipped_value_loss(
             values, micro.batch[VALUES], micro.batch[RETURNS], mask, self.config.cliprange_value
         )
-        loss = agg_loss(token_losses, mask, "token-mean", num_tokens=num_tokens)
+        mode = self.config.loss_agg_mode
+        loss = agg_loss(token_losses, mask, mode, **counts)
         with torch.no_grad():
+            local_tokens = local["num_tokens"]
             weight = float(mask.sum()) / local_tokens
-            diagnostics["critic/vf_loss"] += agg_loss(token_losses, mask, "token-mean", num_tokens=local_tokens).item()
+            diagnostics["critic/vf_loss"] += agg_loss(token_losses, mask, mode, **local).item()
             diagnostics["critic/vpred_mean"] += float((values * mask).sum()) / local_tokens
             for key, value in loss_metrics.items():  # token means over this micro-batch
                 diagnostics[key] += value * weight

@@ -13,6 +13,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from transformers import AutoModelForTokenClassification
 
+from hybridflow.configs.roles import resolve_loss_scale_factor
 from hybridflow.configs.schema import PPOConfig
 from hybridflow.core import DP_COMPUTE_METRIC, DP_COMPUTE_PROTO, ONE_TO_ALL, DataProto, Worker, register
 from hybridflow.core.keys import CRITIC_UPDATE_INPUTS, FORWARD_INPUTS
@@ -110,7 +111,7 @@ class CriticWorker(Worker):
         self.config, self.dims = config, dims
         self.init_device_mesh(*dims.critic.mesh)
 
-    @register(dispatch=ONE_TO_ALL)
+    @register(dispatch=ONE_TO_ALL, reads=())
     def init_model(self) -> None:
         """Build the value model, shard it, build its optimizer."""
         cfg = self.config
@@ -124,6 +125,7 @@ class CriticWorker(Worker):
             ppo_epochs=cfg.actor_rollout_ref.actor.ppo_epochs, dp_group=self.device_mesh.get_group(), scheduler=self.scheduler,
             use_remove_padding=cfg.actor_rollout_ref.model.use_remove_padding,
             share_prompts=cfg.actor_rollout_ref.model.share_prompts,
+            loss_scale_factor=resolve_loss_scale_factor(cfg),  # the actor's constant, as veRL's critic defaults to
         )
         self.offload.offload()
 
@@ -143,13 +145,13 @@ class CriticWorker(Worker):
             metrics["critic/param_bytes_per_rank"] = float(parameter_bytes(self.model))
             return metrics
 
-    @register(dispatch=ONE_TO_ALL)
+    @register(dispatch=ONE_TO_ALL, reads=())
     def save_checkpoint(self, directory: str) -> None:
         """Write this rank's sharded critic and optimizer into ``directory/critic``."""
         with self.offload.on_device(params=True, optimizer=True):
             save_role(directory, "critic", self.model, self.optimizer, extra={"scheduler": self.scheduler.state_dict()})
 
-    @register(dispatch=ONE_TO_ALL)
+    @register(dispatch=ONE_TO_ALL, reads=())
     def load_checkpoint(self, directory: str) -> None:
         """Restore what :meth:`save_checkpoint` wrote."""
         with self.offload.on_device(params=True, optimizer=True):

@@ -24,7 +24,17 @@ import torch
 
 from hybridflow.configs.schema import PPOConfig
 from hybridflow.core import DP_COMPUTE_PROTO, ONE_TO_ALL, DataProto, Worker, register
-from hybridflow.core.keys import ROLLOUT_VERSIONS, SEQUENCE_COLUMNS
+from hybridflow.core.keys import (
+    GREEDY,
+    MAX_NEW_TOKENS,
+    N_SAMPLES,
+    ROLLOUT_VERSIONS,
+    SEED,
+    SEQUENCE_COLUMNS,
+    STOP_TOKEN_IDS,
+    STREAM_REQUEST,
+    WEIGHT_VERSION,
+)
 from hybridflow.core.parallel_dims import ParallelDims
 from hybridflow.core.weight_transfer import WeightTransfer
 from hybridflow.workers.models import load_model_config, load_tokenizer, torch_dtype
@@ -43,7 +53,7 @@ SWAP_FOR_MODE = {"async": "step", "one_step_off": "drained"}
 def sampling_for(config: PPOConfig, meta: dict[str, Any]) -> SamplingParams:
     """The rollout's sampling for one call: ``meta["max_new_tokens"]`` (an agent loop's turn) within ``rollout.response_length``."""
     rollout = config.actor_rollout_ref.rollout
-    steps = min(int(meta.get("max_new_tokens", rollout.response_length)), rollout.response_length)
+    steps = min(int(meta.get(MAX_NEW_TOKENS, rollout.response_length)), rollout.response_length)
     return SamplingParams(temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k, max_new_tokens=steps)
 
 
@@ -75,7 +85,7 @@ def vllm_engine(config: PPOConfig, dims: ParallelDims, tokenizer: Any, *, batche
 
 def call_seed(meta: dict[str, Any], dp_rank: int) -> int:
     """The sampling seed of one generation call on rollout dp rank ``dp_rank`` (tp peers share it)."""
-    return meta["seed"] * 1_000_003 + dp_rank
+    return meta[SEED] * 1_000_003 + dp_rank
 
 
 def block_writer(params: dict[str, torch.Tensor], hf_config: Any, tp_rank: int, tp_size: int):
@@ -107,7 +117,7 @@ class RolloutWorker(Worker):
         """This rank's position in its rollout tensor-parallel group."""
         return self.device_mesh.get_local_rank("tp") if self.tp_size > 1 else 0
 
-    @register(dispatch=ONE_TO_ALL)
+    @register(dispatch=ONE_TO_ALL, reads=())
     def init_model(self) -> None:
         """Build this rank's block of the policy (zeros until the first weight transfer) and the engine; with
         ``rollout.name=vllm``, this rank's vLLM engine (dummy weights until the first transfer) and, for a
@@ -128,20 +138,20 @@ class RolloutWorker(Worker):
         self.params = dict(model.named_parameters())
         self.engine = builtin_engine(model, self.tokenizer, arr.rollout, self.device)
 
-    @register(dispatch=ONE_TO_ALL)
+    @register(dispatch=ONE_TO_ALL, reads=())
     def tokenizer_info(self) -> dict[str, Any]:
         """The pad token id the driver pads prompts with, the engine's first EOS id and all of them."""
         return {"pad_token_id": self.engine.pad_token_id, "eos_token_id": self.engine.eos_token_ids[0],
                 "eos_token_ids": list(self.engine.eos_token_ids)}
 
-    @register(dispatch=ONE_TO_ALL)
+    @register(dispatch=ONE_TO_ALL, reads=())
     def join_weight_transfer(self, host: str, port: int, members: int) -> None:
         """Join the trainer-to-rollout group as member ``1 + rank`` (with the trainer's ``join_weight_transfer``)."""
         self.transfer = WeightTransfer(host, port, 1 + self.rank, members, self.device,
                                        timeout_s=self.config.trainer.timeouts.weight_sync_s)
         self.transfer.read_manifest()
 
-    @register(dispatch=ONE_TO_ALL)
+    @register(dispatch=ONE_TO_ALL, reads=())
     def receive_weights(self) -> dict[str, float]:
         """Receive one transfer into the rollout blocks (with the trainer's ``send_weights``); its ``weight_sync/*``
         metrics. Inside a running stream it waits for the stream's swap point (``stream.paused``)."""
@@ -163,18 +173,18 @@ class RolloutWorker(Worker):
         """One generation call, as the actor's (``meta_info``: ``n``, ``greedy``, ``seed``, optionally
         ``max_new_tokens``, ``stop_token_ids``); a running stream pauses for it."""
         meta = prompts.meta_info
-        stops = tuple(meta.get("stop_token_ids", ()))
+        stops = tuple(meta.get(STOP_TOKEN_IDS, ()))
         if self.use_vllm and self.stream is not None:  # vLLM's engine is the stream's: the call joins its loop
             request = next(self._calls)
-            call = VLLMCall(greedy=meta["greedy"], sampling=sampling_for(self.config, meta), stop_token_ids=stops)
-            self.stream.submit(request, prompts, self._seed(meta), n=meta["n"], call=call)
+            call = VLLMCall(greedy=meta[GREEDY], sampling=sampling_for(self.config, meta), stop_token_ids=stops)
+            self.stream.submit(request, prompts, self._seed(meta), n=meta[N_SAMPLES], call=call)
             out = self.stream.take(request)
             out.batch.pop(ROLLOUT_VERSIONS)
         else:
             with self._paused():
-                out = self.engine.generate(prompts, n=meta["n"], sampling=sampling_for(self.config, meta),
-                                           greedy=meta["greedy"], seed=self._seed(meta), stop_token_ids=stops)
-        out.meta_info["weight_version"] = self.version
+                out = self.engine.generate(prompts, n=meta[N_SAMPLES], sampling=sampling_for(self.config, meta),
+                                           greedy=meta[GREEDY], seed=self._seed(meta), stop_token_ids=stops)
+        out.meta_info[WEIGHT_VERSION] = self.version
         return out
 
     @register(dispatch=DP_COMPUTE_PROTO, reads=SEQUENCE_COLUMNS)
@@ -183,9 +193,9 @@ class RolloutWorker(Worker):
         their rollout: the columns of :meth:`generate_sequences` plus ``rollout_versions`` (each token's weight
         version, which the driver checks against its staleness bound)."""
         meta = prompts.meta_info
-        stream = self._stream(meta["n"])
-        stream.submit(int(meta["request"]), prompts, self._seed(meta))
-        return stream.take(int(meta["request"]))
+        stream = self._stream(meta[N_SAMPLES])
+        stream.submit(int(meta[STREAM_REQUEST]), prompts, self._seed(meta))
+        return stream.take(int(meta[STREAM_REQUEST]))
 
     def _stream(self, n: int) -> RolloutStream:
         if self.stream is None and self.use_vllm:
