@@ -21,7 +21,7 @@ comma := ,
 EXTRAS := test$(if $(VLLM_EXTRA),$(comma)$(VLLM_EXTRA))
 REQUIRE_VLLM := $(if $(VLLM_EXTRA),1,0)
 
-.PHONY: run test install clean
+.PHONY: run test lint format mutate install clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,20 @@ run: install
 test: install
 	HYBRIDFLOW_REQUIRE_VLLM=$(REQUIRE_VLLM) $(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not serial" $(PYTEST_ARGS); $(PYTEST_OK)
 	HYBRIDFLOW_REQUIRE_VLLM=$(REQUIRE_VLLM) $(PY) -m pytest -m serial $(PYTEST_ARGS); $(PYTEST_OK)
+
+# ruff (configured in pyproject.toml): the linter, then the formatter in check mode; `make format` applies both.
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: install
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+# Mutation testing of the algorithm core (bench/mutate.py; not part of `make test`: it takes hours on 2 cores).
+mutate: install
+	@$(PY) -c "import cosmic_ray" 2>/dev/null || $(PY) -m pip install --quiet "cosmic-ray==8.7.0"
+	$(PY) bench/mutate.py $(MUTATE_ARGS)
 
 clean:
 	rm -rf $(VENV) *.egg-info

@@ -1,12 +1,15 @@
-"""The ``hybridflow`` command: ``hybridflow plugins``, ``hybridflow demo``, ``hybridflow compare``, ``hybridflow export``."""
+"""The ``hybridflow`` command: ``hybridflow plugins``, ``hybridflow demo``, ``hybridflow compare``,
+``hybridflow export``."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-TRAIN_HINT = ("Training is its own command: train with hybridflow-train (Hydra overrides, e.g. "
-              "hybridflow-train algorithm.adv_estimator=rloo trainer.seed=1; see README).")
+TRAIN_HINT = (
+    "Training is its own command: train with hybridflow-train (Hydra overrides, e.g. "
+    "hybridflow-train algorithm.adv_estimator=rloo trainer.seed=1; see README)."
+)
 """The end of ``hybridflow --help``: where the training command is."""
 
 
@@ -29,8 +32,9 @@ def _compare(args: argparse.Namespace) -> int:
     from hybridflow.tools.compare import CompareError, compare
 
     try:
-        png, table = compare(args.paths, args.out, args.threshold, labels=args.label, x=args.x, title=args.title,
-                             ignore=args.ignore)
+        png, table = compare(
+            args.paths, args.out, args.threshold, labels=args.label, x=args.x, title=args.title, ignore=args.ignore
+        )
     except (FileNotFoundError, CompareError) as error:
         print(f"hybridflow compare: {error}", file=sys.stderr)
         return 2
@@ -65,37 +69,56 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(func=_demo)
     cmp = sub.add_parser(
-        "compare", help="plot and tabulate runs (sweep or run directories), grouped across seeds",
+        "compare",
+        help="plot and tabulate runs (sweep or run directories), grouped across seeds",
         description="Draw compare.png (training score and validation accuracy, mean and min-max band over seeds; "
-                    "*accuracy* metrics on a fixed 0-1 axis) and write compare.md (final validation accuracy, steps "
-                    "to --threshold, train time, tokens/s: mean over seeds ± the 95% Student-t interval's "
-                    "half-width, n/a with one seed).",
+        "*accuracy* metrics on a fixed 0-1 axis) and write compare.md (final validation accuracy, steps "
+        "to --threshold, train time, tokens/s: mean over seeds ± the 95% Student-t interval's "
+        "half-width, n/a with one seed).",
     )
     cmp.add_argument("paths", nargs="+", help="run directories (with metrics.jsonl) or sweep directories")
     cmp.add_argument("--out", default=".", help="where compare.png and compare.md go (default: here)")
     cmp.add_argument("--threshold", type=float, default=0.8, help="validation accuracy for 'steps to reach'")
-    cmp.add_argument("--label", action="append", default=[], metavar="SETTING=NAME",
-                     help="name a setting in the legend and table, once per setting to rename; SETTING is as in "
-                          "compare.md's setting column or only its values: --label grpo=GRPO "
-                          "--label adv_estimator=rloo=RLOO")
-    cmp.add_argument("--x", choices=("step", "samples"), default="step",
-                     help="x axis: training steps (default) or training samples, the responses trained on so far "
-                          "(step x data.train_batch_size x rollout.n, from each run's .hydra/config.yaml)")
+    cmp.add_argument(
+        "--label",
+        action="append",
+        default=[],
+        metavar="SETTING=NAME",
+        help="name a setting in the legend and table, once per setting to rename; SETTING is as in "
+        "compare.md's setting column or only its values: --label grpo=GRPO "
+        "--label adv_estimator=rloo=RLOO",
+    )
+    cmp.add_argument(
+        "--x",
+        choices=("step", "samples"),
+        default="step",
+        help="x axis: training steps (default) or training samples, the responses trained on so far "
+        "(step x data.train_batch_size x rollout.n, from each run's .hydra/config.yaml)",
+    )
     cmp.add_argument("--title", help="a title over the figure (default: none)")
-    cmp.add_argument("--ignore", action="append", default=[], metavar="KEY",
-                     help="an override key left out of the grouping, as the seed is (once per key): "
-                          "--ignore reward_model.model.path when each seed trained its own reward model")
+    cmp.add_argument(
+        "--ignore",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="an override key left out of the grouping, as the seed is (once per key): "
+        "--ignore reward_model.model.path when each seed trained its own reward model",
+    )
     cmp.set_defaults(func=_compare)
     export = sub.add_parser(
-        "export", help="write a checkpoint's policy as a transformers model directory with its tokenizer",
+        "export",
+        help="write a checkpoint's policy as a transformers model directory with its tokenizer",
         description="Read the actor's shards of a checkpoint in this process (no Ray, no GPUs, any number of saving "
-                    "ranks) and write an HF model directory: save_pretrained of the model and its tokenizer.",
+        "ranks) and write an HF model directory: save_pretrained of the model and its tokenizer.",
     )
     export.add_argument("checkpoint", help="a checkpoint directory, .../checkpoints/global_step_<N>")
     export.add_argument("out_dir", help="where the model directory goes (created if missing)")
-    export.add_argument("--adapter", action="store_true",
-                        help="a LoRA run's checkpoint: write its peft adapter directory (adapter_config.json, "
-                             "adapter_model.safetensors) instead of the merged model")
+    export.add_argument(
+        "--adapter",
+        action="store_true",
+        help="a LoRA run's checkpoint: write its peft adapter directory (adapter_config.json, "
+        "adapter_model.safetensors) instead of the merged model",
+    )
     export.set_defaults(func=_export)
     return parser
 

@@ -35,8 +35,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import torch
-
 from hybridflow.agents.client import Completion
 from hybridflow.core.data_proto import DataProto
 from hybridflow.core.keys import (
@@ -110,8 +108,9 @@ class _Request:
         left = self.max_tokens - len(self.token_ids)
         return left if budget is None else min(left, budget)
 
-    def extend(self, token_ids: list[int], log_probs: list[float], reason: str, version: int | None,
-               limit: int) -> None:
+    def extend(
+        self, token_ids: list[int], log_probs: list[float], reason: str, version: int | None, limit: int
+    ) -> None:
         """Add one slice's output (``limit``: the most tokens it was allowed)."""
         self.cut_short = len(token_ids) < limit
         self.token_ids += token_ids
@@ -142,8 +141,15 @@ class GenerationBatcher:
     """
 
     def __init__(
-        self, generate_fn: Callable[[DataProto], DataProto], pad_token_id: int, eos_token_ids: Sequence[int], *,
-        greedy: bool = False, seed: int = 0, max_wait_s: float = 0.01, max_batch_wait_s: float = 1.0,
+        self,
+        generate_fn: Callable[[DataProto], DataProto],
+        pad_token_id: int,
+        eos_token_ids: Sequence[int],
+        *,
+        greedy: bool = False,
+        seed: int = 0,
+        max_wait_s: float = 0.01,
+        max_batch_wait_s: float = 1.0,
         max_tokens_per_call: int | None = None,
     ) -> None:
         if max_tokens_per_call is not None and max_tokens_per_call < 1:
@@ -176,7 +182,9 @@ class GenerationBatcher:
         if self._runner is None or self._runner.done():
             self._wake = asyncio.Event()
             self._runner = loop.create_task(self._dispatch_forever())
-        request = _Request(list(prompt_ids), int(max_tokens), tuple(int(t) for t in stop_token_ids), loop.create_future())
+        request = _Request(
+            list(prompt_ids), int(max_tokens), tuple(int(t) for t in stop_token_ids), loop.create_future()
+        )
         self._pending.append(request)
         self._wake.set()
         return await request.future
@@ -252,8 +260,13 @@ class GenerationBatcher:
         limits = [r.limit(self.max_tokens_per_call) for r in requests]
         input_ids, attention_mask, positions = left_pad([r.context for r in requests], self.pad_token_id)
         steps = max(limits)
-        meta = {N_SAMPLES: 1, GREEDY: self.greedy, SEED: self.seed + self.stats.calls, MAX_NEW_TOKENS: steps,
-                STOP_TOKEN_IDS: list(stops)}
+        meta = {
+            N_SAMPLES: 1,
+            GREEDY: self.greedy,
+            SEED: self.seed + self.stats.calls,
+            MAX_NEW_TOKENS: steps,
+            STOP_TOKEN_IDS: list(stops),
+        }
         start = time.perf_counter()
         prompts = {INPUT_IDS: input_ids, ATTENTION_MASK: attention_mask, POSITION_IDS: positions}
         out = self.generate_fn(DataProto.from_dict(prompts, meta_info=meta))

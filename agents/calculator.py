@@ -21,8 +21,15 @@ from hybridflow.plugins import Tool, hookimpl
 __all__ = ["evaluate"]
 
 _MAX_CHARS, _MAX_EXPONENT, _MAX_MAGNITUDE = 200, 64, 10**100
-_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
+_BINARY = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
 _UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 
 
@@ -75,7 +82,11 @@ def calculator(arguments: Mapping[str, Any], state: Mapping[str, Any]) -> str:
 
 @hookimpl
 def hybridflow_register_tools(register):
-    register(Tool(
-        name="calculator", fn=calculator, description="Evaluate an arithmetic expression such as (2+3)*4.",
-        parameters={"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
-    ))
+    register(
+        Tool(
+            name="calculator",
+            fn=calculator,
+            description="Evaluate an arithmetic expression such as (2+3)*4.",
+            parameters={"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
+        )
+    )

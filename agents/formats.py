@@ -96,7 +96,9 @@ def _parse_compact(text: str, tools: ToolBox, default_tool: str | None) -> tuple
     return [ToolCall(name, {key: argument})], []
 
 
-FORMATS = {fmt.name: fmt for fmt in (CallFormat("hermes", _parse_hermes), CallFormat("compact", _parse_compact, ("?",)))}
+FORMATS = {
+    fmt.name: fmt for fmt in (CallFormat("hermes", _parse_hermes), CallFormat("compact", _parse_compact, ("?",)))
+}
 
 
 def observation_ids(tokenizer: Any, texts: Sequence[str]) -> list[int]:

@@ -44,8 +44,14 @@ class CompletionsClient:
     """
 
     def __init__(
-        self, base_url: str, *, greedy: bool = False, seed: int | None = None, model: str | None = None,
-        timeout_s: float = 600.0, max_connections: int = 1024,
+        self,
+        base_url: str,
+        *,
+        greedy: bool = False,
+        seed: int | None = None,
+        model: str | None = None,
+        timeout_s: float = 600.0,
+        max_connections: int = 1024,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.greedy, self.seed, self.model = greedy, seed, model
@@ -76,7 +82,9 @@ class CompletionsClient:
             log_probs = [float(x) for x in choice["logprobs"]["token_logprobs"]]
             return Completion(token_ids, log_probs, choice["finish_reason"], choice.get("weight_version"))
         except (KeyError, IndexError, TypeError, ValueError) as exc:
-            raise RuntimeError(f"{self.base_url}/completions answered without token ids and log-probs: {exc!r}") from exc
+            raise RuntimeError(
+                f"{self.base_url}/completions answered without token ids and log-probs: {exc!r}"
+            ) from exc
 
     async def close(self) -> None:
         """Close the HTTP session (a later request opens a new one)."""

@@ -35,8 +35,12 @@ def run_code(arguments: Mapping[str, Any], state: Mapping[str, Any]) -> str:
     timeout_s = float(state.get("timeout_s", DEFAULT_TIMEOUT_S))
     limits = SandboxLimits(wall_s=timeout_s, cpu_s=max(1, int(timeout_s)), memory_mb=int(state.get("memory_mb", 512)))
     try:
-        result = run_python(arguments["code"], limits=limits, allow_unisolated=bool(state.get("allow_unisolated", False)),
-                            stdout_limit=MAX_OUTPUT_CHARS)
+        result = run_python(
+            arguments["code"],
+            limits=limits,
+            allow_unisolated=bool(state.get("allow_unisolated", False)),
+            stdout_limit=MAX_OUTPUT_CHARS,
+        )
     except SandboxUnavailableError as exc:  # the launcher's own word (its status channel), not the program's
         raise ToolError(f"error: the sandbox is unavailable here ({exc})") from None
     if result.timed_out:
@@ -52,7 +56,11 @@ def run_code(arguments: Mapping[str, Any], state: Mapping[str, Any]) -> str:
 
 @hookimpl
 def hybridflow_register_tools(register):
-    register(Tool(
-        name="python", fn=run_code, description="Run a Python program and return what it prints.",
-        parameters={"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]},
-    ))
+    register(
+        Tool(
+            name="python",
+            fn=run_code,
+            description="Run a Python program and return what it prints.",
+            parameters={"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]},
+        )
+    )

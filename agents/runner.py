@@ -11,7 +11,8 @@
 Row ``i*n + j`` is prompt ``i``'s sample ``j``, as the single-generation
 rollout lays them out, so the rest of the step (uids, groups, rewards) is
 unchanged; each row's ``extra_info`` gains the loop's ``num_turns`` and
-``tool_calls`` (the verifier's to read, as veRL passes ``num_turns``). The batch's ``meta_info`` carries the oldest ``weight_version``
+``tool_calls`` (the verifier's to read, as veRL passes ``num_turns``). The batch's
+``meta_info`` carries the oldest ``weight_version``
 any turn was sampled with and the ``agent/*`` metrics
 (:func:`trajectory_metrics`).
 """
@@ -48,7 +49,12 @@ class AgentRunner:
     """
 
     def __init__(
-        self, loop: AgentLoop, options: Mapping[str, Any], tools: ToolBox, tokenizer: Any, response_length: int,
+        self,
+        loop: AgentLoop,
+        options: Mapping[str, Any],
+        tools: ToolBox,
+        tokenizer: Any,
+        response_length: int,
         pad_token_id: int,
     ) -> None:
         unknown = sorted(set(options) - set(loop.options))

@@ -123,10 +123,20 @@ def engine_generate_fn(engine: Any, sampling: SamplingParams | None = None) -> C
 
     def generate(prompts: DataProto) -> DataProto:
         meta = prompts.meta_info
-        params = SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
-                                max_new_tokens=int(meta[MAX_NEW_TOKENS]))
-        out = engine.generate(prompts, n=meta[N_SAMPLES], sampling=params, greedy=meta[GREEDY], seed=meta[SEED],
-                              stop_token_ids=tuple(meta[STOP_TOKEN_IDS]))
+        params = SamplingParams(
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            max_new_tokens=int(meta[MAX_NEW_TOKENS]),
+        )
+        out = engine.generate(
+            prompts,
+            n=meta[N_SAMPLES],
+            sampling=params,
+            greedy=meta[GREEDY],
+            seed=meta[SEED],
+            stop_token_ids=tuple(meta[STOP_TOKEN_IDS]),
+        )
         out.meta_info[WEIGHT_VERSION] = 0
         return out
 
@@ -182,11 +192,23 @@ class PolicyServer:
     """
 
     def __init__(
-        self, generate_fn: Callable[[DataProto], DataProto], tokenizer: Any, *, model_name: str = "hybridflow-policy",
-        host: str = "127.0.0.1", port: int = 0, max_wait_s: float = 0.005, seed: int = 0,
-        eos_token_ids: Sequence[int] | None = None, default_max_tokens: int = 16, full_batch_size: int = 256,
-        access_log: bool = False, max_tokens_limit: int = 4096, max_model_len: int | None = None,
-        max_body_bytes: int = 1 << 20, max_tokens_per_call: int | None = 64,
+        self,
+        generate_fn: Callable[[DataProto], DataProto],
+        tokenizer: Any,
+        *,
+        model_name: str = "hybridflow-policy",
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_wait_s: float = 0.005,
+        seed: int = 0,
+        eos_token_ids: Sequence[int] | None = None,
+        default_max_tokens: int = 16,
+        full_batch_size: int = 256,
+        access_log: bool = False,
+        max_tokens_limit: int = 4096,
+        max_model_len: int | None = None,
+        max_body_bytes: int = 1 << 20,
+        max_tokens_per_call: int | None = 64,
     ) -> None:
         if max_tokens_per_call is not None and max_tokens_per_call < 1:
             raise ValueError(f"max_tokens_per_call must be >= 1 or None, got {max_tokens_per_call}")
@@ -296,12 +318,20 @@ class PolicyServer:
         choices = []
         for prompt_ids, completions in zip(prompts, results):
             for completion in completions:
-                choice = {"index": len(choices), "text": self._text(completion),
-                          "finish_reason": completion.finish_reason, "stop_reason": None,
-                          "weight_version": completion.weight_version, "logprobs": None}
+                choice = {
+                    "index": len(choices),
+                    "text": self._text(completion),
+                    "finish_reason": completion.finish_reason,
+                    "stop_reason": None,
+                    "weight_version": completion.weight_version,
+                    "logprobs": None,
+                }
                 if logprobs is not None:
-                    choice["logprobs"] = {"tokens": self._token_strings(completion.token_ids),
-                                          "token_logprobs": completion.log_probs, "top_logprobs": None}
+                    choice["logprobs"] = {
+                        "tokens": self._token_strings(completion.token_ids),
+                        "token_logprobs": completion.log_probs,
+                        "top_logprobs": None,
+                    }
                 if with_ids:
                     choice.update(token_ids=completion.token_ids, prompt_token_ids=prompt_ids)
                 choices.append(choice)
@@ -320,15 +350,22 @@ class PolicyServer:
         completions = await self._sample(prompt_ids, sampling)
         choices = []
         for completion in completions:
-            choice = {"index": len(choices), "message": {"role": "assistant", "content": self._text(completion)},
-                      "finish_reason": completion.finish_reason, "stop_reason": None,
-                      "weight_version": completion.weight_version, "logprobs": None}
+            choice = {
+                "index": len(choices),
+                "message": {"role": "assistant", "content": self._text(completion)},
+                "finish_reason": completion.finish_reason,
+                "stop_reason": None,
+                "weight_version": completion.weight_version,
+                "logprobs": None,
+            }
             if logprobs:
                 pieces = self._token_strings(completion.token_ids)
-                choice["logprobs"] = {"content": [
-                    {"token": piece, "logprob": lp, "bytes": list(piece.encode("utf-8")), "top_logprobs": []}
-                    for piece, lp in zip(pieces, completion.log_probs)
-                ]}
+                choice["logprobs"] = {
+                    "content": [
+                        {"token": piece, "logprob": lp, "bytes": list(piece.encode("utf-8")), "top_logprobs": []}
+                        for piece, lp in zip(pieces, completion.log_probs)
+                    ]
+                }
             if with_ids:
                 choice["token_ids"] = completion.token_ids
             choices.append(choice)
@@ -345,10 +382,16 @@ class PolicyServer:
         self._in_flight[key] = self._in_flight.get(key, 0) + sampling.n
         try:
             await self._forget_idle_seeds()  # after counting this request in, so its own stream stays
-            return list(await asyncio.gather(*(
-                batcher.generate(prompt_ids, max_tokens=sampling.max_tokens, stop_token_ids=sampling.stop_token_ids)
-                for _ in range(sampling.n)
-            )))
+            return list(
+                await asyncio.gather(
+                    *(
+                        batcher.generate(
+                            prompt_ids, max_tokens=sampling.max_tokens, stop_token_ids=sampling.stop_token_ids
+                        )
+                        for _ in range(sampling.n)
+                    )
+                )
+            )
         finally:  # stop() may have cleared the count already
             left = self._in_flight.get(key, 0) - sampling.n
             if left > 0:
@@ -360,9 +403,15 @@ class PolicyServer:
         batcher = self._streams.get(key)
         if batcher is None:
             greedy, seed = key
-            batcher = GenerationBatcher(self._locked_generate, self.pad_token_id, self.eos_token_ids, greedy=greedy,
-                                        seed=self.seed if seed is None else seed, max_wait_s=self.max_wait_s,
-                                        max_tokens_per_call=self.max_tokens_per_call)
+            batcher = GenerationBatcher(
+                self._locked_generate,
+                self.pad_token_id,
+                self.eos_token_ids,
+                greedy=greedy,
+                seed=self.seed if seed is None else seed,
+                max_wait_s=self.max_wait_s,
+                max_tokens_per_call=self.max_tokens_per_call,
+            )
             batcher.expect(self.full_batch_size)  # unknown clients: wait max_wait_s unless the batch is full
             self._streams[key] = batcher
         self._streams.move_to_end(key)
@@ -391,8 +440,12 @@ class PolicyServer:
             raise _BadRequest("the request body must be a JSON object")
         model = body.get("model")
         if model is not None and model != self.model_name:
-            raise _BadRequest(f"The model `{model}` does not exist; this server serves `{self.model_name}`.", "model",
-                              404, "model_not_found")
+            raise _BadRequest(
+                f"The model `{model}` does not exist; this server serves `{self.model_name}`.",
+                "model",
+                404,
+                "model_not_found",
+            )
         if body.get("stream"):
             raise _BadRequest("stream is not supported: the server answers with whole completions", "stream")
         return body
@@ -401,8 +454,10 @@ class PolicyServer:
         if max_tokens is None:
             max_tokens = self.default_max_tokens
         if not _is_int(max_tokens) or not 1 <= max_tokens <= self.max_tokens_limit:
-            raise _BadRequest(f"`{max_tokens_name}` must be an integer in [1, {self.max_tokens_limit}], got "
-                              f"{_shown(max_tokens)}", max_tokens_name)
+            raise _BadRequest(
+                f"`{max_tokens_name}` must be an integer in [1, {self.max_tokens_limit}], got {_shown(max_tokens)}",
+                max_tokens_name,
+            )
         temperature = body.get("temperature")
         if temperature is not None and (not _is_number(temperature) or not 0 <= temperature <= 2):
             raise _BadRequest(f"`temperature` must be a number in [0, 2], got {_shown(temperature)}", "temperature")
@@ -412,15 +467,23 @@ class PolicyServer:
         seed = _optional_int(body, "seed", minimum=-(2**63), maximum=2**63 - 1)  # OpenAI's int64
         n = _optional_int(body, "n", minimum=1, maximum=MAX_N)
         stops = body.get("stop_token_ids")
-        return _Sampling(int(max_tokens), temperature == 0, seed, 1 if n is None else n,
-                         tuple(self._token_ids([] if stops is None else stops, "stop_token_ids", allow_empty=True)))
+        return _Sampling(
+            int(max_tokens),
+            temperature == 0,
+            seed,
+            1 if n is None else n,
+            tuple(self._token_ids([] if stops is None else stops, "stop_token_ids", allow_empty=True)),
+        )
 
     def _check_context(self, prompt_ids: list[int], sampling: _Sampling, max_tokens_name: str) -> None:
         """A prompt and its ``max_tokens`` fit the model's context (``max_model_len``), as OpenAI's servers check."""
         if self.max_model_len is not None and len(prompt_ids) + sampling.max_tokens > self.max_model_len:
-            raise _BadRequest(f"This model's maximum context length is {self.max_model_len} tokens; the prompt has "
-                              f"{len(prompt_ids)} and `{max_tokens_name}` asks for {sampling.max_tokens}",
-                              max_tokens_name, code="context_length_exceeded")
+            raise _BadRequest(
+                f"This model's maximum context length is {self.max_model_len} tokens; the prompt has "
+                f"{len(prompt_ids)} and `{max_tokens_name}` asks for {sampling.max_tokens}",
+                max_tokens_name,
+                code="context_length_exceeded",
+            )
 
     def _prompts(self, prompt: Any) -> list[list[int]]:
         """``prompt`` as token-id lists: a string, a list of ids, or a list of strings or of id lists."""
@@ -469,14 +532,24 @@ class PolicyServer:
     def _token_strings(self, token_ids: list[int]) -> list[str]:
         return [self.tokenizer.decode([t]) for t in token_ids]
 
-    def _response(self, prefix: str, kind: str, choices: list[dict], prompts: list[list[int]],
-                  results: list[list[Completion]]) -> dict[str, Any]:
+    def _response(
+        self, prefix: str, kind: str, choices: list[dict], prompts: list[list[int]], results: list[list[Completion]]
+    ) -> dict[str, Any]:
         prompt_tokens = sum(len(p) for p in prompts)
         completion_tokens = sum(len(c.token_ids) for group in results for c in group)
-        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                 "total_tokens": prompt_tokens + completion_tokens}
-        return {"id": f"{prefix}-{uuid.uuid4().hex}", "object": kind, "created": int(time.time()),
-                "model": self.model_name, "choices": choices, "usage": usage}
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        }
+        return {
+            "id": f"{prefix}-{uuid.uuid4().hex}",
+            "object": kind,
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": choices,
+            "usage": usage,
+        }
 
 
 # ---------------------------------------------------------------- helpers
@@ -530,14 +603,19 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _optional_int(body: dict[str, Any], name: str, minimum: int | None = None,
-                  maximum: int | None = None) -> int | None:
+def _optional_int(
+    body: dict[str, Any], name: str, minimum: int | None = None, maximum: int | None = None
+) -> int | None:
     value = body.get(name)
     if value is None:
         return None
     if not _is_int(value) or (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
-        bound = {(True, True): f" in [{minimum}, {maximum}]", (True, False): f" >= {minimum}",
-                 (False, True): f" <= {maximum}", (False, False): ""}[minimum is not None, maximum is not None]
+        bound = {
+            (True, True): f" in [{minimum}, {maximum}]",
+            (True, False): f" >= {minimum}",
+            (False, True): f" <= {maximum}",
+            (False, False): "",
+        }[minimum is not None, maximum is not None]
         raise _BadRequest(f"`{name}` must be an integer{bound}, got {_shown(value)}", name)
     return value
 

@@ -53,8 +53,9 @@ async def tool_calling(
         if budget < 1:
             trajectory.truncated = True
             break
-        completion = await client.generate(request.prompt_ids + trajectory.response_ids, max_tokens=budget,
-                                           stop_token_ids=stops)
+        completion = await client.generate(
+            request.prompt_ids + trajectory.response_ids, max_tokens=budget, stop_token_ids=stops
+        )
         trajectory.add_generation(completion)
         if completion.finish_reason == "length":
             trajectory.truncated = True
@@ -72,7 +73,9 @@ async def tool_calling(
     return trajectory
 
 
-async def _run_calls(calls, problems, tools: ToolBox, request: AgentRequest, trajectory: Trajectory, limit: int) -> list[str]:
+async def _run_calls(
+    calls, problems, tools: ToolBox, request: AgentRequest, trajectory: Trajectory, limit: int
+) -> list[str]:
     """The observation texts of one turn's calls, counted into ``trajectory``."""
     texts = list(problems)
     trajectory.tool_errors += len(problems)

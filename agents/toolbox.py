@@ -39,8 +39,12 @@ from hybridflow.plugins.entries import Tool, ToolError
 __all__ = ["ToolBox", "ToolCall", "ToolResult"]
 
 _JSON_TYPES: dict[str, tuple[type, ...]] = {
-    "string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,),
-    "array": (list, tuple), "object": (dict,),
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "array": (list, tuple),
+    "object": (dict,),
 }
 
 
@@ -112,7 +116,9 @@ class ToolBox:
             text, cut = cut_middle(value, self.max_observation_chars)
             return ToolResult(call.name, text, "error", seconds, truncated=cut)
         if not isinstance(value, str):
-            return ToolResult(call.name, f"error: {call.name} returned {type(value).__name__}, not text", "error", seconds)
+            return ToolResult(
+                call.name, f"error: {call.name} returned {type(value).__name__}, not text", "error", seconds
+            )
         text, cut = cut_middle(value, self.max_observation_chars)
         return ToolResult(call.name, text, "ok", seconds, truncated=cut)
 
@@ -125,7 +131,7 @@ def cut_middle(text: str, limit: int) -> tuple[str, bool]:
     room = max(limit - len(f"\n[... {len(text)} characters cut ...]\n"), 0)  # the longest the line can be
     head, tail = room // 3, room - room // 3
     marker = f"\n[... {len(text) - room} characters cut ...]\n"
-    return (text[:head] + marker + (text[len(text) - tail:] if tail else ""))[:limit], True
+    return (text[:head] + marker + (text[len(text) - tail :] if tail else ""))[:limit], True
 
 
 def _check_arguments(tool: Tool, arguments: Any) -> str:
@@ -147,8 +153,8 @@ def _check_arguments(tool: Tool, arguments: Any) -> str:
 
 
 async def _in_daemon_thread(fn: Any, arguments: dict, state: dict, timeout_s: float) -> tuple[str, Any]:
-    """``("ok", value)``, ``("failed", message)`` (a :class:`ToolError`), ``("error", message)`` or ``("timeout", None)``
-    of ``fn(arguments, state)``."""
+    """``("ok", value)``, ``("failed", message)`` (a :class:`ToolError`), ``("error", message)`` or
+    ``("timeout", None)`` of ``fn(arguments, state)``."""
     loop = asyncio.get_running_loop()
     done = loop.create_future()
 

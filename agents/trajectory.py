@@ -25,7 +25,6 @@ import torch
 from hybridflow.agents.client import Completion
 from hybridflow.agents.toolbox import ToolResult
 from hybridflow.core.data_proto import DataProto
-from hybridflow.core.rollout_batch import positions_from_mask
 from hybridflow.core.keys import (
     ATTENTION_MASK,
     INPUT_IDS,
@@ -35,6 +34,7 @@ from hybridflow.core.keys import (
     RESPONSES,
     ROLLOUT_LOG_PROBS,
 )
+from hybridflow.core.rollout_batch import positions_from_mask
 
 __all__ = ["Trajectory", "assemble_trajectories"]
 

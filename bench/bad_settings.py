@@ -45,16 +45,20 @@ ISSUE_27_CASES: list[tuple[str, list[str]]] = [
     ("text for a policy loss option", ["+actor_rollout_ref.actor.policy_loss_options.clip_ratio_high=high"]),
     ("true for an estimator option", ["+algorithm.estimator_options.epsilon=true"]),
     ("text for an agent loop option", ["experiment=tool_use", "actor_rollout_ref.rollout.agent.options.max_turns=two"]),
-    ("a number for a batch hook option", ["algorithm.batch_hooks=[dynamic_sampling]",
-                                           "+algorithm.batch_hook_options.dynamic_sampling.metric=1"]),
+    (
+        "a number for a batch hook option",
+        ["algorithm.batch_hooks=[dynamic_sampling]", "+algorithm.batch_hook_options.dynamic_sampling.metric=1"],
+    ),
     ("missing train file", ["data.train_files=[{tmp}/missing.parquet]"]),
     ("zero-byte train file", ["data.train_files=[{tmp}/zero.parquet]"]),
     ("train file of no rows", ["data.train_files=[{tmp}/no_rows.parquet]"]),
     ("train file without a prompt column", ["data.train_files=[{tmp}/no_prompt.parquet]"]),
     ("text file named .parquet", ["data.train_files=[{tmp}/text.parquet]"]),
     ("validation file without a prompt column", ["data.val_files=[{tmp}/no_prompt.parquet]"]),
-    ("more rollout ranks than the machine holds",  # 1026 quarter-CPU ranks: more than a machine of < 257 cores holds
-     ["trainer.placement=split", "trainer.rollout_ranks=1024", "data.train_batch_size=1024"]),
+    (
+        "more rollout ranks than the machine holds",  # 1026 quarter-CPU ranks: more than a machine of < 257 cores holds
+        ["trainer.placement=split", "trainer.rollout_ranks=1024", "data.train_batch_size=1024"],
+    ),
     ("server on a busy port", [*SERVER, "actor_rollout_ref.rollout.server.port={busy_port}"]),
     ("server on an address not of this machine", [*SERVER, "actor_rollout_ref.rollout.server.host=192.0.2.1"]),
 ]
@@ -130,10 +134,18 @@ CASES: list[tuple[str, list[str]]] = [
     ("zero response length", ["actor_rollout_ref.rollout.response_length=0"]),
     ("zero PPO epochs", ["actor_rollout_ref.actor.ppo_epochs=0"]),
     # more of our own
-    ("critic rows do not split over 4 ranks (actor tp 2)",
-     ["trainer.n_gpus_per_node=4", "actor_rollout_ref.actor.tensor_model_parallel_size=2",
-      "actor_rollout_ref.rollout.tensor_model_parallel_size=2", "algorithm.adv_estimator=gae",
-      "data.train_batch_size=6", "actor_rollout_ref.actor.ppo_mini_batch_size=3", "actor_rollout_ref.rollout.n=2"]),
+    (
+        "critic rows do not split over 4 ranks (actor tp 2)",
+        [
+            "trainer.n_gpus_per_node=4",
+            "actor_rollout_ref.actor.tensor_model_parallel_size=2",
+            "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+            "algorithm.adv_estimator=gae",
+            "data.train_batch_size=6",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=3",
+            "actor_rollout_ref.rollout.n=2",
+        ],
+    ),
     ("zero critic learning rate", ["algorithm.adv_estimator=gae", "critic.optim.lr=0"]),
     ("zero gradient clip", ["actor_rollout_ref.actor.optim.grad_clip=0"]),
     ("a beta of 1.5", ["actor_rollout_ref.actor.optim.betas=[0.9,1.5]"]),
@@ -180,7 +192,10 @@ def run_case(overrides: list[str], code: str | None, timeout_s: float) -> dict:
             out = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=timeout_s)
             code_, text = out.returncode, out.stdout + out.stderr
         except subprocess.TimeoutExpired as err:
-            code_, text = None, (err.stdout or b"").decode(errors="replace") + (err.stderr or b"").decode(errors="replace")
+            code_, text = (
+                None,
+                (err.stdout or b"").decode(errors="replace") + (err.stderr or b"").decode(errors="replace"),
+            )
         seconds = time.perf_counter() - start
     return {
         "exit": code_,
@@ -232,7 +247,9 @@ def table(before: dict, after: dict) -> str:
     rows = ["| # | setting | before | after (time to the error, lines) |", "|---:|---|---|---|"]
     for i, (label, overrides) in enumerate(CASES, 1):
         b, a = before.get(label), after[label]
-        rows.append(f"| {i} | {label}: `{' '.join(overrides)}` | {_describe(b) if b else 'n/a'} | {_describe(a, after=True)} |")
+        rows.append(
+            f"| {i} | {label}: `{' '.join(overrides)}` | {_describe(b) if b else 'n/a'} | {_describe(a, after=True)} |"
+        )
     return "\n".join(rows)
 
 
@@ -245,7 +262,9 @@ def _describe(r: dict, after: bool = False) -> str:
         return f"no error; still running after {r['seconds']:.0f} s"
     if r["exit"] == 0:
         return f"no error: exit 0 after {r['seconds']:.0f} s"
-    first = _cell(next((line for line in r["message"] if line.strip() and not line.startswith("hybridflow-train: invalid")), ""))
+    first = _cell(
+        next((line for line in r["message"] if line.strip() and not line.startswith("hybridflow-train: invalid")), "")
+    )
     where = "after Ray started, " if r["ray_started"] else ""
     tb = ", traceback" if r["traceback"] else ""
     lines = f", {len(r['message'])} lines" if after else ""

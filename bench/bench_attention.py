@@ -20,9 +20,9 @@ import time
 
 import torch
 import torch.nn.functional as F
-
 from bench_rollout import build_prompts
 from bench_update_profile import job_parser
+
 from hybridflow.workers import attention
 from hybridflow.workers.decode_attention import decode_attention
 from hybridflow.workers.models import load_model_and_tokenizer
@@ -50,7 +50,7 @@ def kernel_table(rows: int) -> None:
         key, value = (torch.randn(rows, 2, length, 64, generator=gen) for _ in range(2))
         mask = (torch.arange(length)[None, :] >= (torch.arange(rows) % 8)[:, None])[:, None, None, :]
         sdpa = per_call_ms(lambda: F.scaled_dot_product_attention(query, key, value, attn_mask=mask, enable_gqa=True))
-        ours = per_call_ms(lambda: decode_attention(query, key, value, mask, 64 ** -0.5))
+        ours = per_call_ms(lambda: decode_attention(query, key, value, mask, 64**-0.5))
         print(f"| {length} | {sdpa:.3f} | {ours:.3f} | {sdpa / ours:.2f}x |")
 
 
@@ -71,9 +71,11 @@ def generation_ab(args) -> None:
     same = torch.equal(a.batch["responses"], b.batch["responses"])
     gap = float((a.batch["rollout_log_probs"] - b.batch["rollout_log_probs"]).abs().max())
     tokens = int(a.batch["response_mask"].sum())
-    print(f"\nGeneration, {args.prompts} prompts x {args.n} samples, {tokens} tokens, medians of {args.pairs} "
-          f"alternating pairs: wrapped (decode kernel) {wrapped:.3f} s, plain sdpa {plain:.3f} s: "
-          f"**{plain / wrapped:.2f}x**; same tokens: {same}; largest log-prob gap {gap:.1e}")
+    print(
+        f"\nGeneration, {args.prompts} prompts x {args.n} samples, {tokens} tokens, medians of {args.pairs} "
+        f"alternating pairs: wrapped (decode kernel) {wrapped:.3f} s, plain sdpa {plain:.3f} s: "
+        f"**{plain / wrapped:.2f}x**; same tokens: {same}; largest log-prob gap {gap:.1e}"
+    )
 
 
 def main() -> None:
@@ -81,8 +83,10 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=9)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"Command: `python bench/bench_attention.py --response-length {args.response_length} --prompts "
-          f"{args.prompts} --n {args.n} --threads {args.threads} --pairs {args.pairs}`")
+    print(
+        f"Command: `python bench/bench_attention.py --response-length {args.response_length} --prompts "
+        f"{args.prompts} --n {args.n} --threads {args.threads} --pairs {args.pairs}`"
+    )
     print(f"Machine: {platform.machine()}, {torch.get_num_threads()} torch threads; torch {torch.__version__}\n")
     kernel_table(args.prompts * args.n)
     generation_ab(args)

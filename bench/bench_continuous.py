@@ -29,8 +29,8 @@ import statistics
 import time
 
 import torch
-
 from bench_rollout import build_prompts
+
 from hybridflow.core.keys import METRICS, RESPONSE_MASK
 from hybridflow.workers.models import load_model_and_tokenizer
 from hybridflow.workers.rollout import EngineConfig, RolloutEngine, SamplingParams
@@ -43,8 +43,11 @@ def run(engine: RolloutEngine, prompts, n: int, max_new_tokens: int, seed: int) 
     seconds = time.perf_counter() - start
     lengths = out.batch[RESPONSE_MASK].sum(-1).float()
     return {
-        "tokens": float(lengths.sum()), "seconds": seconds, "max_len": float(lengths.max()),
-        "mean_len": float(lengths.mean()), "util": out.meta_info[METRICS].get("rollout/slot_utilization", float("nan")),
+        "tokens": float(lengths.sum()),
+        "seconds": seconds,
+        "max_len": float(lengths.max()),
+        "mean_len": float(lengths.mean()),
+        "util": out.meta_info[METRICS].get("rollout/slot_utilization", float("nan")),
     }
 
 
@@ -72,11 +75,13 @@ def main() -> None:
         for name, engine in engines.items():
             results[name].append(run(engine, prompts, args.n, args.max_new_tokens, seed=repeat))
     rows = args.prompts * args.n
-    print(f"\nCommand: `python bench/bench_continuous.py --prompts {args.prompts} --n {args.n} --slots {args.slots} "
-          f"--max-new-tokens {args.max_new_tokens} --repeats {args.repeats} --threads {args.threads}`; "
-          f"{platform.machine()}, torch {torch.__version__}, {args.threads} torch thread(s); "
-          f"{rows} rows of builtin:small-qwen2 ({model.num_parameters() / 1e6:.1f}M parameters), medians of "
-          f"{args.repeats} repeats.\n")
+    print(
+        f"\nCommand: `python bench/bench_continuous.py --prompts {args.prompts} --n {args.n} --slots {args.slots} "
+        f"--max-new-tokens {args.max_new_tokens} --repeats {args.repeats} --threads {args.threads}`; "
+        f"{platform.machine()}, torch {torch.__version__}, {args.threads} torch thread(s); "
+        f"{rows} rows of builtin:small-qwen2 ({model.num_parameters() / 1e6:.1f}M parameters), medians of "
+        f"{args.repeats} repeats.\n"
+    )
     print("| engine | tokens/s | x chunks | s per call | mean / max response length | slot utilization |")
     print("|---|---:|---:|---:|---:|---:|")
     medians = {name: {k: statistics.median(r[k] for r in runs) for k in runs[0]} for name, runs in results.items()}
@@ -86,7 +91,10 @@ def main() -> None:
         ratio = rate / (medians[chunks]["tokens"] / medians[chunks]["seconds"]) if "slots" in name else float("nan")
         util = "" if m["util"] != m["util"] else f"{m['util']:.2f}"
         ratio_text = "" if ratio != ratio else f"{ratio:.2f}"
-        print(f"| {name} | {rate:.0f} | {ratio_text} | {m['seconds']:.2f} | {m['mean_len']:.1f} / {m['max_len']:.0f} | {util} |")
+        print(
+            f"| {name} | {rate:.0f} | {ratio_text} | {m['seconds']:.2f} | "
+            f"{m['mean_len']:.1f} / {m['max_len']:.0f} | {util} |"
+        )
 
 
 if __name__ == "__main__":

@@ -63,22 +63,40 @@ def main() -> None:
     data = build(args.rows)
     chunks = data.chunk(8)
     extra = DataProto.from_dict({"values": torch.randn(args.rows, 1024), "returns": torch.randn(args.rows, 1024)})
-    small = data[: 512]
+    small = data[:512]
     mb = sum(t.numel() * t.element_size() for t in data.batch.values()) / 2**20
     rows = [
         ("chunk(8)", median_time(lambda: data.chunk(8), args.repeats), None),
         ("concat of 8 chunks", median_time(lambda: DataProto.concat(chunks), args.repeats), 0.1),
-        ("union of 2 new (B, 1024) float32 columns", median_time(lambda: data.select().union(extra), args.repeats), None),
-        ("select of 3 keys", median_time(lambda: data.select(["input_ids", "responses", "old_log_probs"], ["uid"]), args.repeats), None),
-        ("repeat(8, interleave=True), B=512", median_time(lambda: small.repeat(8, interleave=True), args.repeats), None),
+        (
+            "union of 2 new (B, 1024) float32 columns",
+            median_time(lambda: data.select().union(extra), args.repeats),
+            None,
+        ),
+        (
+            "select of 3 keys",
+            median_time(lambda: data.select(["input_ids", "responses", "old_log_probs"], ["uid"]), args.repeats),
+            None,
+        ),
+        (
+            "repeat(8, interleave=True), B=512",
+            median_time(lambda: small.repeat(8, interleave=True), args.repeats),
+            None,
+        ),
         ("pickle dumps+loads (protocol 5, in-band)", median_time(lambda: pickle_round_trip(data), args.repeats), 0.3),
-        ("pickle dumps+loads (protocol 5, out-of-band, as Ray does)", median_time(lambda: pickle_out_of_band(data), args.repeats), None),
+        (
+            "pickle dumps+loads (protocol 5, out-of-band, as Ray does)",
+            median_time(lambda: pickle_out_of_band(data), args.repeats),
+            None,
+        ),
     ]
     raw = {"batch": dict(data.batch), "uid": data.non_tensor_batch["uid"]}
     torch_pickle = median_time(lambda: pickle_round_trip(raw), args.repeats)
 
-    print(f"B={args.rows}, {mb:.0f} MiB of tensors; torch {torch.__version__}, {torch.get_num_threads()} torch threads; "
-          f"{platform.processor() or platform.machine()}, {torch.multiprocessing.cpu_count()} cores")
+    print(
+        f"B={args.rows}, {mb:.0f} MiB of tensors; torch {torch.__version__}, {torch.get_num_threads()} torch threads; "
+        f"{platform.processor() or platform.machine()}, {torch.multiprocessing.cpu_count()} cores"
+    )
     print()
     print("| operation | median s | target s |")
     print("|---|---:|---:|")
@@ -86,8 +104,10 @@ def main() -> None:
         verdict = "" if target is None else f"<= {target} ({'met' if seconds <= target else 'MISSED'})"
         print(f"| {name} | {seconds:.4f} | {verdict} |")
     ours = rows[5][1]
-    print(f"| same tensors as a plain dict, pickled by torch (comparison) | {torch_pickle:.4f} | "
-          f"DataProto is {torch_pickle / ours:.1f}x faster |")
+    print(
+        f"| same tensors as a plain dict, pickled by torch (comparison) | {torch_pickle:.4f} | "
+        f"DataProto is {torch_pickle / ours:.1f}x faster |"
+    )
 
 
 if __name__ == "__main__":

@@ -68,7 +68,10 @@ def small_batch() -> DataProto:
 def big_batch(mib: int = 64) -> DataProto:
     rows, cols = 2048, mib * 2**20 // (2048 * 8 * 2)  # two int64/float64 columns, mib MiB in all
     return DataProto.from_dict(
-        {"input_ids": torch.randint(0, 32000, (rows, cols)), "old_log_probs": torch.randn(rows, cols, dtype=torch.float64)}
+        {
+            "input_ids": torch.randint(0, 32000, (rows, cols)),
+            "old_log_probs": torch.randn(rows, cols, dtype=torch.float64),
+        }
     )
 
 
@@ -139,14 +142,20 @@ def main() -> None:
         [lambda: wg.echo(big), lambda: hand_call(big), lambda: raw_numpy(arrays)], args.big_repeats
     )
 
-    print(f"Ray {ray.__version__}, torch {torch.__version__}, {platform.machine()}, {os.cpu_count()} cores, {RANKS} ranks")
+    print(
+        f"Ray {ray.__version__}, torch {torch.__version__}, {platform.machine()}, {os.cpu_count()} cores, {RANKS} ranks"
+    )
     print()
-    print("| measurement | hybridflow call (a) | by hand, DataProto (b) | by hand, raw numpy put/get (c) | a/b | a/c | target |")
+    print(
+        "| measurement | hybridflow call (a) | by hand, DataProto (b) | by hand, raw numpy put/get (c) "
+        "| a/b | a/c | target |"
+    )
     print("|---|---:|---:|---:|---:|---:|---|")
     r1 = t_group / t_hand
     print(
         f"| DP_COMPUTE_PROTO call, 32 rows, median of {args.calls} | {t_group * 1e3:.2f} ms | {t_hand * 1e3:.2f} ms "
-        f"| {t_raw * 1e3:.2f} ms | {r1:.2f}x | {t_group / t_raw:.2f}x | a/b <= 1.3x ({'met' if r1 <= 1.3 else 'missed'}) |"
+        f"| {t_raw * 1e3:.2f} ms | {r1:.2f}x | {t_group / t_raw:.2f}x "
+        f"| a/b <= 1.3x ({'met' if r1 <= 1.3 else 'missed'}) |"
     )
     r2 = t_big_group / t_big_raw
     print(

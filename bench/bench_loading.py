@@ -30,7 +30,6 @@ import ctypes
 import gc
 import os
 import platform
-import socket
 import tempfile
 import threading
 import time
@@ -38,10 +37,11 @@ import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from bench_reshard import model_config
 from torch.distributed.device_mesh import init_device_mesh
 from transformers import AutoModelForCausalLM, Qwen2ForCausalLM  # noqa: F401  (model code imported before the baseline)
 
-from bench_reshard import model_config
+from hybridflow.core.worker import free_ports
 from hybridflow.workers.fsdp import shard_model
 from hybridflow.workers.loading import load_sharded_model
 from hybridflow.workers.models import build_char_tokenizer, load_model_and_tokenizer, torch_dtype
@@ -122,24 +122,30 @@ def bench_rank(rank: int, world: int, port: int, method: str, path: str, dtype_n
     ctypes.CDLL("libc.so.6").malloc_trim(0)  # hand freed heap pages back: what is left is what the rank holds
     trimmed = proc_status_bytes("VmRSS")["VmRSS"]
     shards = {name: p.to_local().clone() for name, p in model.named_parameters()}
-    torch.save({
-        "seconds": seconds, "added": after["VmRSS"] - before["VmRSS"], "peak": after["VmHWM"] - before["VmRSS"],
-        "trimmed": trimmed - before["VmRSS"],
-        "peak_anon": sampler.peak["RssAnon"] - before["RssAnon"], "peak_file": sampler.peak["RssFile"] - before["RssFile"],
-        "shard_bytes": sum(t.numel() * t.element_size() for t in shards.values()), "shards": shards,
-    }, os.path.join(out_dir, f"{rank}.pt"))
+    torch.save(
+        {
+            "seconds": seconds,
+            "added": after["VmRSS"] - before["VmRSS"],
+            "peak": after["VmHWM"] - before["VmRSS"],
+            "trimmed": trimmed - before["VmRSS"],
+            "peak_anon": sampler.peak["RssAnon"] - before["RssAnon"],
+            "peak_file": sampler.peak["RssFile"] - before["RssFile"],
+            "shard_bytes": sum(t.numel() * t.element_size() for t in shards.values()),
+            "shards": shards,
+        },
+        os.path.join(out_dir, f"{rank}.pt"),
+    )
     dist.barrier()
     dist.destroy_process_group()
 
 
 def run(method: str, path: str, ranks: int, dtype_name: str) -> list[dict]:
     """Each rank's measurements (fresh processes, so baselines and peaks are this load's only)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_ports(1)[0]
     with tempfile.TemporaryDirectory() as out_dir:
-        mp.start_processes(bench_rank, args=(ranks, port, method, path, dtype_name, out_dir), nprocs=ranks,
-                           start_method="spawn")
+        mp.start_processes(
+            bench_rank, args=(ranks, port, method, path, dtype_name, out_dir), nprocs=ranks, start_method="spawn"
+        )
         return [torch.load(os.path.join(out_dir, f"{r}.pt")) for r in range(ranks)]
 
 
@@ -147,27 +153,37 @@ def report(by_method: dict[str, list[dict]], model_bytes: int) -> None:
     """The per-rank table and the target line."""
     mib = lambda n: f"{n / MiB:.1f}"  # noqa: E731
     x = lambda n: f"{n / model_bytes:.3f}"  # noqa: E731
-    print("| method | rank | seconds | RSS added MiB | x model | after malloc_trim MiB | x model "
-          "| peak added MiB | x model | peak private MiB | peak file-backed MiB | shard MiB |")
+    print(
+        "| method | rank | seconds | RSS added MiB | x model | after malloc_trim MiB | x model "
+        "| peak added MiB | x model | peak private MiB | peak file-backed MiB | shard MiB |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for method, ranks in by_method.items():
         for rank, r in enumerate(ranks):
             who = f"{rank} (reads)" if method != "today" and rank == 0 else str(rank)
-            print(f"| {method} | {who} | {r['seconds']:.2f} | {mib(r['added'])} | {x(r['added'])} | {mib(r['trimmed'])} "
-                  f"| {x(r['trimmed'])} | {mib(r['peak'])} | {x(r['peak'])} | {mib(r['peak_anon'])} "
-                  f"| {mib(r['peak_file'])} | {mib(r['shard_bytes'])} |")
+            print(
+                f"| {method} | {who} | {r['seconds']:.2f} | {mib(r['added'])} | {x(r['added'])} | {mib(r['trimmed'])} "
+                f"| {x(r['trimmed'])} | {mib(r['peak'])} | {x(r['peak'])} | {mib(r['peak_anon'])} "
+                f"| {mib(r['peak_file'])} | {mib(r['shard_bytes'])} |"
+            )
     today, ours = by_method["today"], by_method["one reader"]
     receivers = ours[1:]
     for key, label in (("added", "RSS added"), ("trimmed", "after malloc_trim"), ("peak", "peak added")):
-        print(f"{label}: non-reading ranks worst {x(max(r[key] for r in receivers))} x model "
-              f"(target <= 0.25 for RSS added); today's ranks worst {x(max(r[key] for r in today))}; node total "
-              f"today {mib(sum(r[key] for r in today))} MiB, one reader {mib(sum(r[key] for r in ours))} MiB")
+        print(
+            f"{label}: non-reading ranks worst {x(max(r[key] for r in receivers))} x model "
+            f"(target <= 0.25 for RSS added); today's ranks worst {x(max(r[key] for r in today))}; node total "
+            f"today {mib(sum(r[key] for r in today))} MiB, one reader {mib(sum(r[key] for r in ours))} MiB"
+        )
     for method, ranks in by_method.items():  # an upper bound: the ranks' peaks need not coincide
         private, shared = sum(r["peak_anon"] for r in ranks), max(r["peak_file"] for r in ranks)
-        print(f"node peak, {method}: private {mib(private)} MiB summed over ranks + file-backed {mib(shared)} MiB "
-              f"counted once (one page-cache copy) = {mib(private + shared)} MiB")
-    print(f"seconds (max over ranks): today {max(r['seconds'] for r in today):.2f}, "
-          f"one reader {max(r['seconds'] for r in ours):.2f}")
+        print(
+            f"node peak, {method}: private {mib(private)} MiB summed over ranks + file-backed {mib(shared)} MiB "
+            f"counted once (one page-cache copy) = {mib(private + shared)} MiB"
+        )
+    print(
+        f"seconds (max over ranks): today {max(r['seconds'] for r in today):.2f}, "
+        f"one reader {max(r['seconds'] for r in ours):.2f}"
+    )
 
 
 def main() -> None:
@@ -182,12 +198,13 @@ def main() -> None:
     first = by_method["today"]
     model_bytes = sum(r["shard_bytes"] for r in first)  # FSDP2 pads uneven dims; the bench model has none
     same = all(
-        torch.equal(a["shards"][name], b["shards"][name])
-        for a, b in zip(*by_method.values()) for name in a["shards"]
+        torch.equal(a["shards"][name], b["shards"][name]) for a, b in zip(*by_method.values()) for name in a["shards"]
     )
-    print(f"model: {model_bytes / MiB:.1f} MiB of {args.dtype} parameters (checkpoint saved in {args.checkpoint_dtype}), "
-          f"{args.ranks} gloo ranks; torch {torch.__version__}; {platform.processor() or platform.machine()}, "
-          f"{os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"model: {model_bytes / MiB:.1f} MiB of {args.dtype} parameters (checkpoint saved in {args.checkpoint_dtype}), "
+        f"{args.ranks} gloo ranks; torch {torch.__version__}; {platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f}"
+    )
     print(f"both ways end with identical shards on every rank: {same}\n")
     report(by_method, model_bytes)
 

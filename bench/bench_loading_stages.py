@@ -20,16 +20,16 @@ import argparse
 import ctypes
 import gc
 import os
-import socket
 import tempfile
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from bench_loading import proc_status_bytes, write_checkpoint
 from torch.distributed.device_mesh import init_device_mesh
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM  # noqa: F401  (before the baseline)
 
-from bench_loading import proc_status_bytes, write_checkpoint
+from hybridflow.core.worker import free_ports
 from hybridflow.workers import loading
 from hybridflow.workers.fsdp import shard_model
 from hybridflow.workers.models import build_char_tokenizer
@@ -73,9 +73,12 @@ def rank_main(rank: int, world: int, port: int, path: str, small: str, warm: boo
     shard_bytes = sum(p.to_local().numel() * p.element_size() for p in model.parameters())
     if rank == 1:
         beyond = marks[-1][1] - shard_bytes
-        print(f"| {'warm' if warm else 'cold'} | " + " | ".join(f"{v / MiB:.2f}" for _, v in marks)
-              + f" | {shard_bytes / MiB:.2f} | {beyond / MiB:.2f} | {marks[-1][1] / (world * shard_bytes):.4f} |",
-              flush=True)
+        print(
+            f"| {'warm' if warm else 'cold'} | "
+            + " | ".join(f"{v / MiB:.2f}" for _, v in marks)
+            + f" | {shard_bytes / MiB:.2f} | {beyond / MiB:.2f} | {marks[-1][1] / (world * shard_bytes):.4f} |",
+            flush=True,
+        )
     dist.barrier()
     dist.destroy_process_group()
 
@@ -85,20 +88,27 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=4)
     args = parser.parse_args()
     print("rank 1, MiB added since the baseline (after gc and malloc_trim), x: of the model's bytes\n")
-    print("| run | meta skeleton | sharded on meta | to_empty | state received | returned | shard | beyond the shard "
-          "| x model |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(
+        "| run | meta skeleton | sharded on meta | to_empty | state received | returned | shard | beyond the shard "
+        "| x model |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+    )
     with tempfile.TemporaryDirectory() as path, tempfile.TemporaryDirectory() as small:
         write_checkpoint(path, torch.bfloat16)
-        tiny = Qwen2Config(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                           num_attention_heads=4, num_key_value_heads=2)
+        tiny = Qwen2Config(
+            vocab_size=64,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
         AutoModelForCausalLM.from_config(tiny).save_pretrained(small)
         build_char_tokenizer().save_pretrained(small)
         for warm in (False, True):
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-            mp.start_processes(rank_main, args=(args.ranks, port, path, small, warm), nprocs=args.ranks,
-                               start_method="spawn")
+            port = free_ports(1)[0]
+            mp.start_processes(
+                rank_main, args=(args.ranks, port, path, small, warm), nprocs=args.ranks, start_method="spawn"
+            )
 
 
 if __name__ == "__main__":

@@ -35,18 +35,27 @@ def parse() -> argparse.Namespace:
 
 
 def measure(args: argparse.Namespace, overrides: dict) -> dict[str, float]:
-    job = argparse.Namespace(model=args.model, response_length=args.response_length, micro_batch=16,
-                             param_dtype=None, device="cpu", ranks=2, steps=args.steps)
+    job = argparse.Namespace(
+        model=args.model,
+        response_length=args.response_length,
+        micro_batch=16,
+        param_dtype=None,
+        device="cpu",
+        ranks=2,
+        steps=args.steps,
+    )
     with tempfile.TemporaryDirectory() as tmp:
         trained = [r for r in run(job, tmp, overrides) if "timing_s/update" in r]  # not a validation-only line
-    measured = trained[args.warmup:]
+    measured = trained[args.warmup :]
     steps = [sum(r[f"timing_s/{s}"] for s in STAGES if f"timing_s/{s}" in r) for r in measured]
     peak = lambda key: max(r[key] for r in measured)  # noqa: E731
     return {
         "step s": statistics.mean(steps),
         "update s": statistics.mean(r["timing_s/update"] for r in measured),
         "update peak GiB": peak("memory/update/peak_gb"),
-        "step peak GiB": max(v for r in measured for k, v in r.items() if k.startswith("memory/") and k.endswith("peak_gb")),
+        "step peak GiB": max(
+            v for r in measured for k, v in r.items() if k.startswith("memory/") and k.endswith("peak_gb")
+        ),
         "parameter MiB per rank": peak("actor/param_bytes_per_rank") / 2**20,
         "optimizer MiB per rank": peak("actor/optimizer_state_bytes_per_rank") / 2**20,
     }
@@ -56,10 +65,19 @@ def main() -> None:
     args = parse()
     common = {"actor_rollout_ref.actor.optim.lr": 1e-5, "actor_rollout_ref.model.dtype": args.dtype}
     full = measure(args, common)
-    lora = measure(args, {**common, "actor_rollout_ref.model.lora_rank": args.lora_rank,
-                          "actor_rollout_ref.model.lora_alpha": float(args.lora_rank)})
-    print(f"{args.model}, GRPO 16 prompts x 8, response_length {args.response_length}, {args.steps} steps "
-          f"({args.warmup} warm-up), computing in {args.dtype}; {platform.machine()}, 2 CPU ranks; LoRA rank {args.lora_rank} on all-linear")
+    lora = measure(
+        args,
+        {
+            **common,
+            "actor_rollout_ref.model.lora_rank": args.lora_rank,
+            "actor_rollout_ref.model.lora_alpha": float(args.lora_rank),
+        },
+    )
+    print(
+        f"{args.model}, GRPO 16 prompts x 8, response_length {args.response_length}, {args.steps} steps "
+        f"({args.warmup} warm-up), computing in {args.dtype}; {platform.machine()}, 2 CPU ranks; "
+        f"LoRA rank {args.lora_rank} on all-linear"
+    )
     print("\n| | full fine-tuning | LoRA | LoRA / full |")
     print("|---|---:|---:|---:|")
     for key in full:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import socket
 import statistics
 import tempfile
 import time
@@ -40,6 +39,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 from hybridflow.core.reshard import gather_full_state, plan_reshard
+from hybridflow.core.worker import free_ports
 from hybridflow.workers.fsdp import shard_model
 from hybridflow.workers.rollout.tensor_parallel import build_tp_rollout_model
 from hybridflow.workers.rollout.tp_plan import rollout_slice
@@ -50,8 +50,14 @@ MiB = 2**20
 def model_config() -> Qwen2Config:
     """~100M parameters: 12 layers of width 768, 12 query / 4 KV heads, a 32k vocabulary (tied)."""
     return Qwen2Config(
-        vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
-        num_attention_heads=12, num_key_value_heads=4, max_position_embeddings=1024, tie_word_embeddings=True,
+        vocab_size=32000,
+        hidden_size=768,
+        intermediate_size=2048,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        num_key_value_heads=4,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
     )
 
 
@@ -167,8 +173,19 @@ def bench_rank(rank: int, world: int, port: int, args, results) -> None:
     dist.barrier()
     same_b = all(torch.equal(reference[n], t) for n, t in targets.items())
 
-    row = torch.tensor([statistics.median(ours), ours_bytes, statistics.median(gathered), gathered_bytes,
-                        statistics.median(saved), saved_bytes, plan_s], dtype=torch.float64, device=device)
+    row = torch.tensor(
+        [
+            statistics.median(ours),
+            ours_bytes,
+            statistics.median(gathered),
+            gathered_bytes,
+            statistics.median(saved),
+            saved_bytes,
+            plan_s,
+        ],
+        dtype=torch.float64,
+        device=device,
+    )
     dist.all_reduce(row, op=dist.ReduceOp.MAX)
     if rank == 0:
         results.update(params=params, row=row.cpu().tolist(), same=(same_a and same_b))
@@ -186,17 +203,17 @@ def main() -> None:
     args = parser.parse_args()
     scratch = tempfile.TemporaryDirectory(dir=args.ckpt_dir)
     args.ckpt_dir = scratch.name
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_ports(1)[0]
     manager = mp.Manager()
     results = manager.dict()
     with scratch:
         mp.spawn(bench_rank, args=(args.ranks, port, args, results), nprocs=args.ranks, join=True)
     ours, ours_b, gath, gath_b, saved, saved_b, plan_s = results["row"]
-    print(f"model: {results['params'] / 1e6:.1f}M parameters (fp32, {results['params'] * 4 / MiB:.0f} MiB); "
-          f"FSDP over {args.ranks} ranks -> rollout TP {args.tp}; bucket {args.bucket_mb:g} MiB; device {args.device}; "
-          f"torch {torch.__version__}; {platform.processor() or platform.machine()}, {os.cpu_count()} cores")
+    print(
+        f"model: {results['params'] / 1e6:.1f}M parameters (fp32, {results['params'] * 4 / MiB:.0f} MiB); "
+        f"FSDP over {args.ranks} ranks -> rollout TP {args.tp}; bucket {args.bucket_mb:g} MiB; device {args.device}; "
+        f"torch {torch.__version__}; {platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+    )
     print(f"all three ways end with identical rollout blocks: {results['same']}; plan (once): {plan_s:.3f} s\n")
     print("| method | seconds per move | x reshard | peak extra MiB per rank | x reshard |")
     print("|---|---:|---:|---:|---:|")
@@ -205,9 +222,13 @@ def main() -> None:
         ("(a) every rank gathers the full state", gath, gath_b),
         ("(b) full checkpoint to disk and back", saved, saved_b),
     ):
-        print(f"| {label} | {seconds:.3f} | {seconds / ours:.1f} | {nbytes / MiB:.1f} | {nbytes / max(ours_b, 1):.1f} |")
-    print(f"\ntargets: (b) / reshard time = {saved / ours:.1f} (>= 5); reshard / (a) peak bytes = "
-          f"{ours_b / gath_b:.3f} (<= 0.25)")
+        print(
+            f"| {label} | {seconds:.3f} | {seconds / ours:.1f} | {nbytes / MiB:.1f} | {nbytes / max(ours_b, 1):.1f} |"
+        )
+    print(
+        f"\ntargets: (b) / reshard time = {saved / ours:.1f} (>= 5); reshard / (a) peak bytes = "
+        f"{ours_b / gath_b:.3f} (<= 0.25)"
+    )
 
 
 if __name__ == "__main__":

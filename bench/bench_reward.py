@@ -120,12 +120,14 @@ def main() -> None:
         f"{args.samples} samples in batches of {args.batch}, timeout_s={args.timeout:g}; "
         f"{platform.machine()}, {platform.python_version()}",
         "",
-        "| mix | workers | samples/s | total s | worst batch s | worst sample s | median sample ms | timeouts | errors | mean score | pool start s |",
+        "| mix | workers | samples/s | total s | worst batch s | worst sample s | median sample ms | timeouts | errors "
+        "| mean score | pool start s |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         lines.append(
-            f"| {r['mix']} | {r['workers']} | {r['samples_per_s']:.1f} | {r['total_s']:.1f} | {r['worst_batch_s']:.1f} | "
+            f"| {r['mix']} | {r['workers']} | {r['samples_per_s']:.1f} | {r['total_s']:.1f} | "
+            f"{r['worst_batch_s']:.1f} | "
             f"{r['worst_sample_s']:.2f} | {r['median_sample_ms']:.1f} | {r['timeouts']} | {r['errors']} | "
             f"{r['mean_score']:.3f} | {r['startup_s']:.1f} |"
         )

@@ -36,6 +36,7 @@ from hybridflow.core.keys import ATTENTION_MASK, INPUT_IDS, RESPONSE_MASK
 from hybridflow.workers.models import load_model_and_tokenizer
 from hybridflow.workers.rollout import RolloutEngine, SamplingParams
 
+
 def build_prompts(tokenizer, count: int, seed: int = 0) -> DataProto:
     """``count`` chat-formatted, left-padded ``max(...)=`` prompts of 2 to 6 digits."""
     rng = random.Random(seed)

@@ -50,9 +50,13 @@ def chat_prompts(tokenizer, count: int, seed: int = 0) -> list[list[int]]:
     """``count`` chat-formatted ``max(...)=`` prompts as token-id lists (lengths differ)."""
     rng = random.Random(seed)
     texts = ["max(" + ",".join(str(rng.randint(0, 9)) for _ in range(rng.randint(2, 6))) + ")=" for _ in range(count)]
-    return [tokenizer(tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
-                                                    tokenize=False), add_special_tokens=False)["input_ids"]
-            for t in texts]
+    return [
+        tokenizer(
+            tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=False),
+            add_special_tokens=False,
+        )["input_ids"]
+        for t in texts
+    ]
 
 
 @dataclass
@@ -85,8 +89,13 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--max-wait-s", type=float, nargs="+", default=[0.005, 0.02, 0.05],
-                        help="the server's batching wait, one server each (0.05: rollout.server.max_wait_s's default)")
+    parser.add_argument(
+        "--max-wait-s",
+        type=float,
+        nargs="+",
+        default=[0.005, 0.02, 0.05],
+        help="the server's batching wait, one server each (0.05: rollout.server.max_wait_s's default)",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(args.threads)
@@ -101,16 +110,19 @@ def main() -> None:
 
     prompts = chat_prompts(tokenizer, args.requests)
     with ExitStack() as stack:
-        urls = {f"server, max_wait_s={wait:g}": stack.enter_context(
-                    PolicyServer(counted, tokenizer, eos_token_ids=engine.eos_token_ids, max_wait_s=wait)).url
-                for wait in args.max_wait_s}
+        urls = {
+            f"server, max_wait_s={wait:g}": stack.enter_context(
+                PolicyServer(counted, tokenizer, eos_token_ids=engine.eos_token_ids, max_wait_s=wait)
+            ).url
+            for wait in args.max_wait_s
+        }
         for url in urls.values():  # warm-up, untimed
             asyncio.run(rollout(CompletionsClient(url, seed=-1), prompts[:4], 4))
         modes = ["direct", *urls]
         runs: dict[str, list[Run]] = {mode: [] for mode in modes}
         for repeat in range(args.repeats):
             seed = 1000 + repeat
-            for mode in modes[repeat % len(modes):] + modes[: repeat % len(modes)]:  # rotate who goes first
+            for mode in modes[repeat % len(modes) :] + modes[: repeat % len(modes)]:  # rotate who goes first
                 if mode == "direct":
                     client = GenerationBatcher(counted, engine.pad_token_id, engine.eos_token_ids, seed=seed)
                     client.expect(len(prompts))
@@ -120,19 +132,25 @@ def main() -> None:
                 completions, seconds = asyncio.run(rollout(client, prompts, args.max_tokens))
                 runs[mode].append(Run([c.token_ids for c in completions], seconds, len(calls) - before))
 
-    print(f"{args.model}, {args.requests} concurrent requests, up to {args.max_tokens} new tokens, "
-          f"{args.repeats} repeats, {args.threads} torch thread(s), {platform.processor() or platform.machine()}, "
-          f"torch {torch.__version__}\n")
-    print("| mode | generate calls (mean) | generated tokens (mean) | seconds (median) | tokens/s (median) | vs direct "
-          "| same tokens as direct |")
+    print(
+        f"{args.model}, {args.requests} concurrent requests, up to {args.max_tokens} new tokens, "
+        f"{args.repeats} repeats, {args.threads} torch thread(s), {platform.processor() or platform.machine()}, "
+        f"torch {torch.__version__}\n"
+    )
+    print(
+        "| mode | generate calls (mean) | generated tokens (mean) | seconds (median) | tokens/s (median) | vs direct "
+        "| same tokens as direct |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|")
     rates = {mode: statistics.median(run.tokens / run.seconds for run in results) for mode, results in runs.items()}
     for mode, results in runs.items():
         same = sum(run.token_ids == direct.token_ids for run, direct in zip(results, runs["direct"]))
         calls_mean, tokens = statistics.mean(r.calls for r in results), statistics.mean(r.tokens for r in results)
         seconds = statistics.median(r.seconds for r in results)
-        print(f"| {mode} | {calls_mean:.1f} | {tokens:.0f} | {seconds:.3f} | {rates[mode]:.0f} "
-              f"| {rates[mode] / rates['direct']:.2f}x | {same}/{len(results)} |")
+        print(
+            f"| {mode} | {calls_mean:.1f} | {tokens:.0f} | {seconds:.3f} | {rates[mode]:.0f} "
+            f"| {rates[mode] / rates['direct']:.2f}x | {same}/{len(results)} |"
+        )
 
 
 if __name__ == "__main__":

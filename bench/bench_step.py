@@ -73,8 +73,11 @@ def main() -> None:
     mean = lambda key: statistics.mean(r[key] for r in measured)  # noqa: E731
     step_times = [sum(r[f"timing_s/{s}"] for s in STAGES if f"timing_s/{s}" in r) for r in measured]
     total = statistics.mean(step_times)
-    print(f"{args.model}, response_length {args.response_length}, {len(measured)} steps after {args.warmup} warm-up; "
-          f"{platform.machine()}, {args.ranks} {args.device} ranks on a local Ray instance, param_dtype {args.param_dtype}")
+    print(
+        f"{args.model}, response_length {args.response_length}, {len(measured)} steps after {args.warmup} warm-up; "
+        f"{platform.machine()}, {args.ranks} {args.device} ranks on a local Ray instance, "
+        f"param_dtype {args.param_dtype}"
+    )
     print("\n| stage | mean s | share of step | peak memory GiB (largest rank) |")
     print("|---|---:|---:|---:|")
     for stage in STAGES:
@@ -88,13 +91,26 @@ def main() -> None:
     trained = mean("perf/total_tokens")  # prompt + response tokens of the step, one epoch
     mfu = 6 * params * trained / (mean("timing_s/update") * args.ranks * args.peak_tflops * 1e12)
     print(f"\nrollout: {generated:.0f} generated tokens/s; all stages: {mean('perf/tokens_per_s'):.0f} tokens/s")
-    print(f"update MFU: {mfu:.2%} (6 x {params / 1e6:.1f}M parameters x {trained:.0f} tokens per update, "
-          f"{args.peak_tflops:g} TFLOP/s per device)")
-    print(f"rollout vs training log-probs: largest gap {max(r.get('rollout/log_prob_gap_max', 0.0) for r in measured):.2e}")
+    print(
+        f"update MFU: {mfu:.2%} (6 x {params / 1e6:.1f}M parameters x {trained:.0f} tokens per update, "
+        f"{args.peak_tflops:g} TFLOP/s per device)"
+    )
+    print(
+        "rollout vs training log-probs: largest gap "
+        f"{max(r.get('rollout/log_prob_gap_max', 0.0) for r in measured):.2e}"
+    )
     if args.json:
-        Path(args.json).write_text(json.dumps({"step_s": total, "generated_tokens_per_s": generated, "mfu": mfu,
-                                               "gap_max": max(r.get("rollout/log_prob_gap_max", 0.0) for r in measured),
-                                               "memory": {k: v for k, v in measured[-1].items() if k.startswith("memory/")}}))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "step_s": total,
+                    "generated_tokens_per_s": generated,
+                    "mfu": mfu,
+                    "gap_max": max(r.get("rollout/log_prob_gap_max", 0.0) for r in measured),
+                    "memory": {k: v for k, v in measured[-1].items() if k.startswith("memory/")},
+                }
+            )
+        )
 
 
 def _parameters(path: str) -> int:

@@ -87,7 +87,9 @@ def child(variant: str, case: str, directory: str, out: str) -> None:
     torch.set_num_threads(2)
     from hybridflow.core.worker import free_ports
 
-    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_ports(1)[0]))
+    os.environ.update(
+        RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_ports(1)[0])
+    )
     dist.init_process_group("gloo")
     _, _, prompts_count, n, max_new = CASES[case]
     tokenizer = AutoTokenizer.from_pretrained(directory, padding_side="left")
@@ -99,8 +101,16 @@ def child(variant: str, case: str, directory: str, out: str) -> None:
         engine = RolloutEngine(model, tokenizer)
     else:
         rollout = RolloutConfig(name="vllm", enforce_eager=variant != "vllm-compiled")
-        engine = VLLMRolloutEngine.create(directory, tokenizer, rollout, 1, max_model_len=width + max_new, device="cpu",
-                                          rows=prompts_count * n, dtype="float32")
+        engine = VLLMRolloutEngine.create(
+            directory,
+            tokenizer,
+            rollout,
+            1,
+            max_model_len=width + max_new,
+            device="cpu",
+            rows=prompts_count * n,
+            dtype="float32",
+        )
         engine.update_weights(iter_full_weights(model), version=1)
     build_s = time.perf_counter() - start
     sampling = SamplingParams(max_new_tokens=max_new)
@@ -112,8 +122,11 @@ def child(variant: str, case: str, directory: str, out: str) -> None:
             batch = engine.generate(prompts, n=n, sampling=sampling, seed=seed)
             seconds += time.perf_counter() - start
             tokens += int(batch.batch["response_mask"].sum())
-    Path(out).write_text(json.dumps({"tokens": tokens, "seconds": seconds, "build_s": build_s,
-                                     "mean_length": tokens / (3 * prompts_count * n)}))
+    Path(out).write_text(
+        json.dumps(
+            {"tokens": tokens, "seconds": seconds, "build_s": build_s, "mean_length": tokens / (3 * prompts_count * n)}
+        )
+    )
     dist.destroy_process_group()
     sys.stdout.flush()
     os._exit(0)
@@ -128,16 +141,23 @@ def measure(variant: str, case: str, directory: Path) -> dict:
         env["LD_PRELOAD"] = library
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as handle:
         out = handle.name
-    result = subprocess.run([sys.executable, __file__, "child", variant, case, str(directory), out], env=env,
-                            capture_output=True, text=True, timeout=3600)
+    result = subprocess.run(
+        [sys.executable, __file__, "child", variant, case, str(directory), out],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
     if result.returncode != 0:
         raise RuntimeError(f"{variant} on {case} failed:\n{result.stderr[-3000:]}")
     return json.loads(Path(out).read_text())
 
 
 def generate_table(cases: list[str], repeats: int) -> str:
-    rows = ["| case | engine | tokens/s (median) | vs built-in | mean response tokens | build + first push s |",
-            "|---|---|---|---|---|---|"]
+    rows = [
+        "| case | engine | tokens/s (median) | vs built-in | mean response tokens | build + first push s |",
+        "|---|---|---|---|---|---|",
+    ]
     with tempfile.TemporaryDirectory() as scratch:
         for case in cases:
             directory = save_model(case, Path(scratch) / case)
@@ -156,43 +176,56 @@ def generate_table(cases: list[str], repeats: int) -> str:
                 length = statistics.mean(m["mean_length"] for m in done)
                 build = statistics.median(m["build_s"] for m in done)
                 rows.append(f"| {case} | {variant} | {speed:,.0f} | {speed / base:.2f}x | {length:.1f} | {build:.1f} |")
-            print("\n".join(rows[-len(VARIANTS):]), flush=True)
+            print("\n".join(rows[-len(VARIANTS) :]), flush=True)
     return "\n".join(rows)
 
 
 # ------------------------------------------------------------------ a whole GRPO step
 def step_run(engine: str, steps: int, response_length: int, out_dir: Path) -> dict:
     overrides = [
-        "actor_rollout_ref.model.path=builtin:small-qwen2", f"actor_rollout_ref.rollout.response_length={response_length}",
-        f"trainer.total_training_steps={steps}", "trainer.test_freq=0", "trainer.logger=[jsonl]",
+        "actor_rollout_ref.model.path=builtin:small-qwen2",
+        f"actor_rollout_ref.rollout.response_length={response_length}",
+        f"trainer.total_training_steps={steps}",
+        "trainer.test_freq=0",
+        "trainer.logger=[jsonl]",
         f"hydra.run.dir={out_dir}",
     ]
     if engine == "vllm":
-        overrides += ["rollout@actor_rollout_ref.rollout=vllm", "actor_rollout_ref.rollout.enforce_eager=true",
-                      "actor_rollout_ref.rollout.enable_sleep_mode=false"]
+        overrides += [
+            "rollout@actor_rollout_ref.rollout=vllm",
+            "actor_rollout_ref.rollout.enforce_eager=true",
+            "actor_rollout_ref.rollout.enable_sleep_mode=false",
+        ]
     command = [os.path.join(os.path.dirname(sys.executable), "hybridflow-train"), *overrides]
     result = subprocess.run(command, capture_output=True, text=True, timeout=3600)
     if result.returncode != 0:
         raise RuntimeError(f"{engine} step run failed:\n{result.stderr[-3000:]}")
     metrics = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
     later = [m for m in metrics if m.get("step", 0) > 2]
-    return {"step_s": statistics.median(m["timing_s/step"] for m in later),
-            "gen_s": statistics.median(m["timing_s/gen"] for m in later),
-            "length": statistics.mean(m["response_length/mean"] for m in later)}
+    return {
+        "step_s": statistics.median(m["timing_s/step"] for m in later),
+        "gen_s": statistics.median(m["timing_s/gen"] for m in later),
+        "length": statistics.mean(m["response_length/mean"] for m in later),
+    }
 
 
 def step_table(repeats: int, steps: int, response_length: int) -> str:
     runs: dict[str, list[dict]] = {"builtin": [], "vllm": []}
     with tempfile.TemporaryDirectory() as scratch:
         for r in range(repeats):
-            for engine in (("builtin", "vllm") if r % 2 == 0 else ("vllm", "builtin")):
+            for engine in ("builtin", "vllm") if r % 2 == 0 else ("vllm", "builtin"):
                 runs[engine].append(step_run(engine, steps, response_length, Path(scratch) / f"{engine}{r}"))
     base = statistics.median(m["step_s"] for m in runs["builtin"])
-    rows = ["| engine | step s (median) | gen s (median) | step vs built-in | mean response tokens |", "|---|---|---|---|---|"]
+    rows = [
+        "| engine | step s (median) | gen s (median) | step vs built-in | mean response tokens |",
+        "|---|---|---|---|---|",
+    ]
     for engine, done in runs.items():
         step = statistics.median(m["step_s"] for m in done)
-        rows.append(f"| {engine} | {step:.3f} | {statistics.median(m['gen_s'] for m in done):.3f} | "
-                    f"{base / step:.2f}x speed | {statistics.mean(m['length'] for m in done):.1f} |")
+        rows.append(
+            f"| {engine} | {step:.3f} | {statistics.median(m['gen_s'] for m in done):.3f} | "
+            f"{base / step:.2f}x speed | {statistics.mean(m['length'] for m in done):.1f} |"
+        )
     return "\n".join(rows)
 
 
@@ -208,7 +241,10 @@ def main() -> None:
     if options.what == "child":
         child(*options.args)
         return
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; python {platform.python_version()}")
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
+        f"python {platform.python_version()}"
+    )
     if options.what == "generate":
         print(generate_table(options.cases.split(","), options.repeats))
     else:

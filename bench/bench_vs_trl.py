@@ -10,7 +10,8 @@ installed first, as the CPU wheel, and pinned so pip never replaces it)::
 
 Run (one command; both trainers once per seed, side by side in turns)::
 
-    .venv-bench/bin/python bench/bench_vs_trl.py [--seeds 0,1,2] [--steps 200] [--response-length 4] [--lr 2e-4] [--sequential] [--out FILE]
+    .venv-bench/bin/python bench/bench_vs_trl.py [--seeds 0,1,2] [--steps 200] [--response-length 4] [--lr 2e-4]
+        [--sequential] [--out FILE]
 
 Both trainers get the same model (``builtin:small-qwen2``, random weights from
 the run's seed), the same synthetic train and validation prompts (generated once per seed,
@@ -177,8 +178,11 @@ def run_hybridflow(args: argparse.Namespace, data: dict[str, str]) -> dict:
     tokens = [r["response_length/mean"] * rows_per_step for r in steps]
     return {
         "name": "hybridflow",
-        "layout": f"{args.hybridflow_ranks} rank(s) x {args.hybridflow_threads} torch thread(s) (local Ray, FSDP2 over gloo), "
-        f"micro-batch {config.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu} rows",
+        "layout": (
+            f"{args.hybridflow_ranks} rank(s) x {args.hybridflow_threads} torch thread(s) "
+            "(local Ray, FSDP2 over gloo), "
+            f"micro-batch {config.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu} rows"
+        ),
         "steps": len(steps),
         **step_stats(seconds, tokens, args.warmup),
         "val_before": summary.val_before["val/accuracy"],
@@ -187,7 +191,8 @@ def run_hybridflow(args: argparse.Namespace, data: dict[str, str]) -> dict:
         "wall_s": total,
         "stages_s": {
             key.removeprefix("timing_s/"): statistics.mean(r[key] for r in steps[args.warmup :])
-            for key in steps[0] if key.startswith("timing_s/")
+            for key in steps[0]
+            if key.startswith("timing_s/")
         },
     }
 
@@ -202,12 +207,19 @@ def greedy_accuracy_hf(model, tokenizer, rows: list[dict], max_new_tokens: int, 
     for start in range(0, len(rows), batch):
         chunk = rows[start : start + batch]
         enc = tokenizer.apply_chat_template(
-            [r["prompt"] for r in chunk], add_generation_prompt=True, padding=True, return_tensors="pt", return_dict=True
+            [r["prompt"] for r in chunk],
+            add_generation_prompt=True,
+            padding=True,
+            return_tensors="pt",
+            return_dict=True,
         )
         with torch.no_grad():
             out = model.generate(
-                **enc, do_sample=False, max_new_tokens=max_new_tokens,
-                eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                **enc,
+                do_sample=False,
+                max_new_tokens=max_new_tokens,
+                eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=tokenizer.pad_token_id,
             )
         texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
         scores += score_texts(texts, chunk)
@@ -216,7 +228,7 @@ def greedy_accuracy_hf(model, tokenizer, rows: list[dict], max_new_tokens: int, 
 
 def greedy_accuracy_engine(model, tokenizer, rows: list[dict], max_new_tokens: int) -> float:
     """The same measurement through hybridflow's rollout engine (a cross-check of the HF one)."""
-    from hybridflow.core.keys import RESPONSES, RESPONSE_MASK
+    from hybridflow.core.keys import RESPONSE_MASK, RESPONSES
     from hybridflow.trainer.prompt_loader import PromptSet
     from hybridflow.workers.rollout import RolloutEngine, SamplingParams
 
@@ -256,8 +268,10 @@ def run_trl(args: argparse.Namespace, data: dict[str, str]) -> dict:
 
     val_before = greedy_accuracy_hf(model, tokenizer, val_rows, args.response_length)
     dataset = Dataset.from_list(
-        [{"prompt": r["prompt"], "ground_truth": r["reward_model"]["ground_truth"], "data_source": r["data_source"]}
-         for r in train_rows]
+        [
+            {"prompt": r["prompt"], "ground_truth": r["reward_model"]["ground_truth"], "data_source": r["data_source"]}
+            for r in train_rows
+        ]
     )
     generated: list[int] = []  # response tokens of each generation batch, in order
     mean_scores: list[float] = []  # and its mean score
@@ -323,8 +337,12 @@ def run_trl(args: argparse.Namespace, data: dict[str, str]) -> dict:
         )
         timer = StepTimer()
         trainer = GRPOTrainer(
-            model=model, reward_funcs=arithmetic, args=config, train_dataset=dataset,
-            processing_class=tokenizer, callbacks=[timer],
+            model=model,
+            reward_funcs=arithmetic,
+            args=config,
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            callbacks=[timer],
         )
         gen_seconds: list[float] = []  # generation + scoring + old log-probs, once per 16 prompts
         generate_and_score = trainer._generate_and_score_completions
@@ -359,7 +377,8 @@ def run_trl(args: argparse.Namespace, data: dict[str, str]) -> dict:
         "stages_s": {
             "generate+score+old_log_prob": statistics.mean(gen_seconds[args.warmup : len(pairs)]),
             "update (the rest)": statistics.mean(
-                p - g for p, g in zip(pairs[args.warmup :], gen_seconds[args.warmup : len(pairs)])),
+                p - g for p, g in zip(pairs[args.warmup :], gen_seconds[args.warmup : len(pairs)])
+            ),
         },
     }
 
@@ -394,13 +413,15 @@ def format_table(args: argparse.Namespace, runs: list[tuple[int, dict, dict]], l
         f"response length {args.response_length}, lr {args.lr}, {args.steps} steps, means over the steps after "
         f"{args.warmup} warm-up; seeds {', '.join(str(seed) for seed, _, _ in runs)}",
         "",
-        "| trainer | seed | s / step | generated tokens / step | generated tokens / s | val acc before | val acc after | train score (last 10 steps) | run wall s |",
+        "| trainer | seed | s / step | generated tokens / step | generated tokens / s | val acc before | val acc after "
+        "| train score (last 10 steps) | run wall s |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for seed, hf, trl in runs:
         for r in (hf, trl):
             lines.append(
-                f"| {r['name']} | {seed} | {r['step_s']:.3f} (sd {r['step_s_stdev']:.3f}) | {r['gen_tokens_per_step']:.0f} "
+                f"| {r['name']} | {seed} | {r['step_s']:.3f} (sd {r['step_s_stdev']:.3f}) "
+                f"| {r['gen_tokens_per_step']:.0f} "
                 f"| {r['gen_tokens_per_s']:.0f} | {r['val_before']:.3f} | {r['val_after']:.3f} "
                 f"| {r['train_score_last10']:.3f} | {r['wall_s']:.0f} |"
             )
@@ -411,7 +432,8 @@ def format_table(args: argparse.Namespace, runs: list[tuple[int, dict, dict]], l
         f"Layouts: hybridflow {hf_runs[0]['layout']}; {trl_runs[0]['name']} {trl_runs[0]['layout']}.",
         "",
         f"**hybridflow / TRL: {_mean_sd(ratios, '.2f')}x faster per step** (per seed: "
-        + ", ".join(f"{r:.2f}" for r in ratios) + f"); s/step {_mean_sd([r['step_s'] for r in hf_runs])} vs "
+        + ", ".join(f"{r:.2f}" for r in ratios)
+        + f"); s/step {_mean_sd([r['step_s'] for r in hf_runs])} vs "
         f"{_mean_sd([r['step_s'] for r in trl_runs])}; final validation accuracy "
         f"{_mean_sd([r['val_after'] for r in hf_runs])} vs {_mean_sd([r['val_after'] for r in trl_runs])} "
         f"(TRL's models through hybridflow's engine: {_mean_sd([r['val_after_engine'] for r in trl_runs])}).",
@@ -447,8 +469,10 @@ def run_children(commands: dict[str, list[str]], env: dict[str, dict[str, str]],
         return
     to_trl, to_hybridflow = os.pipe(), os.pipe()
     ends = {"hybridflow": (to_hybridflow[0], to_trl[1]), "trl": (to_trl[0], to_hybridflow[1])}
-    procs = {name: subprocess.Popen([*cmd, "--baton", "%d,%d" % ends[name]], env=env[name], pass_fds=ends[name])
-             for name, cmd in commands.items()}
+    procs = {
+        name: subprocess.Popen([*cmd, "--baton", "%d,%d" % ends[name]], env=env[name], pass_fds=ends[name])
+        for name, cmd in commands.items()
+    }
     os.write(to_hybridflow[1], b".")  # hybridflow holds the baton first
     for fd in (*to_trl, *to_hybridflow):
         os.close(fd)
@@ -469,7 +493,9 @@ def run_children(commands: dict[str, list[str]], env: dict[str, dict[str, str]],
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=200, help="steps of 16 prompts x n (TRL: twice as many optimizer steps)")
+    parser.add_argument(
+        "--steps", type=int, default=200, help="steps of 16 prompts x n (TRL: twice as many optimizer steps)"
+    )
     parser.add_argument("--warmup", type=int, default=5, help="steps left out of the time means")
     parser.add_argument("--model", default="builtin:small-qwen2")
     parser.add_argument("--prompts", type=int, default=16, help="prompts per step (two mini-batches of half)")
@@ -485,11 +511,18 @@ def main() -> None:
     # 0.78 s a step against 0.93 s for 2 ranks x 1 thread), and it is TRL's layout too
     parser.add_argument("--hybridflow-ranks", type=int, default=1, help="CPU ranks")
     parser.add_argument("--hybridflow-threads", type=int, default=2, help="torch threads per rank")
-    parser.add_argument("--hybridflow-micro-batch", type=int, default=64,
-                        help="rows per forward/backward on a rank (64: a whole mini-batch, as TRL's)")
+    parser.add_argument(
+        "--hybridflow-micro-batch",
+        type=int,
+        default=64,
+        help="rows per forward/backward on a rank (64: a whole mini-batch, as TRL's)",
+    )
     parser.add_argument("--out", help="also write the Markdown block to this file")
-    parser.add_argument("--sequential", action="store_true",
-                        help="run the two trainers one after the other instead of side by side in turns")
+    parser.add_argument(
+        "--sequential",
+        action="store_true",
+        help="run the two trainers one after the other instead of side by side in turns",
+    )
     parser.add_argument("--baton", help=argparse.SUPPRESS)  # a child's ends of the turn pipes
     parser.add_argument("--child", choices=["hybridflow", "trl"], help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
@@ -515,13 +548,26 @@ def main() -> None:
             commands, env = {}, {}
             for name, threads in (("hybridflow", str(args.hybridflow_threads)), ("trl", str(args.trl_threads))):
                 env[name] = {**os.environ, "OMP_NUM_THREADS": threads, "TOKENIZERS_PARALLELISM": "false"}
-                commands[name] = [sys.executable, __file__, *argv, "--seed", str(seed), "--child", name,
-                                  "--data", json.dumps(data), "--result", str(Path(tmp) / f"{name}.json")]
+                commands[name] = [
+                    sys.executable,
+                    __file__,
+                    *argv,
+                    "--seed",
+                    str(seed),
+                    "--child",
+                    name,
+                    "--data",
+                    json.dumps(data),
+                    "--result",
+                    str(Path(tmp) / f"{name}.json"),
+                ]
             print(f"running hybridflow and TRL, seed {seed} ...", flush=True)
             run_children(commands, env, args.sequential)
             results = [json.loads((Path(tmp) / f"{name}.json").read_text()) for name in commands]
             runs.append((seed, *results))
-            print(f"seed {seed}: TRL / hybridflow s/step = {results[1]['step_s'] / results[0]['step_s']:.2f}", flush=True)
+            print(
+                f"seed {seed}: TRL / hybridflow s/step = {results[1]['step_s'] / results[0]['step_s']:.2f}", flush=True
+            )
     args.argv = argv
     table = format_table(args, runs, load, params_m)
     print("\n" + table)

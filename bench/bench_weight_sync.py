@@ -36,8 +36,16 @@ from hybridflow.core.worker import free_ports
 from hybridflow.workers.fsdp import full_parameters, shard_model
 from hybridflow.workers.rollout.vllm_engine import iter_full_weights
 
-CONFIG = dict(vocab_size=32_000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12,
-              num_key_value_heads=4, max_position_embeddings=1024, tie_word_embeddings=True)
+CONFIG = dict(
+    vocab_size=32_000,
+    hidden_size=768,
+    intermediate_size=2048,
+    num_hidden_layers=12,
+    num_attention_heads=12,
+    num_key_value_heads=4,
+    max_position_embeddings=1024,
+    tie_word_embeddings=True,
+)
 
 
 def model():
@@ -141,8 +149,12 @@ def main() -> None:
     results = ctx.Queue()
     ports = free_ports(2)
     with tempfile.TemporaryDirectory() as scratch:
-        procs = [ctx.Process(target=rank_main, args=(r, args.trainer_ranks, ports, buckets_mb, args.repeats, scratch, results))
-                 for r in range(args.trainer_ranks + 1)]
+        procs = [
+            ctx.Process(
+                target=rank_main, args=(r, args.trainer_ranks, ports, buckets_mb, args.repeats, scratch, results)
+            )
+            for r in range(args.trainer_ranks + 1)
+        ]
         for p in procs:
             p.start()
         rows = []
@@ -151,9 +163,11 @@ def main() -> None:
             rows.append(results.get(timeout=600))
         for p in procs:
             p.join()
-    print(f"\n{platform.processor() or platform.machine()}, {params / 1e6:.0f}M parameters (fp32, "
-          f"{4 * params / 2**20:.0f} MiB), {args.trainer_ranks} FSDP2 trainer ranks -> 1 rollout rank, gloo, "
-          f"medians of {args.repeats}\n")
+    print(
+        f"\n{platform.processor() or platform.machine()}, {params / 1e6:.0f}M parameters (fp32, "
+        f"{4 * params / 2**20:.0f} MiB), {args.trainer_ranks} FSDP2 trainer ranks -> 1 rollout rank, gloo, "
+        f"medians of {args.repeats}\n"
+    )
     print("| bucket MiB | send s | receive s | GB/s | bytes | disk: save s | disk: load s | disk / transfer |")
     print("|---|---|---|---|---|---|---|---|")
     for mb in buckets_mb:
@@ -161,8 +175,10 @@ def main() -> None:
         sent = next(r[3] for r in rows if r[0] == "send" and r[1] == mb)
         transfer = max(med("send"), med("receive"))
         disk = med("disk_save") + med("disk_load")
-        print(f"| {mb} | {med('send'):.2f} | {med('receive'):.2f} | {sent / transfer / 1e9:.2f} | {sent:,} "
-              f"| {med('disk_save'):.2f} | {med('disk_load'):.2f} | {disk / transfer:.2f}x |")
+        print(
+            f"| {mb} | {med('send'):.2f} | {med('receive'):.2f} | {sent / transfer / 1e9:.2f} | {sent:,} "
+            f"| {med('disk_save'):.2f} | {med('disk_load'):.2f} | {disk / transfer:.2f}x |"
+        )
 
 
 if __name__ == "__main__":

@@ -41,8 +41,11 @@ def prompts(tokenizer, count: int) -> tuple[torch.Tensor, list[int]]:
     ids, answers = [], []
     for _ in range(count):
         digits = [random.randint(0, 9) for _ in range(4)]
-        text = tokenizer.apply_chat_template([{"role": "user", "content": f"max({','.join(map(str, digits))})="}],
-                                             add_generation_prompt=True, tokenize=False)
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": f"max({','.join(map(str, digits))})="}],
+            add_generation_prompt=True,
+            tokenize=False,
+        )
         ids.append(tokenizer(text, add_special_tokens=False)["input_ids"])
         answers.append(max(digits))
     return torch.tensor(ids), answers
@@ -51,8 +54,16 @@ def prompts(tokenizer, count: int) -> tuple[torch.Tensor, list[int]]:
 def sample(model, ids: torch.Tensor, length: int, eos: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Sampled responses (rows, length) and their mask (tokens up to and with the first EOS)."""
     with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, max_new_tokens=length,
-                             top_k=0, top_p=1.0, pad_token_id=0, eos_token_id=eos)[:, ids.shape[1]:]
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=True,
+            max_new_tokens=length,
+            top_k=0,
+            top_p=1.0,
+            pad_token_id=0,
+            eos_token_id=eos,
+        )[:, ids.shape[1] :]
     out = torch.cat([out, out.new_zeros(len(out), length - out.shape[1])], 1)
     after_eos = (out == eos).int().cumsum(1) - (out == eos).int()
     return out, (after_eos == 0).float()
@@ -64,9 +75,19 @@ def main() -> None:
     torch.manual_seed(0)
     random.seed(0)
     if args.mode == "lora":
-        lora.add_adapters(model, lora.lora_config(SimpleNamespace(
-            lora_rank=args.rank, lora_alpha=args.alpha, target_modules="all-linear", exclude_modules=None,
-            lora_adapter_path=None)), seed=0)
+        lora.add_adapters(
+            model,
+            lora.lora_config(
+                SimpleNamespace(
+                    lora_rank=args.rank,
+                    lora_alpha=args.alpha,
+                    target_modules="all-linear",
+                    exclude_modules=None,
+                    lora_adapter_path=None,
+                )
+            ),
+            seed=0,
+        )
     else:
         for name, param in model.named_parameters():
             param.requires_grad_(not re.search("embed|norm|bias", name))
@@ -83,7 +104,7 @@ def main() -> None:
         advantages = ((reward - reward.mean(1, keepdim=True)) / (reward.std(1, keepdim=True) + 1e-6)).view(-1, 1)
         full, start = torch.cat([ids, responses], 1), ids.shape[1]
         for half in (slice(0, 64), slice(64, 128)):
-            logits = model(full[half]).logits[:, start - 1:-1]
+            logits = model(full[half]).logits[:, start - 1 : -1]
             log_probs = torch.log_softmax(logits, -1).gather(2, responses[half, :, None])[..., 0]
             loss = -(advantages[half] * log_probs * mask[half]).sum() / mask[half].sum()
             optimizer.zero_grad()

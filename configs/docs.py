@@ -58,7 +58,11 @@ def field_docstrings(module: Any = schema) -> dict[str, dict[str, str]]:
         docs: dict[str, str] = {}
         for node, nxt in zip(cls.body, cls.body[1:] + [None]):
             if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-                if isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str):
+                if (
+                    isinstance(nxt, ast.Expr)
+                    and isinstance(nxt.value, ast.Constant)
+                    and isinstance(nxt.value.value, str)
+                ):
                     docs[node.target.id] = " ".join(inspect.cleandoc(nxt.value.value).split())
         out[cls.name] = docs
     return out
@@ -229,12 +233,18 @@ def render() -> str:
         "a wrong type fails at start-up); the YAML files only choose values. Set any key on the command line",
         "(`trainer.seed=1`), pick a group option (`data=gsm8k`, `experiment=gsm8k_grpo`), or sweep with `--multirun`.",
         "",
-        "Where the default job (`configs/ppo_trainer.yaml` as `make run` composes it) differs from the schema's default,",
+        (
+            "Where the default job (`configs/ppo_trainer.yaml` as `make run` composes it) differs from "
+            "the schema's default,"
+        ),
         "the table shows both.",
         "",
         "Keys of a `dict` type start empty, and Hydra only adds new entries to them with a leading `+`:",
         "`+algorithm.estimator_options.gamma=0.99`, `'+reward.route={gsm8k:math}'` (quote braces for the shell);",
-        "`++` sets a key whether or not it exists. A group mounted below the root is chosen with `group@package=option`",
+        (
+            "`++` sets a key whether or not it exists. A group mounted below the root is chosen with "
+            "`group@package=option`"
+        ),
         "(`model@actor_rollout_ref.model=local`), as the options below are written.",
         "",
         "## Config groups",

@@ -31,9 +31,17 @@ from typing import Any
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from hybridflow.configs import CONFIG_DIR
+from hybridflow.configs.foreign_keys import (
+    VALUES,
+    VERL,
+    ForeignKey,
+    argv_problems,
+    explain,
+    lookup,
+    note_for,
+    suggestion,
+)
 from hybridflow.configs.schema import PPOConfig
-from hybridflow.configs.foreign_keys import (VALUES, VERL, ForeignKey, argv_problems, explain, lookup, note_for,
-                                              suggestion)
 
 _FLAGS_WITHOUT_VALUE = ("--multirun", "-m")
 
@@ -68,8 +76,9 @@ def override_problems(args: list[str]) -> list[str]:
     return schema_override_problems([a for a in args if not a.startswith("-")], PPOConfig, group_options())
 
 
-def schema_override_problems(texts: list[str], root: type, groups: dict[str, list[str]],
-                             key_list: str = "docs/config.md", foreign: bool = True) -> list[str]:
+def schema_override_problems(
+    texts: list[str], root: type, groups: dict[str, list[str]], key_list: str = "docs/config.md", foreign: bool = True
+) -> list[str]:
     """One message per override in ``texts`` (no flags) that names no key of the dataclass schema ``root`` nor an
     option of one of ``groups``, or gives a key a value of the wrong type; ``key_list`` is where a reader finds
     every key, ``foreign``: explain veRL's and TRL's names (``configs/foreign_keys.py``, the RL trainer's). Also
@@ -204,8 +213,10 @@ def _is_list(hint: Any) -> bool:
 def _group_problem(o: Any, options: list[str]) -> list[str]:
     values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.value()]
     bad = [v for v in values if v is not None and str(v) not in options]
-    return [f"{o.get_key_element()}={v}: no such option of config group {o.key_or_group!r}; options: {', '.join(options)}"
-            for v in bad]
+    return [
+        f"{o.get_key_element()}={v}: no such option of config group {o.key_or_group!r}; options: {', '.join(options)}"
+        for v in bad
+    ]
 
 
 def _unknown_key(o: Any, keys: dict[str, Any], value: str, key_list: str, foreign: bool) -> list[str]:

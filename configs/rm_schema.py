@@ -47,8 +47,10 @@ class RMModelConfig:
             out.append("path is empty: name a local HF causal LM directory or builtin:tiny-qwen2")
         for name in ("param_offload", "optimizer_offload"):
             if getattr(self.fsdp_config, name):
-                out.append(f"fsdp_config.{name}=True: not supported here (the trainer holds its ranks alone, "
-                           "there is nothing to offload for); allowed: false")
+                out.append(
+                    f"fsdp_config.{name}=True: not supported here (the trainer holds its ranks alone, "
+                    "there is nothing to offload for); allowed: false"
+                )
         return out
 
 
@@ -107,10 +109,13 @@ class RMTrainerConfig:
 
     def problems(self) -> list[str]:
         """Broken rules of this section."""
-        return (at_least(self, 1, "total_epochs", "n_gpus_per_node", "cpu_threads_per_rank")
-                + at_least(self, 1, "total_steps", optional=True) + at_least(self, 0, "eval_freq")
-                + one_of(self, "device", DEVICES)
-                + ([] if self.output_dir else ["output_dir is empty: name a directory (relative: in the run dir)"]))
+        return (
+            at_least(self, 1, "total_epochs", "n_gpus_per_node", "cpu_threads_per_rank")
+            + at_least(self, 1, "total_steps", optional=True)
+            + at_least(self, 0, "eval_freq")
+            + one_of(self, "device", DEVICES)
+            + ([] if self.output_dir else ["output_dir is empty: name a directory (relative: in the run dir)"])
+        )
 
 
 @dataclass
@@ -143,8 +148,10 @@ class RMConfig:
         out = list(_section_problems(self))
         data, ranks = self.data, self.trainer.n_gpus_per_node
         if isinstance(data.batch_size, int) and isinstance(ranks, int) and ranks >= 1 and data.batch_size % ranks:
-            out.append(f"data.batch_size={data.batch_size} must be divisible by trainer.n_gpus_per_node={ranks} "
-                       "(every rank holds the same number of pairs)")
+            out.append(
+                f"data.batch_size={data.batch_size} must be divisible by trainer.n_gpus_per_node={ranks} "
+                "(every rank holds the same number of pairs)"
+            )
         return out
 
 

@@ -17,8 +17,11 @@ from typing import Any
 
 def greater_than(obj: Any, bound: float, *names: str, optional: bool = False) -> list[str]:
     """Fields that are not numbers strictly above ``bound`` (``optional``: None is allowed too)."""
-    return [f"{n}={getattr(obj, n)!r} must be > {bound}" + (" or null" if optional else "") for n in names
-            if not (optional and getattr(obj, n) is None) and not _number_above(getattr(obj, n), bound, True)]
+    return [
+        f"{n}={getattr(obj, n)!r} must be > {bound}" + (" or null" if optional else "")
+        for n in names
+        if not (optional and getattr(obj, n) is None) and not _number_above(getattr(obj, n), bound, True)
+    ]
 
 
 def at_least(obj: Any, bound: float, *names: str, optional: bool = False) -> list[str]:
@@ -33,7 +36,9 @@ def at_least(obj: Any, bound: float, *names: str, optional: bool = False) -> lis
     return out
 
 
-def within(obj: Any, name: str, low: float, high: float, *, low_open: bool = False, high_open: bool = False) -> list[str]:
+def within(
+    obj: Any, name: str, low: float, high: float, *, low_open: bool = False, high_open: bool = False
+) -> list[str]:
     """The field when it is outside the interval (``low_open`` / ``high_open`` exclude the ends)."""
     value = getattr(obj, name)
     ok = isinstance(value, (int, float)) and math.isfinite(value)

@@ -98,11 +98,14 @@ class ModelConfig:
     of fresh adapters; its own config then sets the rank, alpha and targets."""
 
     def problems(self) -> list[str]:
-        """Broken rules of this section (see ``configs/rules.py``); the directory's existence is checked by the config check."""
+        """Broken rules of this section (see ``configs/rules.py``); the directory's existence is checked by the config
+        check."""
         out = one_of(self, "dtype", MODEL_DTYPES) + lora_problems(self)
         if not self.path:
-            out.append("path=null: no model given; model=local (and experiment=gsm8k_grpo) need a local HF model "
-                       "directory: add actor_rollout_ref.model.path=/models/Qwen2.5-0.5B-Instruct (your directory)")
+            out.append(
+                "path=null: no model given; model=local (and experiment=gsm8k_grpo) need a local HF model "
+                "directory: add actor_rollout_ref.model.path=/models/Qwen2.5-0.5B-Instruct (your directory)"
+            )
         return out
 
 
@@ -192,7 +195,8 @@ class ActorConfig:
     """The constant T_max of ``seq-mean-token-sum-norm`` (Dr.GRPO), veRL's name: the token sums of the
     sequences are divided by (sequences in the mini-batch x T_max), the same number every step whatever the
     padding, packing or micro-batches. None: ``rollout.response_length``, the most tokens a response can have
-    (``resolve_loss_scale_factor`` in ``configs/roles.py``), as veRL's Dr.GRPO recipe sets it. The critic's ``seq-mean-token-sum-norm`` divides by the same constant; other modes ignore it."""
+    (``resolve_loss_scale_factor`` in ``configs/roles.py``), as veRL's Dr.GRPO recipe sets it. The critic's
+    ``seq-mean-token-sum-norm`` divides by the same constant; other modes ignore it."""
     ppo_mini_batch_size: int = 8
     """Prompts per optimizer step (each with its ``rollout.n`` responses)."""
     ppo_micro_batch_size_per_gpu: int = 16
@@ -243,7 +247,9 @@ class ActorConfig:
         out = at_least(self, 1, "ppo_epochs", "ppo_max_token_len_per_gpu") + at_least(self, 0, "kl_loss_coef")
         out += greater_than(self, 0, "loss_scale_factor", optional=True)
         if str(self.recompute_old_log_prob).lower() not in RECOMPUTE_SETTINGS:
-            out.append(f"recompute_old_log_prob={self.recompute_old_log_prob!r}; allowed: {', '.join(RECOMPUTE_SETTINGS)}")
+            out.append(
+                f"recompute_old_log_prob={self.recompute_old_log_prob!r}; allowed: {', '.join(RECOMPUTE_SETTINGS)}"
+            )
         return out
 
 
@@ -294,8 +300,11 @@ class ServerConfig:
 
     def problems(self) -> list[str]:
         """Broken rules of this section."""
-        return (within(self, "port", 0, 65535) + at_least(self, 0, "max_wait_s")
-                + at_least(self, 1, "max_tokens_per_call", optional=True))
+        return (
+            within(self, "port", 0, 65535)
+            + at_least(self, 0, "max_wait_s")
+            + at_least(self, 1, "max_tokens_per_call", optional=True)
+        )
 
 
 @dataclass
@@ -446,8 +455,12 @@ class CriticConfig:
 
     def problems(self) -> list[str]:
         """Broken rules of this section; the micro-batch is checked with the layout (``core/parallel_dims.py``)."""
-        return greater_than(self, 0, "cliprange_value") + at_least(self, 1, "ppo_max_token_len_per_gpu") \
-            + at_least(self, 1, "forward_max_token_len_per_gpu", optional=True) + lora_problems(self)
+        return (
+            greater_than(self, 0, "cliprange_value")
+            + at_least(self, 1, "ppo_max_token_len_per_gpu")
+            + at_least(self, 1, "forward_max_token_len_per_gpu", optional=True)
+            + lora_problems(self)
+        )
 
 
 @dataclass
@@ -463,8 +476,12 @@ class KLControlConfig:
 
     def problems(self) -> list[str]:
         """Broken rules of this section (see ``configs/rules.py``)."""
-        return one_of(self, "type", KL_CONTROLLERS) + at_least(self, 0, "kl_coef") + greater_than(self, 0, "target_kl") \
+        return (
+            one_of(self, "type", KL_CONTROLLERS)
+            + at_least(self, 0, "kl_coef")
+            + greater_than(self, 0, "target_kl")
             + at_least(self, 1, "horizon")
+        )
 
 
 @dataclass
@@ -511,7 +528,8 @@ class AlgorithmConfig:
     adv_estimator: str = "grpo"
     """Advantage estimator plugin by name (``hybridflow plugins`` lists the installed ones with what each needs):
     ``grpo``, ``dr_grpo``, ``rloo``, ``reinforce_plus_plus``, ``reinforce_plus_plus_baseline``, ``gae``, ``grpo_passk``,
-    ``gdpo``, ``remax``, ``opo``, ``gpg``, ``optimal_token_baseline``, ``tir_optimal_token_baseline``, or any plugin's."""
+    ``gdpo``, ``remax``, ``opo``, ``gpg``, ``optimal_token_baseline``, ``tir_optimal_token_baseline``, or any
+    plugin's."""
     estimator_options: dict[str, Any] = field(default_factory=dict)
     """Keyword options of the estimator, e.g. ``{gamma: 0.99, lam: 0.95}`` for ``gae``."""
     use_kl_in_reward: bool = False
@@ -533,7 +551,8 @@ class AlgorithmConfig:
     groups; at the cap the step tops the batch up with dropped groups (counted in ``batch_hooks/topped_up``)."""
 
     def problems(self) -> list[str]:
-        """Broken rules of this section; hook and estimator names are checked against the plugins by the config check."""
+        """Broken rules of this section; hook and estimator names are checked against the plugins by the config
+        check."""
         return at_least(self, 1, "max_rollout_batches")
 
 
@@ -596,16 +615,23 @@ class RewardConfig:
     sample that lacks one (its verifier failed) gets ``timeout_score`` there."""
 
     def problems(self) -> list[str]:
-        """Broken rules of this section; route targets are checked against the installed verifiers by the config check."""
-        out = at_least(self, 1, "num_workers") + greater_than(self, 0, "timeout_s") \
-            + at_least(self, 64, "worker_memory_mb", optional=True) + one_of(self, "combine", REWARD_COMBINE_MODES)
+        """Broken rules of this section; route targets are checked against the installed verifiers by the config
+        check."""
+        out = (
+            at_least(self, 1, "num_workers")
+            + greater_than(self, 0, "timeout_s")
+            + at_least(self, 64, "worker_memory_mb", optional=True)
+            + one_of(self, "combine", REWARD_COMBINE_MODES)
+        )
         for name, source in self.sources.items():
             if name not in REWARD_SOURCES:
                 out.append(f"sources has {name!r}; the sources are {', '.join(REWARD_SOURCES)}")
             else:
                 out += [f"sources.{name}.{problem}" for problem in source.problems()]
         if self.combine == "fallback" and set(self.sources) != set(REWARD_SOURCES):
-            out.append(f"combine=fallback needs both sources (verifier and reward_model); sources has {sorted(self.sources)}")
+            out.append(
+                f"combine=fallback needs both sources (verifier and reward_model); sources has {sorted(self.sources)}"
+            )
         return out
 
 
@@ -660,11 +686,14 @@ class RewardModelConfig:
 
     def problems(self) -> list[str]:
         """Broken rules of this section."""
-        out = at_least(self, 1, "micro_batch_size_per_gpu", "forward_max_token_len_per_gpu") \
-            + at_least(self, 1, "max_length", optional=True)
+        out = at_least(self, 1, "micro_batch_size_per_gpu", "forward_max_token_len_per_gpu") + at_least(
+            self, 1, "max_length", optional=True
+        )
         if self.enable and not self.model.path:
-            out.append("model.path is not set: reward_model.enable=true needs a local reward-model directory "
-                       "(an AutoModelForSequenceClassification with one label; hybridflow-train-rm writes one)")
+            out.append(
+                "model.path is not set: reward_model.enable=true needs a local reward-model directory "
+                "(an AutoModelForSequenceClassification with one label; hybridflow-train-rm writes one)"
+            )
         return out
 
 
@@ -692,7 +721,9 @@ class DataConfig:
 
     def problems(self) -> list[str]:
         """Broken rules of this section; the train batch is checked with the layout (``core/parallel_dims.py``)."""
-        return at_least(self, 1, "val_batch_size", "max_prompt_length") + one_of(self, "synthetic_task", SYNTHETIC_TASKS)
+        return at_least(self, 1, "val_batch_size", "max_prompt_length") + one_of(
+            self, "synthetic_task", SYNTHETIC_TASKS
+        )
 
 
 @dataclass
@@ -720,8 +751,9 @@ class TimeoutsConfig:
 
     def problems(self) -> list[str]:
         """Broken rules of this section."""
-        return (greater_than(self, 0, "collective_s", "weight_sync_s", "stall_s")
-                + greater_than(self, 0, "call_s", "heartbeat_s", optional=True))
+        return greater_than(self, 0, "collective_s", "weight_sync_s", "stall_s") + greater_than(
+            self, 0, "call_s", "heartbeat_s", optional=True
+        )
 
 
 @dataclass
@@ -820,7 +852,8 @@ class TrainerConfig:
         return (
             at_least(self, 1, "total_epochs", "nnodes", "n_gpus_per_node", "cpu_threads_per_rank", "rollout_ranks")
             + at_least(self, 0, "max_staleness")
-            + one_of(self, "placement", PLACEMENTS) + one_of(self, "rollout_mode", STEP_MODES)
+            + one_of(self, "placement", PLACEMENTS)
+            + one_of(self, "rollout_mode", STEP_MODES)
             + at_least(self, 1, "total_training_steps", optional=True)
             + at_least(self, 0, "max_ckpt_to_keep", "log_val_generations")
             + [f"{m} (0 turns it off, as veRL's -1 does)" for m in at_least(self, 0, "test_freq", "save_freq")]

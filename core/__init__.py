@@ -23,9 +23,23 @@ from typing import Any
 
 _LAZY = {
     "DataProto": "hybridflow.core.data_proto",
-    **{name: "hybridflow.core.dispatch" for name in (
-        "ALL_TO_ALL", "DEFAULT_MESH", "DP_COMPUTE", "DP_COMPUTE_METRIC", "DP_COMPUTE_PROTO", "ONE_TO_ALL", "DispatchMode",
-        "DispatchPlan", "Execute", "GroupLayout", "RankLayout", "register")},
+    **{
+        name: "hybridflow.core.dispatch"
+        for name in (
+            "ALL_TO_ALL",
+            "DEFAULT_MESH",
+            "DP_COMPUTE",
+            "DP_COMPUTE_METRIC",
+            "DP_COMPUTE_PROTO",
+            "ONE_TO_ALL",
+            "DispatchMode",
+            "DispatchPlan",
+            "Execute",
+            "GroupLayout",
+            "RankLayout",
+            "register",
+        )
+    },
     "RoleSpec": "hybridflow.core.worker",
     "Worker": "hybridflow.core.worker",
     "ResourcePool": "hybridflow.core.resource_pool",

@@ -69,7 +69,9 @@ class ColocatedWorkerGroup:
                     f"own attributes {reserved}"
                 )
             if not isinstance(spec, RoleSpec):
-                raise TypeError(f"role {name!r} must be a RoleSpec(worker_cls, args, kwargs), got {type(spec).__name__}")
+                raise TypeError(
+                    f"role {name!r} must be a RoleSpec(worker_cls, args, kwargs), got {type(spec).__name__}"
+                )
         self.hosts = HostGroup(resource_pool, roles, options or GroupOptions())
         self.roles: dict[str, RoleGroup] = {name: RoleGroup(self.hosts, name, spec.cls) for name, spec in roles.items()}
 

@@ -146,9 +146,14 @@ class DataProto:
         return size
 
     def __repr__(self) -> str:
-        tensors = ", ".join(f"{k}: {tuple(v.shape)} {str(v.dtype).removeprefix('torch.')}" for k, v in self.batch.items())
+        tensors = ", ".join(
+            f"{k}: {tuple(v.shape)} {str(v.dtype).removeprefix('torch.')}" for k, v in self.batch.items()
+        )
         others = ", ".join(self.non_tensor_batch)
-        return f"DataProto(len={len(self)}, batch={{{tensors}}}, non_tensor_batch=[{others}], meta_info={sorted(self.meta_info)})"
+        return (
+            f"DataProto(len={len(self)}, batch={{{tensors}}}, non_tensor_batch=[{others}], "
+            f"meta_info={sorted(self.meta_info)})"
+        )
 
     def keys(self) -> list[str]:
         """Names of all tensor and non-tensor columns."""
@@ -171,7 +176,9 @@ class DataProto:
                 raise IndexError(f"bool mask has shape {tuple(idx.shape)}, expected ({len(self)},)")
             idx = idx.nonzero().flatten()
         if idx.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8) or idx.dim() != 1:
-            raise IndexError(f"index must be an int, slice, 1-D integer sequence or bool mask, got {idx.dtype} {tuple(idx.shape)}")
+            raise IndexError(
+                f"index must be an int, slice, 1-D integer sequence or bool mask, got {idx.dtype} {tuple(idx.shape)}"
+            )
         idx = idx.long()
         return self._take(idx, idx.numpy())
 
@@ -250,7 +257,9 @@ class DataProto:
                     raise ValueError(f"union conflict: {kind} {key!r} differs between the two DataProtos")
         for key, value in other.meta_info.items():
             if key in self.meta_info and not _value_equal(self.meta_info[key], value):
-                raise ValueError(f"union conflict: meta_info {key!r} is {self.meta_info[key]!r} here and {value!r} there")
+                raise ValueError(
+                    f"union conflict: meta_info {key!r} is {self.meta_info[key]!r} here and {value!r} there"
+                )
         self.batch.update(other.batch)
         self.non_tensor_batch.update(other.non_tensor_batch)
         self.meta_info.update(other.meta_info)
@@ -271,7 +280,9 @@ class DataProto:
         first = parts[0]
         for i, part in enumerate(parts[1:], start=1):
             if part.batch.keys() != first.batch.keys() or part.non_tensor_batch.keys() != first.non_tensor_batch.keys():
-                raise ValueError(f"concat: part {i} has columns {sorted(part.keys())}, part 0 has {sorted(first.keys())}")
+                raise ValueError(
+                    f"concat: part {i} has columns {sorted(part.keys())}, part 0 has {sorted(first.keys())}"
+                )
         batch = {k: _cat_rows([p.batch[k] for p in parts]) for k in first.batch}
         non_tensor = {k: np.concatenate([p.non_tensor_batch[k] for p in parts]) for k in first.non_tensor_batch}
         return DataProto(batch, non_tensor, _merge_meta(parts))
@@ -387,7 +398,17 @@ def _cat_rows(tensors: list[torch.Tensor]) -> torch.Tensor:
     return torch.from_numpy(np.concatenate([t.contiguous().numpy() for t in tensors]))
 
 
-_NUMPY_CAT_DTYPES = {torch.float64, torch.float32, torch.float16, torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool}
+_NUMPY_CAT_DTYPES = {
+    torch.float64,
+    torch.float32,
+    torch.float16,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+}
 
 
 def _merge_meta(parts: Sequence[DataProto]) -> dict[str, Any]:
@@ -401,7 +422,9 @@ def _merge_meta(parts: Sequence[DataProto]) -> dict[str, Any]:
             elif key not in merged:
                 merged[key] = value
             elif not _value_equal(merged[key], value):
-                raise ValueError(f"concat: meta_info {key!r} is {merged[key]!r} in an earlier part and {value!r} in part {i}")
+                raise ValueError(
+                    f"concat: meta_info {key!r} is {merged[key]!r} in an earlier part and {value!r} in part {i}"
+                )
     if metrics:
         merged[METRICS] = metrics
     return merged

@@ -268,7 +268,9 @@ def _split_dp(layout: GroupLayout, args: tuple, kwargs: dict[str, Any]) -> Dispa
 def _collect_dp_proto(layout: GroupLayout, outputs: list[Any], padding: Padding) -> DataProto:
     bad = [type(o).__name__ for o in outputs if not isinstance(o, DataProto)]
     if bad:
-        raise TypeError(f"DP_COMPUTE_PROTO methods must return a DataProto, got {bad}; use DP_COMPUTE_METRIC for other values")
+        raise TypeError(
+            f"DP_COMPUTE_PROTO methods must return a DataProto, got {bad}; use DP_COMPUTE_METRIC for other values"
+        )
     if not padding.pad_size:
         return DataProto.concat(outputs)
     factors = {expansion(len(o), padding.shard_rows) for o in outputs}
@@ -336,8 +338,9 @@ class Registration:
         def lean(value: Any) -> Any:
             if not isinstance(value, DataProto):
                 return value
-            return value.select([k for k in self.reads if k in value.batch],
-                                [k for k in self.reads if k in value.non_tensor_batch])
+            return value.select(
+                [k for k in self.reads if k in value.batch], [k for k in self.reads if k in value.non_tensor_batch]
+            )
 
         return tuple(lean(a) for a in args), {k: lean(v) for k, v in kwargs.items()}
 
@@ -386,6 +389,8 @@ def register(
         raise TypeError(f"execute must be an Execute member (Execute.ALL, Execute.RANK_ZERO), got {execute!r}")
 
     def wrap(fn: F) -> RegisteredMethod[F]:
-        return RegisteredMethod(fn, Registration(dispatch, execute, blocking, mesh, None if reads is None else tuple(reads)))
+        return RegisteredMethod(
+            fn, Registration(dispatch, execute, blocking, mesh, None if reads is None else tuple(reads))
+        )
 
     return wrap

@@ -36,8 +36,20 @@ RM_SCORES = "rm_scores"  # (B,) float32 the reward model's score of each row's p
 PROMPT_COLUMNS = (PROMPTS,)  # (B, P)
 SEQUENCE_COLUMNS = (INPUT_IDS, ATTENTION_MASK, POSITION_IDS)  # (B, P + T)
 RESPONSE_COLUMNS = (
-    RESPONSES, RESPONSE_MASK, ROLLOUT_LOG_PROBS, OLD_LOG_PROBS, REF_LOG_PROBS, ENTROPY, VALUES, TOKEN_LEVEL_SCORES,
-    TOKEN_LEVEL_REWARDS, ADVANTAGES, RETURNS, SUM_PI_SQUARED, ROLLOUT_IS_WEIGHTS, ROLLOUT_VERSIONS,
+    RESPONSES,
+    RESPONSE_MASK,
+    ROLLOUT_LOG_PROBS,
+    OLD_LOG_PROBS,
+    REF_LOG_PROBS,
+    ENTROPY,
+    VALUES,
+    TOKEN_LEVEL_SCORES,
+    TOKEN_LEVEL_REWARDS,
+    ADVANTAGES,
+    RETURNS,
+    SUM_PI_SQUARED,
+    ROLLOUT_IS_WEIGHTS,
+    ROLLOUT_VERSIONS,
 )  # (B, T)
 
 # What the workers' registered methods read (``@register(reads=...)``): the driver ships only these.
@@ -46,7 +58,12 @@ RESPONSE_COLUMNS = (
 LOG_PROB_INPUTS = (*SEQUENCE_COLUMNS, RESPONSES)  # a teacher-forced pass over prompt + response (log-probs: old, ref)
 FORWARD_INPUTS = (*LOG_PROB_INPUTS, RESPONSE_MASK)  # the same pass, masked to the response (the critic's values)
 ACTOR_UPDATE_INPUTS = (
-    *FORWARD_INPUTS, OLD_LOG_PROBS, ADVANTAGES, REF_LOG_PROBS, ROLLOUT_IS_WEIGHTS, ROLLOUT_LOG_PROBS,
+    *FORWARD_INPUTS,
+    OLD_LOG_PROBS,
+    ADVANTAGES,
+    REF_LOG_PROBS,
+    ROLLOUT_IS_WEIGHTS,
+    ROLLOUT_LOG_PROBS,
 )  # the last three only when present (KL loss, rollout correction, the update's log-prob gap)
 CRITIC_UPDATE_INPUTS = (*FORWARD_INPUTS, VALUES, RETURNS)
 
@@ -63,7 +80,9 @@ RM_INPUTS = (INPUT_IDS, ATTENTION_MASK, RESPONSES, RESPONSE_MASK, RAW_PROMPT)
 # meta_info keys: every key that crosses the driver/worker boundary is one of these (tests/core/test_boundary_keys.py
 # fails on a raw string key in agents/, trainer/, workers/, core/). The group ships a call's whole meta_info.
 METRICS = "metrics"  # dict of metric name -> value (lists after concat)
-WEIGHT_SYNC_PREFIX = "weight_sync/"  # metrics of a weight push into the rollout (seconds, bytes), reported with its batch
+WEIGHT_SYNC_PREFIX = (
+    "weight_sync/"  # metrics of a weight push into the rollout (seconds, bytes), reported with its batch
+)
 
 # ... of a generation call (prompts in, rollout out)
 N_SAMPLES = "n"

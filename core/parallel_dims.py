@@ -45,7 +45,8 @@ class RoleLayout:
 
     @property
     def mesh(self) -> tuple[tuple[int, ...], tuple[str, ...]]:
-        """``(shape, dim names)`` for ``Worker.init_device_mesh``: ``(dp, tp)`` of consecutive tp groups, or 1-D ``(dp,)``."""
+        """``(shape, dim names)`` for ``Worker.init_device_mesh``: ``(dp, tp)`` of consecutive tp groups, or 1-D
+        ``(dp,)``."""
         return ((self.dp, self.tp), ("dp", "tp")) if self.tp > 1 else ((self.dp,), ("dp",))
 
     def arrange_for_update(self, batch: DataProto) -> DataProto:
@@ -138,7 +139,8 @@ class ParallelDims:
 
     @property
     def rollout(self) -> RoleLayout:
-        """The rollout layout: groups of q consecutive ranks (of the rollout's own pool when split) decode the same prompts."""
+        """The rollout layout: groups of q consecutive ranks (of the rollout's own pool when split) decode the same
+        prompts."""
         return RoleLayout(self.rollout_world_size // self.rollout_tp, self.rollout_tp)
 
     @property
@@ -165,38 +167,63 @@ class ParallelDims:
             return [f"{world_key} = {self.world_size}; need at least one rank"]
         out: list[str] = []
         rollout_key = "trainer.rollout_ranks" if self.split else world_key
-        tp_keys = {"actor": ("actor_rollout_ref.actor.tensor_model_parallel_size", self.actor_tp, world_key, self.world_size),
-                   "rollout": ("actor_rollout_ref.rollout.tensor_model_parallel_size", self.rollout_tp, rollout_key,
-                               self.rollout_world_size)}
+        tp_keys = {
+            "actor": ("actor_rollout_ref.actor.tensor_model_parallel_size", self.actor_tp, world_key, self.world_size),
+            "rollout": (
+                "actor_rollout_ref.rollout.tensor_model_parallel_size",
+                self.rollout_tp,
+                rollout_key,
+                self.rollout_world_size,
+            ),
+        }
         for side, (key, size, ranks_key, ranks) in tp_keys.items():
             if size < 1:
                 out.append(f"{key}={size} must be >= 1")
             elif ranks % size:
-                out.append(f"{ranks_key}={ranks} must be a multiple of {size} ({side} tensor-parallel "
-                           f"groups of {key}={size} consecutive ranks tile the ranks); "
-                           f"allowed sizes: {_divisors(ranks)}")
-        for key, value in (("data.train_batch_size", self.train_batch_size),
-                           ("actor_rollout_ref.actor.ppo_mini_batch_size", self.mini_batch_size),
-                           ("actor_rollout_ref.rollout.n", self.n),
-                           ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", self.actor_micro_batch_rows),
-                           ("critic.ppo_micro_batch_size_per_gpu", self.critic_micro_batch_rows)):
+                out.append(
+                    f"{ranks_key}={ranks} must be a multiple of {size} ({side} tensor-parallel "
+                    f"groups of {key}={size} consecutive ranks tile the ranks); "
+                    f"allowed sizes: {_divisors(ranks)}"
+                )
+        for key, value in (
+            ("data.train_batch_size", self.train_batch_size),
+            ("actor_rollout_ref.actor.ppo_mini_batch_size", self.mini_batch_size),
+            ("actor_rollout_ref.rollout.n", self.n),
+            ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", self.actor_micro_batch_rows),
+            ("critic.ppo_micro_batch_size_per_gpu", self.critic_micro_batch_rows),
+        ):
             if value < 1:
                 out.append(f"{key}={value} must be >= 1")
         if out:
             return out
-        _divides(out, "data.train_batch_size", self.train_batch_size, self.mini_batch_size,
-                 "each step is split into whole mini-batches of actor.ppo_mini_batch_size prompts")
+        _divides(
+            out,
+            "data.train_batch_size",
+            self.train_batch_size,
+            self.mini_batch_size,
+            "each step is split into whole mini-batches of actor.ppo_mini_batch_size prompts",
+        )
         ranks = f"trainer.nnodes x trainer.n_gpus_per_node={self.world_size}"
         rollout_ranks = f"trainer.rollout_ranks={self.rollout_ranks}" if self.split else ranks
-        _divides(out, "data.train_batch_size", self.train_batch_size, self.rollout.dp,
-                 f"each step's prompts are split evenly over the {self.rollout.dp} rollout data-parallel ranks: "
-                 f"{rollout_ranks} / rollout tp {self.rollout_tp}")
+        _divides(
+            out,
+            "data.train_batch_size",
+            self.train_batch_size,
+            self.rollout.dp,
+            f"each step's prompts are split evenly over the {self.rollout.dp} rollout data-parallel ranks: "
+            f"{rollout_ranks} / rollout tp {self.rollout_tp}",
+        )
         roles = {"training": (self.actor.dp, f"{ranks} / actor tp {self.actor_tp}")}
         if self.use_critic:
             roles["critic"] = (self.critic.dp, f"{ranks}, FSDP over all")
         for role, (dp, source) in roles.items():
-            _divides(out, "actor_rollout_ref.actor.ppo_mini_batch_size x rollout.n", self.rows_per_mini_batch, dp,
-                     f"each mini-batch's rows are split evenly over the {dp} {role} data-parallel ranks: {source}")
+            _divides(
+                out,
+                "actor_rollout_ref.actor.ppo_mini_batch_size x rollout.n",
+                self.rows_per_mini_batch,
+                dp,
+                f"each mini-batch's rows are split evenly over the {dp} {role} data-parallel ranks: {source}",
+            )
         return out
 
 

@@ -110,7 +110,9 @@ class WorkerStalledError(WorkerError, TimeoutError):
     """A rank stopped answering the heartbeat during a call."""
 
 
-def wait_ranks(calls: Sequence[RankCall], timeout_s: float | None = None, heartbeat: Heartbeat | None = None) -> list[Any]:
+def wait_ranks(
+    calls: Sequence[RankCall], timeout_s: float | None = None, heartbeat: Heartbeat | None = None
+) -> list[Any]:
     """Every call's value, in order, once all have finished; raises as the module docstring says.
 
     ``timeout_s`` bounds the whole wait (None: no bound); ``heartbeat`` None asks no rank anything.
@@ -141,11 +143,16 @@ def _timed_out(calls: Sequence[RankCall], late: Sequence[RankCall], timeout_s: f
     names = ", ".join(dict.fromkeys(call.name for call in calls))
     return WorkerTimeoutError(
         f"{names} did not finish within {timeout_s:g} s on {', '.join(str(c.label) for c in late)}",
-        late[0].role, late[0].method, late[0].label.rank, None,
+        late[0].role,
+        late[0].method,
+        late[0].label.rank,
+        None,
     )
 
 
-def _failed(calls: Sequence[RankCall], index: dict[Any, int], ref: Any, err: RayError, pending: list[Any]) -> WorkerError:
+def _failed(
+    calls: Sequence[RankCall], index: dict[Any, int], ref: Any, err: RayError, pending: list[Any]
+) -> WorkerError:
     """The failure to report: a rank that died beats one whose collective failed because of it (both are ready)."""
     ready, _ = ray.wait(pending, num_returns=len(pending), timeout=0) if pending else ([], [])
     for other in ready:
@@ -160,15 +167,20 @@ def _failed(calls: Sequence[RankCall], index: dict[Any, int], ref: Any, err: Ray
     still = [calls[index[r]] for r in pending if r != ref]
     message = f"{call.name} failed on {call.label}: {describe(err)}"
     if still:
-        message += "\nstill in the call when it failed (a peer that never reached a collective is among them):\n  " + \
-            "\n  ".join(_doing(still))
+        message += (
+            "\nstill in the call when it failed (a peer that never reached a collective is among them):\n  "
+            + "\n  ".join(_doing(still))
+        )
     return WorkerError(message, call.role, call.method, call.label.rank, err)
 
 
 def _doing(calls: Sequence[RankCall]) -> list[str]:
     """One line per rank: who it is and the calls it says it is in (asked once, at most ``_PROBE_S``)."""
-    asked = {call.label: call.handle.heartbeat.options(concurrency_group=CONTROL_GROUP).remote()
-             for call in calls if call.handle is not None}
+    asked = {
+        call.label: call.handle.heartbeat.options(concurrency_group=CONTROL_GROUP).remote()
+        for call in calls
+        if call.handle is not None
+    }
     ready, _ = ray.wait(list(asked.values()), num_returns=len(asked), timeout=_PROBE_S) if asked else ([], [])
     lines = []
     for call in calls:
@@ -234,10 +246,16 @@ class _Pings:
     def _stalled(self, call: RankCall, now: float) -> WorkerStalledError:
         key = (call.label.node_id, call.label.pid)
         last = self.answers.get(key)
-        heard = (f"its last answer, {now - last[1]:.1f} s ago: {_calls_text(last[0])}" if last
-                 else "it has not answered since the call began")
+        heard = (
+            f"its last answer, {now - last[1]:.1f} s ago: {_calls_text(last[0])}"
+            if last
+            else "it has not answered since the call began"
+        )
         return WorkerStalledError(
             f"{call.name}: {call.label} stopped answering the heartbeat: no answer for {self.heartbeat.stall_s:g} s "
             f"(stopped, or frozen holding Python's lock); {heard}",
-            call.role, call.method, call.label.rank, None,
+            call.role,
+            call.method,
+            call.label.rank,
+            None,
         )

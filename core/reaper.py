@@ -8,7 +8,8 @@ and the GCS notice and exit, but their children are orphaned, and a
 later. :func:`start_reaper` starts a small process of its own (a new session,
 so a Ctrl-C to the driver's terminal leaves it alone) that holds the read end
 of a pipe whose write end only the driver holds: the driver's death closes
-it (or, if a child it forked holds a copy, the driver's pid is gone). Until then the reaper records the driver's descendants every
+it (or, if a child it forked holds a copy, the driver's pid is gone). Until then the reaper records the
+driver's descendants every
 ``REFRESH_S``; on that end of file it SIGKILLs every process it recorded
 that is still the same process (same start time), and their descendants,
 unless the driver said ``stop`` first (:meth:`Reaper.stop`, an orderly
@@ -133,8 +134,12 @@ def start_reaper() -> Reaper:
     read_end, write_end = os.pipe()
     os.set_inheritable(write_end, False)  # only the driver holds it: its death is the end of file
     # by its path, isolated and without site: the standard library only, no package import (no torch)
-    process = subprocess.Popen([sys.executable, "-I", "-S", os.path.abspath(__file__), str(os.getpid()), str(read_end)],
-                               pass_fds=(read_end,), start_new_session=True, stdin=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [sys.executable, "-I", "-S", os.path.abspath(__file__), str(os.getpid()), str(read_end)],
+        pass_fds=(read_end,),
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+    )
     os.close(read_end)
     return Reaper(process, write_end)
 

@@ -249,7 +249,7 @@ def _schedule(pieces: Sequence[_Piece], world: int, bucket_bytes: int) -> list[l
             raise ValueError(f"bucket_bytes={bucket_bytes} is smaller than one {whole.dtype} element")
         for box in _split(whole.box, bucket_bytes // itemsize):
             piece = _Piece(whole.name, whole.src, whole.dst, box, whole.dtype)
-            for dtype, load, members in rounds:
+            for dtype, load, members in rounds:  # noqa: B007 (the round found is filled after the loop)
                 if dtype == piece.dtype and max(load[piece.src], load[piece.dst]) + piece.nbytes <= bucket_bytes:
                     break
             else:
@@ -288,11 +288,13 @@ class ReshardPlan:
             remote = [p for p in self.pieces if p.src != p.dst]
             mine = []
             for members in _schedule(remote, self.world, bucket_bytes):
-                mine.append(_Round(
-                    members[0].dtype,
-                    sorted((p for p in members if p.src == self.rank), key=lambda p: p.dst),
-                    sorted((p for p in members if p.dst == self.rank), key=lambda p: p.src),
-                ))  # sorted() is stable: pieces between one pair keep the plan's order on both sides
+                mine.append(
+                    _Round(
+                        members[0].dtype,
+                        sorted((p for p in members if p.src == self.rank), key=lambda p: p.dst),
+                        sorted((p for p in members if p.dst == self.rank), key=lambda p: p.src),
+                    )
+                )  # sorted() is stable: pieces between one pair keep the plan's order on both sides
             self._rounds[bucket_bytes] = mine
         return self._rounds[bucket_bytes]
 
@@ -334,8 +336,10 @@ class ReshardPlan:
         # gloo's all_to_all_single for the same splits (4 CPU ranks, 96 MiB per rank), and
         # ranks with nothing to swap stay out of each other's way.
         ops = []
-        for op, buffer, sizes in ((dist.isend, send, self._splits(round_.sends, lambda p: p.dst)),
-                                  (dist.irecv, recv, self._splits(round_.recvs, lambda p: p.src))):
+        for op, buffer, sizes in (
+            (dist.isend, send, self._splits(round_.sends, lambda p: p.dst)),
+            (dist.irecv, recv, self._splits(round_.recvs, lambda p: p.src)),
+        ):
             for peer, chunk in enumerate(buffer.split(sizes)):
                 if chunk.numel():
                     ops.append(dist.P2POp(op, chunk, self._global_rank(peer), self.group))

@@ -103,7 +103,9 @@ class ResourcePool:
         self.process_on_nodes = [int(n) for n in process_on_nodes]
         self.use_gpu = use_gpu
         self.max_colocate_count = max_colocate_count
-        self.cpus_per_bundle = float(cpus_per_bundle if cpus_per_bundle is not None else (1.0 if use_gpu else DEFAULT_CPUS_PER_CPU_BUNDLE))
+        self.cpus_per_bundle = float(
+            cpus_per_bundle if cpus_per_bundle is not None else (1.0 if use_gpu else DEFAULT_CPUS_PER_CPU_BUNDLE)
+        )
         self.ready_timeout_s = ready_timeout_s
         self.name = name
         self._bundles: list[Bundle] | None = None
@@ -174,7 +176,11 @@ class ResourcePool:
         for count in self.process_on_nodes:
             need = {k: v * count for k, v in per_bundle.items()}
             fit = next(
-                (n for n in nodes if n not in chosen and all(n["Resources"].get(k, 0.0) >= v - 1e-9 for k, v in need.items())),
+                (
+                    n
+                    for n in nodes
+                    if n not in chosen and all(n["Resources"].get(k, 0.0) >= v - 1e-9 for k, v in need.items())
+                ),
                 None,
             )
             if fit is None:
@@ -185,7 +191,8 @@ class ResourcePool:
                 )
                 raise ResourceUnavailableError(
                     f"ResourcePool asked for {self._describe_ask()}, one node each, but no remaining node has "
-                    f"{ {k: round(v, 3) for k, v in need.items()} } in total. Nodes in the cluster: {totals or 'none'}. "
+                    f"{ {k: round(v, 3) for k, v in need.items()} } in total. "
+                    f"Nodes in the cluster: {totals or 'none'}. "
                     "Lower process_on_nodes / cpus_per_bundle, set use_gpu=False, or add nodes."
                 )
             chosen.append(fit)

@@ -63,7 +63,9 @@ def concat_rollouts(parts: Sequence[DataProto], pad_id: int) -> DataProto:
     """``DataProto.concat`` of rollouts after padding each to the widest prompt and response."""
     widths = [(p.batch[PROMPTS].shape[1], p.batch[RESPONSES].shape[1]) for p in parts]
     prompt_width, response_width = max(w[0] for w in widths), max(w[1] for w in widths)
-    return DataProto.concat([_pad(p, prompt_width - pw, response_width - rw, pad_id) for p, (pw, rw) in zip(parts, widths)])
+    return DataProto.concat(
+        [_pad(p, prompt_width - pw, response_width - rw, pad_id) for p, (pw, rw) in zip(parts, widths)]
+    )
 
 
 def _pad(part: DataProto, left: int, right: int, pad_id: int) -> DataProto:
@@ -71,8 +73,15 @@ def _pad(part: DataProto, left: int, right: int, pad_id: int) -> DataProto:
         return part
     out = DataProto(dict(part.batch), dict(part.non_tensor_batch), dict(part.meta_info))
     for key, value in part.batch.items():
-        sides = (left, 0) if key in PROMPT_COLUMNS else (left, right) if key in SEQUENCE_COLUMNS else (0, right) \
-            if key in RESPONSE_COLUMNS else None
+        sides = (
+            (left, 0)
+            if key in PROMPT_COLUMNS
+            else (left, right)
+            if key in SEQUENCE_COLUMNS
+            else (0, right)
+            if key in RESPONSE_COLUMNS
+            else None
+        )
         if sides is None:  # not along P or T (a (B,) score, (B, K) components): nothing to pad
             continue
         fill = pad_id if key in _TOKEN_IDS else 0

@@ -48,8 +48,11 @@ class TransferStats:
 
     def metrics(self) -> dict[str, float]:
         """``weight_sync/seconds``, ``weight_sync/bytes``, ``weight_sync/buckets``."""
-        return {"weight_sync/seconds": self.seconds, "weight_sync/bytes": float(self.bytes),
-                "weight_sync/buckets": float(self.buckets)}
+        return {
+            "weight_sync/seconds": self.seconds,
+            "weight_sync/bytes": float(self.bytes),
+            "weight_sync/buckets": float(self.buckets),
+        }
 
 
 def buckets(manifest: Manifest, bucket_bytes: int) -> list[list[int]]:
@@ -76,8 +79,9 @@ class WeightTransfer:
     :param device: where the flat buckets live (the rank's GPU for nccl, the CPU for gloo).
     """
 
-    def __init__(self, host: str, port: int, member: int, members: int, device: torch.device,
-                 timeout_s: float = 600.0) -> None:
+    def __init__(
+        self, host: str, port: int, member: int, members: int, device: torch.device, timeout_s: float = 600.0
+    ) -> None:
         timeout = datetime.timedelta(seconds=timeout_s)
         self.store = dist.TCPStore(host, port, members, is_master=member == 0, timeout=timeout, wait_for_workers=False)
         self.member, self.members, self.device = member, members, torch.device(device)
@@ -94,7 +98,9 @@ class WeightTransfer:
 
     def read_manifest(self) -> Manifest:
         """Members 1..R: the manifest member 0 published (waits for it)."""
-        self.manifest = [(name, tuple(shape), dtype) for name, shape, dtype in json.loads(self.store.get(_MANIFEST_KEY))]
+        self.manifest = [
+            (name, tuple(shape), dtype) for name, shape, dtype in json.loads(self.store.get(_MANIFEST_KEY))
+        ]
         return self.manifest
 
     def send(self, weights: Iterable[tuple[str, torch.Tensor]], version: int, bucket_bytes: int) -> TransferStats:
@@ -110,8 +116,10 @@ class WeightTransfer:
             for i in bucket:
                 name, tensor = next(stream)
                 if name != manifest[i][0] or tuple(tensor.shape) != manifest[i][1]:
-                    raise ValueError(f"weight {i} is {name} {tuple(tensor.shape)}, the manifest says "
-                                     f"{manifest[i][0]} {manifest[i][1]}")
+                    raise ValueError(
+                        f"weight {i} is {name} {tuple(tensor.shape)}, the manifest says "
+                        f"{manifest[i][0]} {manifest[i][1]}"
+                    )
                 parts.append(tensor.detach().reshape(-1).to(self.device))
             flat = torch.cat(parts) if len(parts) > 1 else parts[0].contiguous()
             self._broadcast(flat)
@@ -153,8 +161,9 @@ class WeightTransfer:
 class Incoming:
     """One transfer being received (:meth:`WeightTransfer.incoming`): iterate it once, then ask for its stats."""
 
-    def __init__(self, transfer: WeightTransfer, manifest: Manifest, plan: list[list[int]], version: int,
-                 start: float) -> None:
+    def __init__(
+        self, transfer: WeightTransfer, manifest: Manifest, plan: list[list[int]], version: int, start: float
+    ) -> None:
         self.transfer, self.manifest, self.plan = transfer, manifest, plan
         self.version, self.start = version, start
         self.received = 0

@@ -321,7 +321,9 @@ class WorkerHost:
             try:
                 self.workers[name] = spec.cls(*spec.args, **dict(spec.kwargs))
             except Exception as err:
-                raise RuntimeError(f"role {name!r} ({spec.cls.__name__}) failed to start on rank {env.rank}: {err!r}") from err
+                raise RuntimeError(
+                    f"role {name!r} ({spec.cls.__name__}) failed to start on rank {env.rank}: {err!r}"
+                ) from err
         return self.layouts()
 
     def layouts(self) -> dict[str, dict[str, RankLayout]]:

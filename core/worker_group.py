@@ -77,6 +77,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True)
 class GroupOptions:
     """Settings of a worker group (not of its workers).
@@ -161,7 +162,7 @@ def gather(*futures: GroupFuture) -> list[Any]:
     values = wait_ranks(calls, futures[0].timeout_s, futures[0].heartbeat)
     out, at = [], 0
     for future in futures:
-        out.append(future.collect(values[at:at + len(future.calls)]))
+        out.append(future.collect(values[at : at + len(future.calls)]))
         at += len(future.calls)
     return out
 
@@ -218,19 +219,33 @@ class HostGroup:
         boot = [RankLabel(b.rank, b.node_ip, b.node_id, -1) for b in bundles]
         try:
             self.labels = boot
-            infos: list[HostInfo] = self.wait([h.info.remote() for h in self.handles], "<start>",
-                                              options.start_timeout_s, heartbeat=False)
+            infos: list[HostInfo] = self.wait(
+                [h.info.remote() for h in self.handles], "<start>", options.start_timeout_s, heartbeat=False
+            )
             self.labels = [RankLabel(b.rank, i.node_ip, i.node_id, i.pid) for b, i in zip(bundles, infos)]
             _, port = self.free_port()
             envs = [
-                RankEnv(b.rank, len(bundles), b.local_rank, b.local_world_size, self.labels[0].node_ip, port,
-                        options.collective_timeout_s)
+                RankEnv(
+                    b.rank,
+                    len(bundles),
+                    b.local_rank,
+                    b.local_world_size,
+                    self.labels[0].node_ip,
+                    port,
+                    options.collective_timeout_s,
+                )
                 for b in bundles
             ]
             # no heartbeat: construction imports and builds models holding Python's lock for seconds on a loaded
             # machine (a 3 s stall bound tripped there); start_timeout_s bounds it
-            self._set_layouts(self.wait([h.start.remote(env, self.roles) for h, env in zip(self.handles, envs)],
-                                        "__init__", options.start_timeout_s, heartbeat=False))
+            self._set_layouts(
+                self.wait(
+                    [h.start.remote(env, self.roles) for h, env in zip(self.handles, envs)],
+                    "__init__",
+                    options.start_timeout_s,
+                    heartbeat=False,
+                )
+            )
         except BaseException:
             self.shutdown()
             raise
@@ -244,7 +259,9 @@ class HostGroup:
     def rank_calls(self, refs: Sequence[Any], method: str, role: str | None = None) -> list[RankCall]:
         """The ranks' parts in a call (one ref per rank, from rank 0), for :func:`wait_ranks`."""
         role = ",".join(self.roles) if role is None else role
-        return [RankCall(ref, label, handle, role, method) for ref, label, handle in zip(refs, self.labels, self.handles)]
+        return [
+            RankCall(ref, label, handle, role, method) for ref, label, handle in zip(refs, self.labels, self.handles)
+        ]
 
     def wait(self, refs: Sequence[Any], method: str, timeout_s: float | None, heartbeat: bool = True) -> list[Any]:
         """The values of a call of the host group's own (start-up, layouts, a port), one ref per rank from rank 0."""
@@ -273,7 +290,9 @@ class HostGroup:
 
     def refresh_layouts(self) -> None:
         """Read every role's data-parallel layout again (after a mesh was rebuilt)."""
-        self._set_layouts(self.wait([h.layouts.remote() for h in self.handles], "layouts", self.options.start_timeout_s))
+        self._set_layouts(
+            self.wait([h.layouts.remote() for h in self.handles], "layouts", self.options.start_timeout_s)
+        )
 
     def shutdown(self) -> None:
         """Kill the actors (the pool's bundles stay reserved for other groups)."""
@@ -349,7 +368,8 @@ class RoleGroup:
     def registered_methods(self) -> list[str]:
         """Names of the methods callable on the group."""
         return sorted(
-            name for name in dir(self.worker_cls)
+            name
+            for name in dir(self.worker_cls)
             if isinstance(inspect.getattr_static(self.worker_cls, name, None), RegisteredMethod)
         )
 
@@ -375,10 +395,13 @@ class RoleGroup:
             raise RuntimeError(f"group {self.role!r} was shut down")
         if reg.execute is Execute.RANK_ZERO:
             expected = _layout_tuple(layout.ranks[0]) if mode.needs_layout else None
-            ref = handles[0].execute.remote((self.role, name, True, expected, reg.mesh), *plan.rank_args[0], **plan.rank_kwargs[0])
+            ref = handles[0].execute.remote(
+                (self.role, name, True, expected, reg.mesh), *plan.rank_args[0], **plan.rank_kwargs[0]
+            )
             calls = self.hosts.rank_calls([ref], name, self.role)
-            return GroupFuture(calls, [0], None, layout, plan.context, timeout_s, self.hosts.options.heartbeat,
-                               self.hosts.traffic)
+            return GroupFuture(
+                calls, [0], None, layout, plan.context, timeout_s, self.hosts.options.heartbeat, self.hosts.traffic
+            )
         keep = mode.collect_ranks(layout)
         kept = set(keep)
         refs = [
@@ -389,8 +412,16 @@ class RoleGroup:
             )
             for r, h in enumerate(handles)
         ]
-        return GroupFuture(self.hosts.rank_calls(refs, name, self.role), keep, mode, layout, plan.context, timeout_s,
-                           self.hosts.options.heartbeat, self.hosts.traffic)
+        return GroupFuture(
+            self.hosts.rank_calls(refs, name, self.role),
+            keep,
+            mode,
+            layout,
+            plan.context,
+            timeout_s,
+            self.hosts.options.heartbeat,
+            self.hosts.traffic,
+        )
 
     def _shared(self, plan: DispatchPlan) -> DispatchPlan:
         """The plan with each DataProto that several ranks receive (a dp shard and its tensor-parallel

@@ -56,8 +56,10 @@ def _is_messages(t: pa.DataType) -> bool:
     if not (pa.types.is_list(t) or pa.types.is_large_list(t)):
         return False
     item = t.value_type
-    return pa.types.is_struct(item) and {"role", "content"} <= {f.name for f in item} and all(
-        _is_text(item.field(n).type) for n in ("role", "content")
+    return (
+        pa.types.is_struct(item)
+        and {"role", "content"} <= {f.name for f in item}
+        and all(_is_text(item.field(n).type) for n in ("role", "content"))
     )
 
 
@@ -65,8 +67,9 @@ def check_schema(path: str, schema: pa.Schema) -> None:
     """Raise :class:`DatasetError` naming ``path`` for missing or mistyped columns."""
     missing = [c for c in REQUIRED_COLUMNS if c not in schema.names]
     if missing:
-        raise DatasetError(f"{path}: missing column(s) {missing} (required: {', '.join(REQUIRED_COLUMNS)}); "
-                           f"it has {schema.names}")
+        raise DatasetError(
+            f"{path}: missing column(s) {missing} (required: {', '.join(REQUIRED_COLUMNS)}); it has {schema.names}"
+        )
     problems = []
     if not _is_text(schema.field("data_source").type):
         problems.append(f"data_source must be text, is {schema.field('data_source').type}")
@@ -153,7 +156,11 @@ def load_rows(
         if dropped:
             report.dropped_overlong[path] = report.dropped_overlong.get(path, 0) + dropped
             logger.warning(
-                "%s: dropped %d of %d rows with prompts over %d tokens", path, dropped, table.num_rows, max_prompt_length
+                "%s: dropped %d of %d rows with prompts over %d tokens",
+                path,
+                dropped,
+                table.num_rows,
+                max_prompt_length,
             )
     report.rows = len(rows)
     return rows, report

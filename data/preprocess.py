@@ -82,7 +82,10 @@ def gsm8k_row(record: dict[str, Any], *, split: str, index: int, path: str = "<i
         "data_source": "openai/gsm8k",
         "prompt": [{"role": "user", "content": f"{record['question']} {GSM8K_INSTRUCTION}"}],
         "ability": "math",
-        "reward_model": {"style": "rule", "ground_truth": record["answer"].rsplit("####", 1)[-1].strip().replace(",", "")},
+        "reward_model": {
+            "style": "rule",
+            "ground_truth": record["answer"].rsplit("####", 1)[-1].strip().replace(",", ""),
+        },
         "extra_info": {"split": split, "index": index, "question": record["question"], "answer": record["answer"]},
     }
 
@@ -139,17 +142,21 @@ def default_output(dataset: str) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m hybridflow.data.preprocess", description="Convert public datasets to the training schema (veRL parquet)."
+        prog="python -m hybridflow.data.preprocess",
+        description="Convert public datasets to the training schema (veRL parquet).",
     )
     sub = parser.add_subparsers(dest="dataset", required=True)
     for name in ("gsm8k", "math"):
         p = sub.add_parser(name, help=f"convert a downloaded {name.upper()} file (jsonl or parquet)")
         p.add_argument("--input", required=True, help="the downloaded file")
-        p.add_argument("--output",
-                       help=f"output directory (gets <split>.parquet; default {DEFAULT_OUTPUT_ROOT}/{name})")
+        p.add_argument(
+            "--output", help=f"output directory (gets <split>.parquet; default {DEFAULT_OUTPUT_ROOT}/{name})"
+        )
         p.add_argument("--split", help="split name (default: test if the file name says so, else train)")
         if name == "math":
-            p.add_argument("--data-source", default="lighteval/MATH", help="data_source of the rows (routes the reward)")
+            p.add_argument(
+                "--data-source", default="lighteval/MATH", help="data_source of the rows (routes the reward)"
+            )
     for name, task in (("synthetic", "the synthetic arithmetic task"), ("synthetic_tool", "the synthetic tool task")):
         p = sub.add_parser(name, help=f"generate {task}")
         p.add_argument("--output", help=f"output directory (default {DEFAULT_OUTPUT_ROOT}/{name})")

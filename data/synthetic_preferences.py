@@ -72,8 +72,16 @@ import pyarrow.parquet as pq
 
 from hybridflow.data.synthetic import DATA_SOURCE, generate_synthetic, write_parquet_atomically
 
-__all__ = ["JUNK_CHARACTERS", "REJECTED_KINDS", "SUFFIX_SHARE", "answer_with_junk", "generate_preferences",
-           "rejected_answer", "with_junk", "with_tail"]
+__all__ = [
+    "JUNK_CHARACTERS",
+    "REJECTED_KINDS",
+    "SUFFIX_SHARE",
+    "answer_with_junk",
+    "generate_preferences",
+    "rejected_answer",
+    "with_junk",
+    "with_tail",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -81,8 +89,14 @@ JUNK_CHARACTERS = "+-*%=(),?aimnx"
 """The built-in tokenizer's characters that are neither digits nor the space (junk never maps to ``<unk>``, and
 tokenizes alike before and after a save, see the module docstring)."""
 
-REJECTED_KINDS = {"prompt_digit": 0.3, "above_max": 0.2, "other_digit": 0.1, "junk": 0.1, "longer_number": 0.1,
-                  "late_answer": 0.2}
+REJECTED_KINDS = {
+    "prompt_digit": 0.3,
+    "above_max": 0.2,
+    "other_digit": 0.1,
+    "junk": 0.1,
+    "longer_number": 0.1,
+    "late_answer": 0.2,
+}
 """Kind of wrong answer -> its share of the rejected responses (see the module docstring)."""
 
 SUFFIX_SHARE = 0.5
@@ -148,19 +162,19 @@ def _pairs(task_rows: list[dict], rng: np.random.Generator) -> list[dict]:
     rows = []
     for row in task_rows:
         rejected, kind = rejected_answer(_digits(row["prompt"]), rng)
-        rows.append({
-            "prompt": row["prompt"],
-            "chosen": with_junk(row["reward_model"]["ground_truth"], rng),
-            "rejected": rejected,
-            "data_source": DATA_SOURCE,
-            "extra_info": {**row["extra_info"], "rejected_kind": kind},
-        })
+        rows.append(
+            {
+                "prompt": row["prompt"],
+                "chosen": with_junk(row["reward_model"]["ground_truth"], rng),
+                "rejected": rejected,
+                "data_source": DATA_SOURCE,
+                "extra_info": {**row["extra_info"], "rejected_kind": kind},
+            }
+        )
     return rows
 
 
-def generate_preferences(
-    out_dir: str, seed: int = 0, *, train_size: int = 4096, val_size: int = 512
-) -> dict[str, str]:
+def generate_preferences(out_dir: str, seed: int = 0, *, train_size: int = 4096, val_size: int = 512) -> dict[str, str]:
     """Write ``train.parquet`` and ``val.parquet`` of preference pairs into ``out_dir``.
 
     :returns: split name (``"train"``, ``"val"``) -> parquet path.

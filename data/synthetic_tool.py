@@ -40,7 +40,10 @@ HIDDEN_RANGE = (5, 9)
 
 def make_tool_example(visible: tuple[int, ...] | list[int], hidden: int, *, split: str, index: int) -> dict:
     """One row (``max(v1,...,?)=``, answer ``hidden``) in veRL's schema, with the tool's state in ``extra_info``."""
-    if not all(VISIBLE_RANGE[0] <= d <= VISIBLE_RANGE[1] for d in visible) or not HIDDEN_RANGE[0] <= hidden <= HIDDEN_RANGE[1]:
+    if (
+        not all(VISIBLE_RANGE[0] <= d <= VISIBLE_RANGE[1] for d in visible)
+        or not HIDDEN_RANGE[0] <= hidden <= HIDDEN_RANGE[1]
+    ):
         raise ValueError(f"visible digits must be in {VISIBLE_RANGE} and the hidden one in {HIDDEN_RANGE}")
     return {
         "data_source": DATA_SOURCE,
@@ -51,7 +54,9 @@ def make_tool_example(visible: tuple[int, ...] | list[int], hidden: int, *, spli
     }
 
 
-def generate_tool_task(output_dir: str, *, train_size: int = 8192, val_size: int = 512, seed: int = 0) -> dict[str, str]:
+def generate_tool_task(
+    output_dir: str, *, train_size: int = 8192, val_size: int = 512, seed: int = 0
+) -> dict[str, str]:
     """Write ``train.parquet`` and ``val.parquet`` of the task into ``output_dir``; split name -> path."""
     if train_size < 1 or val_size < 1:
         raise ValueError(f"train_size ({train_size}) and val_size ({val_size}) must be positive")
@@ -61,8 +66,10 @@ def generate_tool_task(output_dir: str, *, train_size: int = 8192, val_size: int
     for split, size in (("train", train_size), ("val", val_size)):
         visible = rng.integers(VISIBLE_RANGE[0], VISIBLE_RANGE[1] + 1, size=(size, VISIBLE))
         hidden = rng.integers(HIDDEN_RANGE[0], HIDDEN_RANGE[1] + 1, size=size)
-        rows = [make_tool_example([int(d) for d in v], int(h), split=split, index=i)
-                for i, (v, h) in enumerate(zip(visible, hidden))]
+        rows = [
+            make_tool_example([int(d) for d in v], int(h), split=split, index=i)
+            for i, (v, h) in enumerate(zip(visible, hidden))
+        ]
         paths[split] = os.path.join(output_dir, f"{split}.parquet")
         write_parquet_atomically(rows, paths[split])
         logger.info("wrote %d %s rows of %s to %s", len(rows), split, DATA_SOURCE, paths[split])

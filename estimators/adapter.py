@@ -54,7 +54,8 @@ def _declared(batch: DataProto, need: EstimatorInput, name: str, rows: int, leng
         if need.optional:
             return None
         raise KeyError(
-            f"estimator {name!r} needs batch[{need.column!r}] ({what}), which is missing; present: {sorted(batch.batch)}"
+            f"estimator {name!r} needs batch[{need.column!r}] ({what}), which is missing; "
+            f"present: {sorted(batch.batch)}"
         )
     value = batch.batch[need.column]
     sizes = {"B": rows, "T": length}
@@ -96,7 +97,9 @@ def compute_advantage(batch: DataProto, name: str, **options: Any) -> DataProto:
     advantages, returns = estimator.fn(**inputs, **options)
     for label, out in (("advantages", advantages), ("returns", returns)):
         if tuple(out.shape) != tuple(rewards.shape):
-            raise ValueError(f"estimator {name!r} returned {label} of shape {tuple(out.shape)}, expected {tuple(rewards.shape)}")
+            raise ValueError(
+                f"estimator {name!r} returned {label} of shape {tuple(out.shape)}, expected {tuple(rewards.shape)}"
+            )
     batch.batch[ADVANTAGES] = advantages.float()
     batch.batch[RETURNS] = returns.float()
     return batch

@@ -68,7 +68,14 @@ def run_demo(seed: int = 0) -> str:
     header = ["uid", "len", "score", *names]
     table = [header]
     for i in range(len(batch)):
-        table.append([batch.non_tensor_batch[UID][i], str(lengths[i]), f"{scores[i]:.0f}", *(f"{columns[n][i]:+.3f}" for n in names)])
+        table.append(
+            [
+                batch.non_tensor_batch[UID][i],
+                str(lengths[i]),
+                f"{scores[i]:.0f}",
+                *(f"{columns[n][i]:+.3f}" for n in names),
+            ]
+        )
     widths = [max(len(row[c]) for row in table) for c in range(len(header))]
     lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in table]
     out = [
@@ -77,5 +84,9 @@ def run_demo(seed: int = 0) -> str:
         "",
         *lines,
     ]
-    out.extend(f"skipped {name}: needs {', '.join(cols)}, which the demo does not make" for name, cols in missing.items() if cols)
+    out.extend(
+        f"skipped {name}: needs {', '.join(cols)}, which the demo does not make"
+        for name, cols in missing.items()
+        if cols
+    )
     return "\n".join(out)

@@ -32,7 +32,9 @@ def grpo_passk_advantage(
     scores = token_level_rewards.sum(dim=-1)
     _, std, count = group_mean_std(scores, index)
     if (count < 2).any():
-        raise ValueError(f"grpo_passk needs at least 2 responses per prompt; groups {index[count < 2].unique().tolist()} have 1")
+        raise ValueError(
+            f"grpo_passk needs at least 2 responses per prompt; groups {index[count < 2].unique().tolist()} have 1"
+        )
     num_groups, rows = int(index.max()) + 1, torch.arange(len(scores))
     best = scores.new_full((num_groups,), -torch.inf).scatter_reduce(0, index, scores, "amax")
     on_top = scores == best[index]

@@ -26,11 +26,19 @@ import torch
 
 from hybridflow.estimators.functional import group_sum, reward_to_go
 from hybridflow.plugins import AdvantageEstimator, hookimpl
-from hybridflow.plugins.entries import GROUP_IDS, POLICY_OLD_LOG_PROBS, POLICY_SUM_PI_SQUARED, ROLLOUT_CORRECTION_WEIGHTS
+from hybridflow.plugins.entries import (
+    GROUP_IDS,
+    POLICY_OLD_LOG_PROBS,
+    POLICY_SUM_PI_SQUARED,
+    ROLLOUT_CORRECTION_WEIGHTS,
+)
 
 
 def realized_energy(
-    old_log_probs: torch.Tensor, sum_pi_squared: torch.Tensor, mask: torch.Tensor, rollout_is_weights: torch.Tensor | None
+    old_log_probs: torch.Tensor,
+    sum_pi_squared: torch.Tensor,
+    mask: torch.Tensor,
+    rollout_is_weights: torch.Tensor | None,
 ) -> torch.Tensor:
     """``W_t``: the cumulative sum over valid tokens of ``(1 - 2 pi_t + S_t) * rho_t^2``."""
     w = 1 - 2 * old_log_probs.exp() + sum_pi_squared

@@ -83,7 +83,8 @@ def agg_loss(
     """
     if token_losses.shape != response_mask.shape or token_losses.dim() != 2:
         raise ValueError(
-            f"token_losses {tuple(token_losses.shape)} and response_mask {tuple(response_mask.shape)} must be equal (B, T) shapes"
+            f"token_losses {tuple(token_losses.shape)} and response_mask {tuple(response_mask.shape)} "
+            "must be equal (B, T) shapes"
         )
     mask = response_mask.to(token_losses.dtype)
     masked = token_losses * mask

@@ -59,7 +59,9 @@ def bypass_policy_loss(
         out = rollout_correction(log_probs.detach(), rollout_log_probs, response_mask, **correction)
         weights, mask, metrics = out.weights, out.response_mask, dict(out.metrics)
     if loss_type == "ppo_clip":
-        token_losses, loss_metrics = ppo_clip_loss(rollout_log_probs, log_probs, advantages, mask, **(ppo_options or {}))
+        token_losses, loss_metrics = ppo_clip_loss(
+            rollout_log_probs, log_probs, advantages, mask, **(ppo_options or {})
+        )
         return token_losses, mask, {**loss_metrics, **metrics}
     token_losses = -advantages * log_probs * (1.0 if weights is None else weights.detach())
     with torch.no_grad():

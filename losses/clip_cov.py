@@ -1,4 +1,5 @@
-"""Clip-Cov (Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning LMs", arXiv:2505.22617), as veRL's ``clip_cov``.
+"""Clip-Cov (Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning LMs", arXiv:2505.22617), as veRL's
+``clip_cov``.
 
 Entropy collapses because the tokens with the largest covariance between
 advantage and log-probability dominate the update. Clip-Cov detaches a

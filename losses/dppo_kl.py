@@ -27,8 +27,12 @@ def binary_kl_region(
 ) -> torch.Tensor:
     """Tokens whose Bernoulli KL stays under the threshold, or that moved against the advantage's push."""
     prob, old_prob = log_probs.exp(), old_log_probs.exp()
-    divergence = old_prob * (old_log_probs - log_probs) + (1 - old_prob) * torch.log((1 - old_prob + 1e-8) / (1 - prob + 1e-8))
-    return torch.where(advantages > 0, (divergence <= high) | (prob <= old_prob), (divergence <= low) | (prob >= old_prob))
+    divergence = old_prob * (old_log_probs - log_probs) + (1 - old_prob) * torch.log(
+        (1 - old_prob + 1e-8) / (1 - prob + 1e-8)
+    )
+    return torch.where(
+        advantages > 0, (divergence <= high) | (prob <= old_prob), (divergence <= low) | (prob >= old_prob)
+    )
 
 
 def dppo_kl_loss(

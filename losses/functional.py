@@ -34,6 +34,7 @@ def reweight(token_losses: torch.Tensor, rollout_is_weights: torch.Tensor | None
         return token_losses
     if rollout_is_weights.shape != token_losses.shape:
         raise ValueError(
-            f"rollout_is_weights has shape {tuple(rollout_is_weights.shape)}, the token losses {tuple(token_losses.shape)}"
+            f"rollout_is_weights has shape {tuple(rollout_is_weights.shape)}, "
+            f"the token losses {tuple(token_losses.shape)}"
         )
     return token_losses * rollout_is_weights.detach()

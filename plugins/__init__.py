@@ -8,8 +8,16 @@ the framework uses :func:`get_estimator`, :func:`get_reward_verifier`,
 :func:`get_tool`.
 """
 
-from hybridflow.plugins.entries import (AdvantageEstimator, AgentLoop, BatchHook, EstimatorInput, PolicyLoss, RewardVerifier,
-                                         Tool, ToolError)
+from hybridflow.plugins.entries import (
+    AdvantageEstimator,
+    AgentLoop,
+    BatchHook,
+    EstimatorInput,
+    PolicyLoss,
+    RewardVerifier,
+    Tool,
+    ToolError,
+)
 from hybridflow.plugins.hookspecs import hookimpl
 from hybridflow.plugins.manager import (
     PluginConflictError,

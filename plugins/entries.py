@@ -43,7 +43,8 @@ class PluginEntry:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
             raise ValueError(
-                f"{self.kind} name {self.name!r} must be lowercase letters, digits, '_', '.' or '-', starting with a letter"
+                f"{self.kind} name {self.name!r} must be lowercase letters, digits, '_', '.' or '-', "
+                "starting with a letter"
             )
         if not callable(self.fn):
             raise TypeError(f"{self.kind} {self.name!r}: fn must be callable, got {type(self.fn).__name__}")
@@ -88,7 +89,11 @@ class EstimatorInput:
 
 
 GROUP_IDS = EstimatorInput(
-    "index", UID, ("B",), "one id per prompt, shared by its n samples: rows with equal uid form a group", non_tensor=True
+    "index",
+    UID,
+    ("B",),
+    "one id per prompt, shared by its n samples: rows with equal uid form a group",
+    non_tensor=True,
 )
 CRITIC_VALUES = EstimatorInput("values", VALUES, ("B", "T"), "the critic's value estimate at each response token")
 POLICY_OLD_LOG_PROBS = EstimatorInput(
@@ -159,8 +164,10 @@ class AdvantageEstimator(PluginEntry):
         super().__post_init__()
         unapplied = sorted(set(self.actor_defaults) - set(ACTOR_DEFAULT_KEYS))
         if unapplied:
-            raise ValueError(f"estimator {self.name!r}: actor_defaults sets {unapplied}, which the trainer does not "
-                             f"apply; allowed: {', '.join(ACTOR_DEFAULT_KEYS)}")
+            raise ValueError(
+                f"estimator {self.name!r}: actor_defaults sets {unapplied}, which the trainer does not "
+                f"apply; allowed: {', '.join(ACTOR_DEFAULT_KEYS)}"
+            )
         needs = tuple(self.needs)
         for need in needs:
             if not isinstance(need, EstimatorInput):
@@ -358,5 +365,11 @@ class Tool(PluginEntry):
 
     def openai_schema(self) -> dict[str, Any]:
         """The tool in the OpenAI ``tools`` format (what a chat template renders for the model)."""
-        return {"type": "function", "function": {"name": self.name, "description": self.description or self.summary,
-                                                 "parameters": dict(self.parameters)}}
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description or self.summary,
+                "parameters": dict(self.parameters),
+            },
+        }

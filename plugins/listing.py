@@ -51,8 +51,11 @@ def _by_kind(manager: PluginManager) -> list[str]:
     tables = []
     for kind in KINDS:
         header, declares = _DECLARES.get(kind, ("", lambda entry: ""))
-        rows = [(name, f"{reg.source.distribution} {reg.source.version}", declares(reg.entry))
-                for name, regs in sorted(manager.registry(kind).by_name.items()) for reg in regs]
+        rows = [
+            (name, f"{reg.source.distribution} {reg.source.version}", declares(reg.entry))
+            for name, regs in sorted(manager.registry(kind).by_name.items())
+            for reg in regs
+        ]
         if rows:
             tables.append(([(f"{kind.plural} ({len(rows)})", "distribution", header)], rows))
     if not tables:

@@ -6,8 +6,8 @@ with pluggy. ``HYBRIDFLOW_DISABLE_PLUGIN_AUTOLOAD=1`` keeps only the entry
 points of the ``hybridflow`` distribution itself, for hermetic tests, in the
 way ``PYTEST_DISABLE_PLUGIN_AUTOLOAD`` does for pytest.
 
-Each kind of registry (estimators, reward verifiers, policy losses, batch hooks, agent loops, tools) is filled lazily, the
-first time a name of that kind is looked up, by calling every plugin's
+Each kind of registry (estimators, reward verifiers, policy losses, batch hooks, agent loops, tools) is filled lazily,
+the first time a name of that kind is looked up, by calling every plugin's
 register hook with a callback that records who registered what.
 """
 
@@ -45,7 +45,9 @@ class RegistryKind:
 
 
 ESTIMATORS = RegistryKind("estimator", "estimators", "hybridflow_register_estimators", AdvantageEstimator)
-REWARD_VERIFIERS = RegistryKind("reward verifier", "reward verifiers", "hybridflow_register_reward_verifiers", RewardVerifier)
+REWARD_VERIFIERS = RegistryKind(
+    "reward verifier", "reward verifiers", "hybridflow_register_reward_verifiers", RewardVerifier
+)
 POLICY_LOSSES = RegistryKind("policy loss", "policy losses", "hybridflow_register_policy_losses", PolicyLoss)
 BATCH_HOOKS = RegistryKind("batch hook", "batch hooks", "hybridflow_register_batch_hooks", BatchHook)
 AGENT_LOOPS = RegistryKind("agent loop", "agent loops", "hybridflow_register_agent_loops", AgentLoop)

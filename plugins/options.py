@@ -23,8 +23,10 @@ def option_problems(key: str, given: Mapping[str, Any], defaults: Mapping[str, A
     problems = [f"{key} has {unknown}; {owner} takes {dict(defaults)}"] if unknown else []
     for name, value in given.items():
         if name in defaults and not _fits(defaults[name], value):
-            problems.append(f"{key}.{name}={value!r} is {_kind(value)}; {owner} takes {_kind(defaults[name])} there "
-                            f"(default {defaults[name]!r})")
+            problems.append(
+                f"{key}.{name}={value!r} is {_kind(value)}; {owner} takes {_kind(defaults[name])} there "
+                f"(default {defaults[name]!r})"
+            )
     return problems
 
 
@@ -45,6 +47,13 @@ def _fits(default: Any, value: Any) -> bool:
 
 def _kind(value: Any) -> str:
     """What a reader calls a value's type: ``a number``, ``an integer``, ``text``, ..."""
-    kinds = [(bool, "true or false"), (int, "an integer"), (float, "a number"), (str, "text"),
-             ((list, tuple), "a list"), (Mapping, "a mapping"), (type(None), "null")]
+    kinds = [
+        (bool, "true or false"),
+        (int, "an integer"),
+        (float, "a number"),
+        (str, "text"),
+        ((list, tuple), "a list"),
+        (Mapping, "a mapping"),
+        (type(None), "null"),
+    ]
     return next((text for types, text in kinds if isinstance(value, types)), f"a {type(value).__name__}")

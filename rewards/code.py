@@ -92,8 +92,12 @@ def run_io_tests(
         stdout_limit = max(MAX_OUTPUT_BYTES, 2 * len(expected.encode("utf-8")) + (64 << 10))
         case_limits = dataclasses.replace(limits, file_size_mb=max(limits.file_size_mb, (stdout_limit >> 20) + 1))
         result = run_python(
-            code, str(stdin), limits=case_limits, allow_unisolated=allow_unisolated,
-            capture_stderr=False, stdout_limit=stdout_limit,
+            code,
+            str(stdin),
+            limits=case_limits,
+            allow_unisolated=allow_unisolated,
+            capture_stderr=False,
+            stdout_limit=stdout_limit,
         )
         if not result.ok or result.stdout_truncated or _normalize_output(result.stdout) != _normalize_output(expected):
             return False

@@ -47,9 +47,16 @@ from dataclasses import dataclass
 from typing import Any
 
 _OPS = {
-    ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
-    ast.Gt: operator.gt, ast.GtE: operator.ge, ast.Is: operator.is_, ast.IsNot: operator.is_not,
-    ast.In: lambda a, b: a in b, ast.NotIn: lambda a, b: a not in b,
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
+    ast.Is: operator.is_,
+    ast.IsNot: operator.is_not,
+    ast.In: lambda a, b: a in b,
+    ast.NotIn: lambda a, b: a not in b,
 }
 _SETUP = (ast.Import, ast.ImportFrom, ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Expr)
 _MAX_DEPTH = 200
@@ -87,7 +94,9 @@ class Verdict:
 
 
 def _unsupported(test: str, why: str) -> ValueError:
-    return ValueError(f"code ground truth: {test!r} is not a supported assert ({why}); see hybridflow.rewards.code_asserts")
+    return ValueError(
+        f"code ground truth: {test!r} is not a supported assert ({why}); see hybridflow.rewards.code_asserts"
+    )
 
 
 def _literal(node: ast.AST) -> Any:
@@ -130,8 +139,12 @@ def _split_compare(node: ast.Compare, test: str) -> tuple[ast.expr, Callable[[An
 def _split_isclose(node: ast.Call, test: str) -> tuple[ast.expr, Callable[[Any], bool]]:
     options = {keyword.arg: _literal(keyword.value) for keyword in node.keywords}
     values = [_literal(arg) for arg in node.args]
-    if (len(values) != 2 or [v is _NOT_A_LITERAL for v in values].count(True) != 1
-            or not set(options) <= {"rel_tol", "abs_tol"} or _NOT_A_LITERAL in options.values()):
+    if (
+        len(values) != 2
+        or [v is _NOT_A_LITERAL for v in values].count(True) != 1
+        or not set(options) <= {"rel_tol", "abs_tol"}
+        or _NOT_A_LITERAL in options.values()
+    ):
         raise _unsupported(test, "isclose needs one computed argument, one literal and literal tolerances")
     at = values.index(_NOT_A_LITERAL)
     expected = values[1 - at]
@@ -144,7 +157,12 @@ def _is_isclose(node: ast.expr) -> bool:
     func = node.func
     if isinstance(func, ast.Name):
         return func.id == "isclose"
-    return isinstance(func, ast.Attribute) and func.attr == "isclose" and isinstance(func.value, ast.Name) and func.value.id == "math"
+    return (
+        isinstance(func, ast.Attribute)
+        and func.attr == "isclose"
+        and isinstance(func.value, ast.Name)
+        and func.value.id == "math"
+    )
 
 
 def _split(node: ast.expr, test: str) -> list[tuple[ast.expr, Callable[[Any], bool]]]:
@@ -155,7 +173,7 @@ def _split(node: ast.expr, test: str) -> list[tuple[ast.expr, Callable[[Any], bo
         inner = _split(node.operand, test)
         if len(inner) != 1:
             raise _unsupported(test, "'not' over 'and'")
-        (call, holds), = inner
+        ((call, holds),) = inner
         return [(call, lambda value: not holds(value))]
     if isinstance(node, ast.Compare):
         return [_split_compare(node, test)]
@@ -168,10 +186,14 @@ def _split(node: ast.expr, test: str) -> list[tuple[ast.expr, Callable[[Any], bo
 
 def _require_no_decisions(node: ast.AST, test: str) -> None:
     for sub in ast.walk(node):
-        if (isinstance(sub, (ast.Compare, ast.BoolOp, ast.IfExp))
-                or (isinstance(sub, ast.UnaryOp) and isinstance(sub.op, ast.Not))
-                or (isinstance(sub, ast.comprehension) and sub.ifs)):
-            raise _unsupported(test, f"{ast.unparse(sub)!r} would be decided inside the sandbox by the solution's objects")
+        if (
+            isinstance(sub, (ast.Compare, ast.BoolOp, ast.IfExp))
+            or (isinstance(sub, ast.UnaryOp) and isinstance(sub.op, ast.Not))
+            or (isinstance(sub, ast.comprehension) and sub.ifs)
+        ):
+            raise _unsupported(
+                test, f"{ast.unparse(sub)!r} would be decided inside the sandbox by the solution's objects"
+            )
 
 
 def plan_asserts(tests: Sequence[str]) -> AssertPlan:

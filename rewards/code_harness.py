@@ -94,7 +94,7 @@ def main():
         outcomes += [_run(kind, source, namespace) for kind, source in steps]
     report = dumps(outcomes).encode()
     while report:
-        report = report[write(RESULT_FD, report):]
+        report = report[write(RESULT_FD, report) :]
     os._exit(0)  # the solution's atexit handlers and threads have nothing left to add
 
 

@@ -53,7 +53,9 @@ def load_function(path: str, name: str = "compute_score") -> Callable[..., Any]:
     fn = getattr(module, name, None)
     if not callable(fn):
         defined = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
-        raise AttributeError(f"{path} has no function {name!r}; it defines: {', '.join(defined) or '(nothing callable)'}")
+        raise AttributeError(
+            f"{path} has no function {name!r}; it defines: {', '.join(defined) or '(nothing callable)'}"
+        )
     _loaded[key] = fn
     return fn
 

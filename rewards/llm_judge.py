@@ -140,7 +140,9 @@ def _http_json(url: str, body: Mapping[str, Any] | None, api_key: str | None, ti
     except (urllib.error.URLError, OSError) as err:
         reason = getattr(err, "reason", err)  # URLError wraps connect errors; a read timeout comes bare
         if isinstance(reason, TimeoutError):
-            raise JudgeRequestError(f"llm_judge: {method} {url}: no answer within request_timeout_s={timeout_s:g}") from None
+            raise JudgeRequestError(
+                f"llm_judge: {method} {url}: no answer within request_timeout_s={timeout_s:g}"
+            ) from None
         raise JudgeRequestError(f"llm_judge: {method} {url} failed: {reason}") from None
     try:
         return json.loads(raw)
@@ -205,7 +207,9 @@ def parse_score(reply: str, score_pattern: str | None = None) -> float:
     except (TypeError, ValueError):  # TypeError: an optional group that did not take part
         value = math.nan
     if not math.isfinite(value):
-        raise ValueError(f"llm_judge: score {text!r} is not a finite number; the judge replied {reply[:_QUOTE_CHARS]!r}")
+        raise ValueError(
+            f"llm_judge: score {text!r} is not a finite number; the judge replied {reply[:_QUOTE_CHARS]!r}"
+        )
     return value
 
 
@@ -215,7 +219,9 @@ def _reply_text(answer: Any, api: str) -> str:
         choice = answer["choices"][0]
         text = choice["message"]["content"] if api == "chat" else choice["text"]
     except (KeyError, IndexError, TypeError):
-        raise JudgeRequestError(f"llm_judge: the judge's answer has no choices[0] text: {str(answer)[:_QUOTE_CHARS]!r}") from None
+        raise JudgeRequestError(
+            f"llm_judge: the judge's answer has no choices[0] text: {str(answer)[:_QUOTE_CHARS]!r}"
+        ) from None
     return text or ""  # a null content (e.g. only reasoning) is no score: parse_score raises on ""
 
 
@@ -249,15 +255,24 @@ def compute_score(
         raise ValueError(f"llm_judge: max_score must be > 0, got {max_score!r}")
     root = base_url.rstrip("/")
     key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY") or None
-    text = fill_template(prompt_template or DEFAULT_PROMPT_TEMPLATE, _prompt_text(extra_info, prompt_key),
-                         solution_str if isinstance(solution_str, str) else str(solution_str), ground_truth)
-    body: dict[str, Any] = {"model": _resolve_model(root, model, key, request_timeout_s),
-                            "max_tokens": int(max_tokens), "temperature": float(temperature)}
+    text = fill_template(
+        prompt_template or DEFAULT_PROMPT_TEMPLATE,
+        _prompt_text(extra_info, prompt_key),
+        solution_str if isinstance(solution_str, str) else str(solution_str),
+        ground_truth,
+    )
+    body: dict[str, Any] = {
+        "model": _resolve_model(root, model, key, request_timeout_s),
+        "max_tokens": int(max_tokens),
+        "temperature": float(temperature),
+    }
     if api == "chat":
         body["messages"] = [{"role": "user", "content": text}]
     else:
         body["prompt"] = text
-    answer = _http_json(f"{root}/{'chat/completions' if api == 'chat' else 'completions'}", body, key, request_timeout_s)
+    answer = _http_json(
+        f"{root}/{'chat/completions' if api == 'chat' else 'completions'}", body, key, request_timeout_s
+    )
     raw = parse_score(_reply_text(answer, api), score_pattern)
     return {"score": min(1.0, max(0.0, raw / float(max_score))), "judge_raw": raw}
 

@@ -155,8 +155,9 @@ class RewardManager:
                 if not self.abstain_unrouted:
                     raise
                 routed = ()
-            self._calls[data_source] = tuple(ResolvedCall(c.name, self._functions[c.name], c.weight, c.kwargs)
-                                             for c in routed)
+            self._calls[data_source] = tuple(
+                ResolvedCall(c.name, self._functions[c.name], c.weight, c.kwargs) for c in routed
+            )
         return self._calls[data_source]
 
     def score_texts(
@@ -180,8 +181,11 @@ class RewardManager:
         routed = [i for i, task in enumerate(tasks) if task[0]]  # an unrouted sample abstains unscored
         outcomes = [Outcome(ABSTAINED)] * len(tasks)
         for i, outcome in zip(routed, self.pool.run(score_sample, [tasks[i] for i in routed])):
-            outcomes[i] = Outcome(ABSTAINED, seconds=outcome.seconds) if outcome.status == "ok" and outcome.value is None \
+            outcomes[i] = (
+                Outcome(ABSTAINED, seconds=outcome.seconds)
+                if outcome.status == "ok" and outcome.value is None
                 else outcome
+            )
         scores, extras = [], []
         for index, (outcome, task) in enumerate(zip(outcomes, tasks)):
             if outcome.status == ABSTAINED:
@@ -243,8 +247,12 @@ class RewardManager:
         token_level_scores[torch.arange(len(scores)), last] = torch.tensor(scores, dtype=torch.float32)
         metrics.update(_metrics(scores, extras, outcomes))
         metrics["reward/batch_seconds"] = time.monotonic() - start
-        return RewardOutput(token_level_scores, metrics, [{"score": s, **e} for s, e in zip(scores, extras)],
-                            [o.status != ABSTAINED for o in outcomes])
+        return RewardOutput(
+            token_level_scores,
+            metrics,
+            [{"score": s, **e} for s, e in zip(scores, extras)],
+            [o.status != ABSTAINED for o in outcomes],
+        )
 
 
 def _metrics(scores: list[float], extras: list[dict[str, Any]], outcomes: list[Outcome]) -> dict[str, float]:

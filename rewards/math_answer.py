@@ -95,7 +95,9 @@ def _strip_dollars(text: str) -> str:
     return text
 
 
-def math_answer_score(data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None) -> dict[str, float]:
+def math_answer_score(
+    data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None
+) -> dict[str, float]:
     """1.0 when the response's final answer equals the ground truth under math-verify, else 0.0.
 
     Returns ``{"score", "too_complex"}``; ``too_complex`` is 1.0 when the
@@ -105,13 +107,20 @@ def math_answer_score(data_source: str, solution_str: str, ground_truth: str, ex
     counted as a reward error and scores ``reward.timeout_score``.
     """
     if isinstance(ground_truth, bool) or not isinstance(ground_truth, (str, int, float)):
-        raise TypeError(f"math ground truth must be text or a number, got {type(ground_truth).__name__}: {ground_truth!r}")
+        raise TypeError(
+            f"math ground truth must be text or a number, got {type(ground_truth).__name__}: {ground_truth!r}"
+        )
     gold_text = _strip_dollars(str(ground_truth))
     boxed = last_boxed(solution_str)
     candidate = boxed if boxed is not None else solution_str[-PLAIN_TEXT_TAIL:]
     limit = max(MAX_NESTING, nesting_depth(gold_text) + 2)
     if nesting_depth(candidate) > limit or (boxed is not None and len(boxed) > MAX_ANSWER_CHARS):
-        logger.debug("math answer refused unparsed: nesting %d (limit %d), length %d", nesting_depth(candidate), limit, len(candidate))
+        logger.debug(
+            "math answer refused unparsed: nesting %d (limit %d), length %d",
+            nesting_depth(candidate),
+            limit,
+            len(candidate),
+        )
         return {"score": 0.0, "too_complex": 1.0}
     gold = _parse("\\boxed{" + gold_text + "}")
     if not gold:

@@ -209,7 +209,13 @@ class ScoringPool:
         return [o if o is not None else Outcome("error", error="lost") for o in outcomes]
 
     def _assign(
-        self, worker: _Worker, index: int, fn: Callable[..., Any], args: tuple, outcomes: list[Outcome | None], pending: deque
+        self,
+        worker: _Worker,
+        index: int,
+        fn: Callable[..., Any],
+        args: tuple,
+        outcomes: list[Outcome | None],
+        pending: deque,
     ) -> None:
         try:
             worker.assign(index, fn, args, self.timeout_s)

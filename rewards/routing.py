@@ -69,7 +69,9 @@ def _parse_target(key: str, value: Any) -> tuple[tuple[str, float], ...]:
         return ((value, 1.0),)
     if isinstance(value, Mapping) and value:
         return tuple((str(name), float(weight)) for name, weight in value.items())
-    raise TypeError(f"reward.route[{key!r}] must be a verifier name or a mapping of verifier names to weights, got {value!r}")
+    raise TypeError(
+        f"reward.route[{key!r}] must be a verifier name or a mapping of verifier names to weights, got {value!r}"
+    )
 
 
 class Router:
@@ -121,7 +123,8 @@ class Router:
         if key is None:
             listing = "; ".join(f"{k} -> {self._describe(t)}" for k, t in self.routes.items())
             raise UnroutedDataSourceError(
-                f"no reward route for data_source {data_source!r}. Add one, e.g. reward.route={{{data_source!r}: 'math'}}. "
+                f"no reward route for data_source {data_source!r}. "
+                f"Add one, e.g. reward.route={{{data_source!r}: 'math'}}. "
                 f"Routes: {listing}"
             )
         return tuple(VerifierCall(name, weight, self._kwargs(name)) for name, weight in self.routes[key])

@@ -93,8 +93,9 @@ class RewardSources:
         """Whether ``name`` is a source of the reward."""
         return any(s.name == name for s in self.sources)
 
-    def scores(self, verifier: torch.Tensor | None, decided: torch.Tensor | None,
-               reward_model: torch.Tensor | None) -> tuple[torch.Tensor, dict[str, float]]:
+    def scores(
+        self, verifier: torch.Tensor | None, decided: torch.Tensor | None, reward_model: torch.Tensor | None
+    ) -> tuple[torch.Tensor, dict[str, float]]:
         """``(scores (B,), metrics)``: the combined score of each response and ``reward/<source>/mean`` (raw),
         ``reward/verifier/abstained`` and, under ``fallback``, ``reward/fallback/frac``.
 
@@ -116,8 +117,9 @@ class RewardSources:
             return torch.where(decided, parts[VERIFIER], parts[REWARD_MODEL]), metrics
         return torch.stack(list(parts.values())).sum(0), metrics
 
-    def combine(self, verified: RewardOutput | None, rm_scores: torch.Tensor | None,
-                response_mask: torch.Tensor) -> RewardOutput:
+    def combine(
+        self, verified: RewardOutput | None, rm_scores: torch.Tensor | None, response_mask: torch.Tensor
+    ) -> RewardOutput:
         """The reward as a :class:`RewardOutput`: the combined score at each row's last valid token, the
         verifiers' metrics with the sources', and each sample's fields (the verifiers', ``score`` the combined
         one, ``reward_model`` the model's raw score)."""
@@ -125,8 +127,9 @@ class RewardSources:
         if verified is not None:
             verifier = torch.tensor([f["score"] for f in verified.fields], dtype=torch.float32)
             decided = torch.tensor(verified.decided, dtype=torch.bool)
-        scores, metrics = self.scores(verifier if self.uses(VERIFIER) else None, decided,
-                                      rm_scores if self.uses(REWARD_MODEL) else None)
+        scores, metrics = self.scores(
+            verifier if self.uses(VERIFIER) else None, decided, rm_scores if self.uses(REWARD_MODEL) else None
+        )
         fields = [dict(f) for f in verified.fields] if verified is not None else [{} for _ in range(len(scores))]
         for i, field in enumerate(fields):
             field["score"] = float(scores[i])

@@ -47,7 +47,16 @@ UNAVAILABLE_MARK = "HYBRIDFLOW_SANDBOX_UNAVAILABLE"
 UNISOLATED_MARK = "HYBRIDFLOW_SANDBOX_UNISOLATED"
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
 CLONE_NEWUTS, CLONE_NEWIPC = 0x04000000, 0x08000000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = (
+    1,
+    2,
+    4,
+    8,
+    32,
+    4096,
+    16384,
+    1 << 18,
+)
 MNT_DETACH = 2
 PIVOT_ROOT_SYSCALL = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}
 PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 36, 38
@@ -232,9 +241,12 @@ def main():
         os.chown(work_dir, config["uid"], config["uid"])
     isolated = _unshare_namespaces()
     if not isolated and not config["allow_unisolated"]:
-        _status(config, f"{UNAVAILABLE_MARK}: cannot create network/pid/mount namespaces here "
-                        f"(errno {ctypes.get_errno()}: {os.strerror(ctypes.get_errno())}); "
-                        "run as root or enable unprivileged user namespaces, or allow an unisolated sandbox")
+        _status(
+            config,
+            f"{UNAVAILABLE_MARK}: cannot create network/pid/mount namespaces here "
+            f"(errno {ctypes.get_errno()}: {os.strerror(ctypes.get_errno())}); "
+            "run as root or enable unprivileged user namespaces, or allow an unisolated sandbox",
+        )
         sys.exit(EXIT_UNAVAILABLE)
     if not isolated:
         _status(config, UNISOLATED_MARK, also_stderr=False)

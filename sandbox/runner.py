@@ -131,7 +131,12 @@ MAX_OUTPUT_BYTES = 1 << 20
 MAX_RESULT_BYTES = 1 << 20
 """Most bytes of the result channel read back; a longer report is cut and shows as longer than this."""
 
-_SAFE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1"}
+_SAFE_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "LANG": "C.UTF-8",
+    "PYTHONHASHSEED": "0",
+    "PYTHONDONTWRITEBYTECODE": "1",
+}
 
 
 def _read_capped(path: str, limit: int) -> bytes:
@@ -200,8 +205,9 @@ def _launch(
     stdout_limit: int,
     result_channel: bool,
 ) -> SandboxResult:
-    out_path, err_path, results_path, status_path = (os.path.join(io_dir, name)
-                                                      for name in ("stdout", "stderr", "results", "status"))
+    out_path, err_path, results_path, status_path = (
+        os.path.join(io_dir, name) for name in ("stdout", "stderr", "results", "status")
+    )
     guard = memory_guard(limits.total_memory_mb)
     config.update(guard.launcher_config())
     # the launcher's own word (unavailable, unisolated), out of the program's reach: it closes this on execve

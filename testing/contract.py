@@ -39,7 +39,8 @@ def resolve(entry_or_name: Any, entry_type: type[Entry], lookup: Callable[[str],
 
 
 def checked_options(entry: PluginEntry, options: Mapping[str, Any] | None) -> dict[str, Any]:
-    """``options`` as a dict; one the plugin does not have is a ``TypeError`` (a mistake of the caller, not the plugin)."""
+    """``options`` as a dict; one the plugin does not have is a ``TypeError`` (a mistake of the caller, not the
+    plugin)."""
     options = dict(options or {})
     unknown = sorted(set(options) - set(entry.options))
     if unknown:

@@ -205,7 +205,8 @@ def _equal_rewards(case: EstimatorCase, out: Outputs) -> None:
     row, col = divmod(worst, advantages.shape[1])
     if advantages.abs().max() > ATOL:
         raise AssertionError(
-            f"on {case.label}: advantages[{row}, {col}] = {float(advantages[row, col]):.6g} (|A| > {ATOL:g}) for a response "
+            f"on {case.label}: advantages[{row}, {col}] = {float(advantages[row, col]):.6g} "
+            f"(|A| > {ATOL:g}) for a response "
             f"whose group all scored {float(case.rewards[row].sum()):g}"
         )
 

@@ -35,5 +35,6 @@ def check_policy_loss() -> Callable[..., kit.ContractReport]:
 @pytest.fixture
 def check_reward_verifier() -> Callable[..., kit.ContractReport]:
     """``check_reward_verifier(name_or_record, *, cases=(), ground_truth=None, kwargs=None,
-    odd_responses_may_raise=True, timeout_s=10.0, ...)``: the verifier contract (:mod:`hybridflow.testing.verifier_checks`)."""
+    odd_responses_may_raise=True, timeout_s=10.0, ...)``: the verifier contract
+    (:mod:`hybridflow.testing.verifier_checks`)."""
     return kit.check_reward_verifier

@@ -13,6 +13,7 @@ import sys
 
 import torch
 import torch.distributed as dist
+from support import local_qwen2_checkpoint
 from torch.distributed.device_mesh import init_device_mesh
 from transformers import AutoConfig, Qwen2ForCausalLM
 
@@ -20,7 +21,6 @@ from hybridflow.workers.critic.worker import build_value_model
 from hybridflow.workers.fsdp import full_parameters, shard_model
 from hybridflow.workers.loading import load_sharded_model, read_causal_lm
 from hybridflow.workers.models import load_model_and_tokenizer
-from support import local_qwen2_checkpoint
 
 WORLD = 4
 BUILTIN_SEED = 7
@@ -48,7 +48,8 @@ BUILTIN_CASES = {  # name: (path, reader, dtype, mesh, shard); compared with tod
 
 
 def write_checkpoints(root):
-    """``root/tied`` and ``root/untied``: small Qwen2 checkpoints (4 heads, 2 KV heads) with a tokenizer; ``root/empty``."""
+    """``root/tied`` and ``root/untied``: small Qwen2 checkpoints (4 heads, 2 KV heads) with a tokenizer;
+    ``root/empty``."""
     local_qwen2_checkpoint(os.path.join(root, "tied"), hidden=32, seed=0)
     untied = local_qwen2_checkpoint(os.path.join(root, "untied"), hidden=32, seed=0)
     config = AutoConfig.from_pretrained(untied)
@@ -103,12 +104,18 @@ def _same_as_today(path, read, dtype, mesh, shard):
     today = shard(_todays_model(path, read, dtype), mesh)
     loaded = load_sharded_model(path, dtype=dtype, seed=BUILTIN_SEED, mesh=mesh, read=read, shard=shard)
     return {
-        "today": _local_shards(today), "loaded": _local_shards(loaded),
-        "today_buffers": dict(today.named_buffers()), "loaded_buffers": dict(loaded.named_buffers()),
-        "today_config": today.config.to_dict(), "loaded_config": loaded.config.to_dict(),
-        "today_generation": _generation(today), "loaded_generation": _generation(loaded),
-        "today_training": today.training, "loaded_training": loaded.training,
-        "today_checkpointing": _checkpointing(today), "loaded_checkpointing": _checkpointing(loaded),
+        "today": _local_shards(today),
+        "loaded": _local_shards(loaded),
+        "today_buffers": dict(today.named_buffers()),
+        "loaded_buffers": dict(loaded.named_buffers()),
+        "today_config": today.config.to_dict(),
+        "loaded_config": loaded.config.to_dict(),
+        "today_generation": _generation(today),
+        "loaded_generation": _generation(loaded),
+        "today_training": today.training,
+        "loaded_training": loaded.training,
+        "today_checkpointing": _checkpointing(today),
+        "loaded_checkpointing": _checkpointing(loaded),
         "classes": {cls.__name__ for cls in type(loaded).__mro__},  # FSDP2 subclasses the model class
     }
 
@@ -151,4 +158,3 @@ def loading_rank(rank, world, port, root):
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
-

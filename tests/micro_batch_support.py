@@ -25,11 +25,17 @@ def ragged_batch(prompt_lens=PROMPT_LENS, response_lens=RESPONSE_LENS, seed=0):
     responses = torch.randint(3, 24, (rows, width_r), generator=gen) * r_mask
     attention = torch.cat([p_mask, r_mask], dim=1)
     advantages = torch.randn(rows, 1, generator=gen).expand(rows, width_r) * r_mask
-    return DataProto.from_dict({
-        "prompts": prompts, "responses": responses, "input_ids": torch.cat([prompts, responses], dim=1),
-        "attention_mask": attention, "position_ids": (attention.cumsum(-1) - 1).clamp(min=0),
-        "response_mask": r_mask, "advantages": advantages.contiguous(),
-    })
+    return DataProto.from_dict(
+        {
+            "prompts": prompts,
+            "responses": responses,
+            "input_ids": torch.cat([prompts, responses], dim=1),
+            "attention_mask": attention,
+            "position_ids": (attention.cumsum(-1) - 1).clamp(min=0),
+            "response_mask": r_mask,
+            "advantages": advantages.contiguous(),
+        }
+    )
 
 
 def grouped_batch(groups=((2, 0, 1), (4, 3, 5, 6)), seed=0):
@@ -47,14 +53,24 @@ def grouped_batch(groups=((2, 0, 1), (4, 3, 5, 6)), seed=0):
 def tiny_critic(seed=0):
     """The value-model twin of ``support.tiny_model``: a Qwen2 token classifier with one output, float32."""
     torch.manual_seed(seed)
-    config = Qwen2Config(vocab_size=24, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
-                         num_key_value_heads=1, max_position_embeddings=64, num_labels=1, classifier_dropout=0.0)
+    config = Qwen2Config(
+        vocab_size=24,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+        num_labels=1,
+        classifier_dropout=0.0,
+    )
     return Qwen2ForTokenClassification(config).float()
 
 
 def dynamic_update_rank(rank, world, port, out_dir):
     """dp=``world`` FSDP2: the actor's packed token-budget log-probs and update, then the reference worker's
     log-probs; each rank holds its contiguous share of the rows and saves what it computed."""
+    from support import tiny_model
     from torch.distributed.device_mesh import init_device_mesh
 
     from hybridflow.configs.schema import ActorConfig, PPOConfig
@@ -62,10 +78,15 @@ def dynamic_update_rank(rank, world, port, out_dir):
     from hybridflow.workers.actor.ppo_actor import PPOActor
     from hybridflow.workers.fsdp import full_parameters, shard_model
     from hybridflow.workers.reference import RefWorker
-    from support import tiny_model
 
-    env = dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-               LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    env = dict(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),
+    )
     os.environ.update(env)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -76,8 +97,14 @@ def dynamic_update_rank(rank, world, port, out_dir):
         mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
         model = shard_model(tiny_model(), mesh)
         config = ActorConfig(use_dynamic_bsz=True, ppo_max_token_len_per_gpu=budget, entropy_coeff=0.01)
-        actor = PPOActor(model, torch.optim.SGD(model.parameters(), lr=0.5), config, loss_agg_mode="token-mean",
-                         rows_per_mini_batch=len(shard), dp_group=mesh.get_group())
+        actor = PPOActor(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.5),
+            config,
+            loss_agg_mode="token-mean",
+            rows_per_mini_batch=len(shard),
+            dp_group=mesh.get_group(),
+        )
         report = {"micro_batches": len(actor.update_batching.split(shard, mesh.get_group())[0])}
         report["old_log_probs"] = actor.compute_log_prob(shard, temperature=1.0).batch["old_log_probs"]
         report["metrics"] = actor.update_policy(shard, temperature=1.0)

@@ -28,8 +28,14 @@ def build_model(name: str, seed: int = 0):
     if name != "uneven-qwen2":
         return load_model_and_tokenizer(name, dtype=torch.float32, seed=seed)[0]
     config = Qwen2Config(
-        vocab_size=30, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False,
+        vocab_size=30,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -97,8 +103,11 @@ def reshard_rank(rank, world, port, layout, models, qs, out_dir):
                     for t in targets.values():
                         t.fill_(float("nan"))
                     stats = plans[q][0].run(bucket)
-                    report[name, q, bucket] = {"stats": stats, "wrong": _mismatches(targets, slices, full),
-                                               "target_bytes": sum(t.nbytes for t in targets.values())}
+                    report[name, q, bucket] = {
+                        "stats": stats,
+                        "wrong": _mismatches(targets, slices, full),
+                        "target_bytes": sum(t.nbytes for t in targets.values()),
+                    }
             _train_step(model, model.config.vocab_size)
             after = gather_full_state(sources)  # the naive all-gather is the oracle here
             report[name, "changed"] = sorted(n for n in full if not torch.equal(full[n], after[n]))
@@ -141,8 +150,12 @@ def tp_update_rank(rank, world, port, out_dir):
         shard = data.chunk(dp_size)[dp_rank]
         config = ActorConfig(ppo_micro_batch_size_per_gpu=2, optim=OptimConfig(grad_clip=0.05))
         actor = PPOActor(
-            model, torch.optim.SGD(model.parameters(), lr=0.5), config, loss_agg_mode="token-mean",
-            rows_per_mini_batch=len(shard), dp_group=data_parallel_group(mesh),
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.5),
+            config,
+            loss_agg_mode="token-mean",
+            rows_per_mini_batch=len(shard),
+            dp_group=data_parallel_group(mesh),
         )
         report["old_log_probs"] = actor.compute_log_prob(shard, temperature=1.0).batch["old_log_probs"]
         report["dp_rank"] = dp_rank
@@ -153,4 +166,3 @@ def tp_update_rank(rank, world, port, out_dir):
     finally:
         dist.destroy_process_group()
     _exit()
-

@@ -14,8 +14,14 @@ from hybridflow.core import DataProto
 def tiny_model(seed=0):
     torch.manual_seed(seed)
     config = Qwen2Config(
-        vocab_size=24, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64, tie_word_embeddings=False,
+        vocab_size=24,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
     )
     return Qwen2ForCausalLM(config).float()
 
@@ -44,16 +50,17 @@ def rollout_batch(rows=8, prompt=4, response=5, seed=0):
     r_mask = (torch.arange(response) < response_len[:, None]).long()
     attention = torch.cat([p_mask, r_mask], dim=1)
     position = (attention.cumsum(-1) - 1).clamp(min=0)
-    return DataProto.from_dict({
-        "prompts": prompts * p_mask,
-        "responses": responses * r_mask,
-        "input_ids": torch.cat([prompts * p_mask, responses * r_mask], dim=1),
-        "attention_mask": attention,
-        "position_ids": position,
-        "response_mask": r_mask,
-        "advantages": torch.randn(rows, 1, generator=gen).expand(rows, response).contiguous() * r_mask,
-    })
-
+    return DataProto.from_dict(
+        {
+            "prompts": prompts * p_mask,
+            "responses": responses * r_mask,
+            "input_ids": torch.cat([prompts * p_mask, responses * r_mask], dim=1),
+            "attention_mask": attention,
+            "position_ids": position,
+            "response_mask": r_mask,
+            "advantages": torch.randn(rows, 1, generator=gen).expand(rows, response).contiguous() * r_mask,
+        }
+    )
 
 
 def fsdp_update_rank(rank, world, port, mode, micro, out_dir, mini_batches=1, reshard_after_forward=True):
@@ -74,8 +81,12 @@ def fsdp_update_rank(rank, world, port, mode, micro, out_dir, mini_batches=1, re
         data = torch.load(os.path.join(out_dir, "data.pt"), weights_only=False)
         shard = data.chunk(world)[rank]
         actor = PPOActor(
-            model, torch.optim.SGD(model.parameters(), lr=0.5), ActorConfig(ppo_micro_batch_size_per_gpu=micro),
-            loss_agg_mode=mode, rows_per_mini_batch=len(shard) // mini_batches, dp_group=mesh.get_group(),
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.5),
+            ActorConfig(ppo_micro_batch_size_per_gpu=micro),
+            loss_agg_mode=mode,
+            rows_per_mini_batch=len(shard) // mini_batches,
+            dp_group=mesh.get_group(),
         )
         actor.update_policy(shard, temperature=1.0)
         params = full_parameters(model)
@@ -113,10 +124,15 @@ def bpe_chat_tokenizer():
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
-    bpe.train_from_iterator(SENTENCES, trainers.BpeTrainer(vocab_size=300, special_tokens=specials,
-                                                           initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                        padding_side="left")
+    bpe.train_from_iterator(
+        SENTENCES,
+        trainers.BpeTrainer(
+            vocab_size=300, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>", padding_side="left"
+    )
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
 
@@ -128,10 +144,18 @@ def local_qwen2_checkpoint(directory, *, hidden=32, layers=2, seed=0, tied=True)
 
     tokenizer = bpe_chat_tokenizer()
     torch.manual_seed(seed)
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
-                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=1024, tie_word_embeddings=tied,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=tied,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     Qwen2ForCausalLM(config).save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
@@ -146,13 +170,20 @@ def gsm8k_parquet(path, rows):
     for i in range(rows):
         a, b = 3 + i % 17, 5 + (7 * i) % 23
         question = f"Natalia sold {a} clips in April and {b} clips in May. How many clips did she sell?"
-        records.append({
-            "data_source": "openai/gsm8k",
-            "prompt": [{"role": "user", "content": question + " Let's think step by step and output the final answer after \"####\"."}],
-            "ability": "math",
-            "reward_model": {"style": "rule", "ground_truth": str(a + b)},
-            "extra_info": {"split": "train", "index": i},
-        })
+        records.append(
+            {
+                "data_source": "openai/gsm8k",
+                "prompt": [
+                    {
+                        "role": "user",
+                        "content": question + ' Let\'s think step by step and output the final answer after "####".',
+                    }
+                ],
+                "ability": "math",
+                "reward_model": {"style": "rule", "ground_truth": str(a + b)},
+                "extra_info": {"split": "train", "index": i},
+            }
+        )
     pq.write_table(pa.Table.from_pylist(records), path)
     return str(path)
 
@@ -207,8 +238,10 @@ def mixed_precision_rank(rank, model_dir, out_dir, port):
     dist.init_process_group("gloo", rank=rank, world_size=1)
     register_configs()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        cfg = compose("ppo_trainer", overrides=["experiment=gsm8k_grpo", "trainer=cpu",
-                                                f"actor_rollout_ref.model.path={model_dir}"])
+        cfg = compose(
+            "ppo_trainer",
+            overrides=["experiment=gsm8k_grpo", "trainer=cpu", f"actor_rollout_ref.model.path={model_dir}"],
+        )
     arr = OmegaConf.to_object(cfg).actor_rollout_ref
     fsdp = arr.actor.fsdp_config
     mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("dp",))
@@ -220,8 +253,14 @@ def mixed_precision_rank(rank, model_dir, out_dir, port):
     optimizer.step()
     states = {str(t.dtype) for state in optimizer.state.values() for t in state.values() if t.dim() > 0}
     with open(os.path.join(out_dir, "dtypes.json"), "w") as f:
-        json.dump({"parameters": sorted({str(p.dtype) for p in model.parameters()}), "logits": str(logits.dtype),
-                   "optimizer_state": sorted(states)}, f)
+        json.dump(
+            {
+                "parameters": sorted({str(p.dtype) for p in model.parameters()}),
+                "logits": str(logits.dtype),
+                "optimizer_state": sorted(states),
+            },
+            f,
+        )
     dist.destroy_process_group()
 
 
@@ -231,10 +270,18 @@ def local_reward_model(directory, tokenizer, *, hidden=32, layers=2, seed=0, sca
     from transformers import Qwen2Config, Qwen2ForSequenceClassification
 
     torch.manual_seed(seed)
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
-                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=512, num_labels=1, pad_token_id=tokenizer.pad_token_id,
-                         eos_token_id=tokenizer.eos_token_id)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        num_labels=1,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     model = Qwen2ForSequenceClassification(config).float()
     with torch.no_grad():
         for p in model.parameters():
@@ -243,4 +290,3 @@ def local_reward_model(directory, tokenizer, *, hidden=32, layers=2, seed=0, sca
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return str(directory)
-

@@ -87,7 +87,7 @@ def cycles(graph: dict[str, dict[str, list[str]]]) -> list[list[str]]:
         state[node] = "open"
         for nxt in graph.get(node, {}):
             if state.get(nxt) == "open":
-                found.append(path[path.index(nxt):] + [nxt] if nxt in path else [node, nxt])
+                found.append(path[path.index(nxt) :] + [nxt] if nxt in path else [node, nxt])
             elif nxt not in state:
                 visit(nxt, path + [nxt])
         state[node] = "done"

@@ -11,6 +11,7 @@ import sys
 
 import torch
 import torch.distributed as dist
+from reshard_ranks import build_model
 from torch.distributed.device_mesh import init_device_mesh
 
 from hybridflow.core.weight_transfer import WeightTransfer, manifest_of
@@ -18,7 +19,6 @@ from hybridflow.workers.fsdp import full_parameters, shard_model
 from hybridflow.workers.rollout.tensor_parallel import build_tp_rollout_model
 from hybridflow.workers.rollout.vllm_engine import iter_full_weights
 from hybridflow.workers.rollout.worker import block_writer
-from reshard_ranks import build_model
 
 BUCKET = 4096  # bytes: smaller than most weight matrices, so buckets hold one to a few weights
 
@@ -77,5 +77,7 @@ def _receive(rank, config, port, out_dir):
         with torch.no_grad():
             stats = transfer.receive(write, BUCKET)
         held = {name: p.detach().clone() for name, p in params.items()}
-        torch.save({"version": stats.version, "buckets": stats.buckets, "params": held},
-                   os.path.join(out_dir, f"rollout{tp_rank}_{version}.pt"))
+        torch.save(
+            {"version": stats.version, "buckets": stats.buckets, "params": held},
+            os.path.join(out_dir, f"rollout{tp_rank}_{version}.pt"),
+        )

@@ -15,12 +15,12 @@ import weakref
 
 import torch
 import torch.distributed as dist
+from support import tiny_model
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
 from hybridflow.workers.fsdp import full_parameters, shard_model
 from hybridflow.workers.rollout.vllm_engine import iter_full_weights
-from support import tiny_model
 
 
 def _gathers(drain):

@@ -66,9 +66,12 @@ def hf_greedy(model, ids, eos):
 def log_prob_gap(model, out):
     """The largest |vLLM's sampled-token log-prob - the HF forward's log-softmax at that token| over real tokens."""
     prompt_width = out.batch["prompts"].shape[1]
-    logits = model(input_ids=out.batch["input_ids"], attention_mask=out.batch["attention_mask"],
-                   position_ids=out.batch["position_ids"]).logits.float()
-    picked = logits[:, prompt_width - 1:-1].log_softmax(-1).gather(-1, out.batch["responses"][..., None])[..., 0]
+    logits = model(
+        input_ids=out.batch["input_ids"],
+        attention_mask=out.batch["attention_mask"],
+        position_ids=out.batch["position_ids"],
+    ).logits.float()
+    picked = logits[:, prompt_width - 1 : -1].log_softmax(-1).gather(-1, out.batch["responses"][..., None])[..., 0]
     mask = out.batch["response_mask"].bool()
     return float((picked[mask] - out.batch["rollout_log_probs"][mask]).abs().max())
 
@@ -82,8 +85,9 @@ def responses(out):
 def engine_rank(rank, world, port, model_dir, out_dir, tp):
     """One rank: ``world`` ranks with vLLM tp ``tp``; tp 1 on one rank runs the single-engine checks, tp 2 on two
     ranks pushes an FSDP2-sharded model's weights into a tensor-parallel engine."""
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
     torch.set_num_threads(2 if world == 1 else 1)  # one rank owns the 2 cores
     dist.init_process_group("gloo", rank=rank, world_size=world)
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -95,15 +99,27 @@ def engine_rank(rank, world, port, model_dir, out_dir, tp):
     tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
     first = spiky(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), seed=1)
     second = spiky(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), seed=2)
-    engine = VLLMRolloutEngine.create(model_dir, tokenizer, RolloutConfig(name="vllm", enforce_eager=True), tp,
-                                      max_model_len=64, device="cpu", rows=16, dtype="float32", seed=0)
+    engine = VLLMRolloutEngine.create(
+        model_dir,
+        tokenizer,
+        RolloutConfig(name="vllm", enforce_eager=True),
+        tp,
+        max_model_len=64,
+        device="cpu",
+        rows=16,
+        dtype="float32",
+        seed=0,
+    )
     batch, ids = prompts(tokenizer)
     eos = set(engine.eos_token_ids)
     greedy = SamplingParams(max_new_tokens=MAX_NEW)
     threads = torch.get_num_threads()
     torch.set_num_threads(3)  # vLLM's CPU worker replaces set_num_threads with a no-op; the adapter undoes it
-    result = {"threads_after_build": threads, "threads_settable": torch.get_num_threads() == 3,
-              "sleep_mode": engine.enable_sleep_mode}
+    result = {
+        "threads_after_build": threads,
+        "threads_settable": torch.get_num_threads() == 3,
+        "sleep_mode": engine.enable_sleep_mode,
+    }
     torch.set_num_threads(threads)
     if tp > 1:
         from torch.distributed.device_mesh import init_device_mesh
@@ -127,7 +143,9 @@ def engine_rank(rank, world, port, model_dir, out_dir, tp):
             sampled = engine.generate(batch, n=2, sampling=SamplingParams(max_new_tokens=MAX_NEW), seed=5)
             result[f"{tag}_log_prob_gap"] = log_prob_gap(model, sampled)
             again = engine.generate(batch, n=2, sampling=SamplingParams(max_new_tokens=MAX_NEW), seed=5)
-            result[f"{tag}_same_seed_same_tokens"] = bool(torch.equal(again.batch["responses"], sampled.batch["responses"]))
+            result[f"{tag}_same_seed_same_tokens"] = bool(
+                torch.equal(again.batch["responses"], sampled.batch["responses"])
+            )
             if version == 1:
                 # vLLM's CPU build has no sleep mode: sleep and wake are no-ops that keep the weights in place
                 engine.sleep()

@@ -51,8 +51,9 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path, *, adapter: b
     """
     checkpoint, out_dir = Path(checkpoint), Path(out_dir)
     if not ckpt.is_checkpoint(checkpoint):
-        raise ExportError(f"{checkpoint} is not a checkpoint (expected a .../global_step_<N> directory "
-                          f"holding {ckpt.DRIVER_STATE})")
+        raise ExportError(
+            f"{checkpoint} is not a checkpoint (expected a .../global_step_<N> directory holding {ckpt.DRIVER_STATE})"
+        )
     try:
         state = read_model_state(checkpoint, ROLE)
     except FileNotFoundError as err:
@@ -60,8 +61,10 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path, *, adapter: b
     adapter_config = _adapter_config(checkpoint) if any(map(lora.is_adapter_parameter, state)) else None
     if adapter:
         if adapter_config is None:
-            raise ExportError(f"{checkpoint} holds no LoRA adapter (its run had actor_rollout_ref.model.lora_rank=0); "
-                              "export it without --adapter")
+            raise ExportError(
+                f"{checkpoint} holds no LoRA adapter (its run had actor_rollout_ref.model.lora_rank=0); "
+                "export it without --adapter"
+            )
         lora.save_adapter(out_dir, state, adapter_config, base_model=adapter_config.get("base_model_name_or_path"))
         logger.info("exported the adapter of %s to %s", checkpoint, out_dir)
         return out_dir
@@ -80,8 +83,9 @@ def _adapter_config(checkpoint: Path) -> dict:
     """The LoRA config a LoRA run's checkpoint holds (``actor/huggingface/adapter_config.json``)."""
     path = checkpoint / ROLE / HF_FILES / lora.ADAPTER_CONFIG
     if not path.is_file():
-        raise ExportError(f"{checkpoint} holds LoRA adapters but no {ROLE}/{HF_FILES}/{lora.ADAPTER_CONFIG} to say "
-                          "their scale")
+        raise ExportError(
+            f"{checkpoint} holds LoRA adapters but no {ROLE}/{HF_FILES}/{lora.ADAPTER_CONFIG} to say their scale"
+        )
     return json.loads(path.read_text())
 
 
@@ -90,7 +94,11 @@ def model_files(checkpoint: Path) -> tuple[PretrainedConfig, GenerationConfig, o
     else from the model the run's ``.hydra/config.yaml`` names."""
     saved = checkpoint / ROLE / HF_FILES
     if saved.is_dir():
-        return AutoConfig.from_pretrained(saved), GenerationConfig.from_pretrained(saved), AutoTokenizer.from_pretrained(saved)
+        return (
+            AutoConfig.from_pretrained(saved),
+            GenerationConfig.from_pretrained(saved),
+            AutoTokenizer.from_pretrained(saved),
+        )
     path = run_model_path(checkpoint)
     config, tokenizer = load_model_config(path), load_tokenizer(path)
     generation_config = GenerationConfig.from_model_config(config)
@@ -107,5 +115,7 @@ def run_model_path(checkpoint: Path) -> str:
             if not path:
                 raise ExportError(f"{resolved} names no model (actor_rollout_ref.model.path is empty)")
             return str(path)
-    raise ExportError(f"{checkpoint} has no {ROLE}/{HF_FILES}/ (written before checkpoints held the model's config) "
-                      "and no folder above it holds the run's .hydra/config.yaml to name the model")
+    raise ExportError(
+        f"{checkpoint} has no {ROLE}/{HF_FILES}/ (written before checkpoints held the model's config) "
+        "and no folder above it holds the run's .hydra/config.yaml to name the model"
+    )

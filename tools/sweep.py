@@ -46,8 +46,7 @@ def format_sweep_summary(records: Sequence[dict[str, Any]], sweep_dir: Path) -> 
     ]
     for r in records:
         accuracy = "-" if r.get("val_accuracy") is None else f"{r['val_accuracy']:.3f}"
-        cells = [str(r["num"]), r["name"], r["status"], accuracy,
-                 f"{r['wall_time_s']:.1f} s", r.get("error", "")]
+        cells = [str(r["num"]), r["name"], r["status"], accuracy, f"{r['wall_time_s']:.1f} s", r.get("error", "")]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines) + "\n"
 

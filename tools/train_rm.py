@@ -105,8 +105,9 @@ def read_preferences(key: str, paths: Sequence[str]) -> list[dict]:
             raise RMConfigError(f"{where}: {what} (a preference file has columns {', '.join(PREFERENCE_COLUMNS)})")
         for index, row in enumerate(table.to_pylist()):
             if not (isinstance(row["chosen"], str) and isinstance(row["rejected"], str) and row["prompt"]):
-                raise RMConfigError(f"{where}, row {index}: prompt must be text or chat messages and chosen, "
-                                    "rejected text")
+                raise RMConfigError(
+                    f"{where}, row {index}: prompt must be text or chat messages and chosen, rejected text"
+                )
             rows.append(row)
     return rows
 
@@ -143,8 +144,9 @@ def override_problems(args: Sequence[str]) -> list[str]:
     (Hydra would refuse it too, with a traceback-like page); Hydra's own flags and ``hydra.*`` keys pass."""
     from hybridflow.configs.overrides import schema_override_problems
 
-    return schema_override_problems([a for a in args if not a.startswith("-")], RMConfig, groups={},
-                                    key_list="configs/rm_schema.py", foreign=False)
+    return schema_override_problems(
+        [a for a in args if not a.startswith("-")], RMConfig, groups={}, key_list="configs/rm_schema.py", foreign=False
+    )
 
 
 # ------------------------------------------------------------------ training
@@ -176,8 +178,9 @@ def run_steps(config: RMConfig, n_train: int) -> int:
     """Optimizer steps of the run: ``trainer.total_steps``, else ``total_epochs`` passes over the pairs."""
     per_epoch = n_train // config.data.batch_size
     if per_epoch == 0:
-        raise RMConfigError(f"invalid config:\n  - data.batch_size={config.data.batch_size} is more than the "
-                            f"{n_train} training pairs")
+        raise RMConfigError(
+            f"invalid config:\n  - data.batch_size={config.data.batch_size} is more than the {n_train} training pairs"
+        )
     return config.trainer.total_steps or config.trainer.total_epochs * per_epoch
 
 
@@ -190,8 +193,10 @@ def evaluate(rm: Any, pairs: PairSet, pad_id: int, margin: float) -> dict[str, f
 
     scores = rm.compute_scores(pairs.batch(range(len(pairs)), pad_id))
     chosen, rejected = scores.batch[CHOSEN_SCORES], scores.batch[REJECTED_SCORES]
-    out = {"val/loss": float(bradley_terry_loss(chosen, rejected, margin).mean()),
-           "val/accuracy": pairwise_accuracy(chosen, rejected)}
+    out = {
+        "val/loss": float(bradley_terry_loss(chosen, rejected, margin).mean()),
+        "val/accuracy": pairwise_accuracy(chosen, rejected),
+    }
     correct = correct_pairs(chosen, rejected)
     for kind in sorted({k for k in pairs.kinds if k is not None}):
         picked = torch.tensor([k == kind for k in pairs.kinds])
@@ -240,9 +245,15 @@ def fit(config: RMConfig, rm: Any, train: PairSet, val: PairSet | None, pad_id: 
             progress.update(metrics)
             if due:
                 val_after = {k: v for k, v in logged.items() if k.startswith("val/")}
-                logger.info("step %d/%d: train/loss %.4f train/accuracy %.3f val/loss %.4f val/accuracy %.3f", step,
-                            total, metrics["train/loss"], metrics["train/accuracy"], logged["val/loss"],
-                            logged["val/accuracy"])
+                logger.info(
+                    "step %d/%d: train/loss %.4f train/accuracy %.3f val/loss %.4f val/accuracy %.3f",
+                    step,
+                    total,
+                    metrics["train/loss"],
+                    metrics["train/accuracy"],
+                    logged["val/loss"],
+                    logged["val/accuracy"],
+                )
     finally:
         progress.close()
         sink.close()
@@ -264,8 +275,12 @@ def build_and_fit(config: RMConfig, run_dir: Path) -> RMSummary:
     val = PairSet.from_rows(val_rows, tokenizer, config.data.max_length) if val_rows else None
     for name, pairs in (("training", train), ("validation", val)):
         if pairs is not None and pairs.truncated:
-            logger.warning("%d %s texts were longer than data.max_length=%d and lost their start", pairs.truncated,
-                           name, config.data.max_length)
+            logger.warning(
+                "%d %s texts were longer than data.max_length=%d and lost their start",
+                pairs.truncated,
+                name,
+                config.data.max_length,
+            )
     import ray
 
     from hybridflow.core import ColocatedWorkerGroup, GroupOptions, RoleSpec, init_ray, shutdown
@@ -294,19 +309,23 @@ def _resource_pool(config: RMConfig):
     from hybridflow.core.resource_pool import ResourceUnavailableError
 
     trainer = config.trainer
-    pool = ResourcePool(process_on_nodes=[trainer.n_gpus_per_node], use_gpu=trainer.device == "cuda",
-                        name="hybridflow-rm")
+    pool = ResourcePool(
+        process_on_nodes=[trainer.n_gpus_per_node], use_gpu=trainer.device == "cuda", name="hybridflow-rm"
+    )
     try:
         pool.bundles()
     except ResourceUnavailableError as err:
-        raise RMConfigError(f"invalid config:\n  - trainer.n_gpus_per_node={trainer.n_gpus_per_node} ranks with "
-                            f"trainer.device={trainer.device!r} do not fit the Ray cluster ({err})") from None
+        raise RMConfigError(
+            f"invalid config:\n  - trainer.n_gpus_per_node={trainer.n_gpus_per_node} ranks with "
+            f"trainer.device={trainer.device!r} do not fit the Ray cluster ({err})"
+        ) from None
     return pool
 
 
 # --------------------------------------------------------------- the command
 def format_summary(summary: RMSummary) -> str:
     """The lines printed at the end of a run."""
+
     def accuracy(metrics: dict[str, float]) -> str:
         return f"{metrics['val/accuracy']:.3f}" if "val/accuracy" in metrics else "not run (no validation pairs)"
 

@@ -36,18 +36,36 @@ logger = logging.getLogger(__name__)
 class AgentRollout:
     """Runs the configured agent loop over a batch of prompts (module docstring)."""
 
-    def __init__(self, config: PPOConfig, actor: Any, tokenizer: Any, pad_token_id: int, eos_token_ids: list[int],
-                 server: Any = None) -> None:
+    def __init__(
+        self,
+        config: PPOConfig,
+        actor: Any,
+        tokenizer: Any,
+        pad_token_id: int,
+        eos_token_ids: list[int],
+        server: Any = None,
+    ) -> None:
         rollout = config.actor_rollout_ref.rollout
-        tools = ToolBox.from_names(list(rollout.agent.tools), timeout_s=rollout.agent.tool_timeout_s,
-                                   max_observation_chars=rollout.agent.max_observation_chars)
-        self.runner = AgentRunner(get_agent_loop(rollout.agent_loop), dict(rollout.agent.options), tools, tokenizer,
-                                  rollout.response_length, pad_token_id)
+        tools = ToolBox.from_names(
+            list(rollout.agent.tools),
+            timeout_s=rollout.agent.tool_timeout_s,
+            max_observation_chars=rollout.agent.max_observation_chars,
+        )
+        self.runner = AgentRunner(
+            get_agent_loop(rollout.agent_loop),
+            dict(rollout.agent.options),
+            tools,
+            tokenizer,
+            rollout.response_length,
+            pad_token_id,
+        )
         self.actor, self.pad_token_id, self.eos_token_ids = actor, pad_token_id, eos_token_ids
         self.server_config = rollout.server
         # a turn generates at most the trajectory's response budget, inside a context of prompt + responses
-        self.server_limits = {"max_tokens_limit": rollout.response_length,
-                              "max_model_len": config.data.max_prompt_length + rollout.response_length}
+        self.server_limits = {
+            "max_tokens_limit": rollout.response_length,
+            "max_model_len": config.data.max_prompt_length + rollout.response_length,
+        }
         self.mode = rollout.mode
         self.server = None
         self.vllm_server = server  # a VLLMServer: the loops are its clients
@@ -68,8 +86,9 @@ class AgentRollout:
             if self.vllm_server is not None:  # one seed for every request would give a prompt's n samples alike
                 return CompletionsClient(self.vllm_server.url, greedy=greedy, seed=None)
             return CompletionsClient(self._server_url(), greedy=greedy, seed=seed)
-        batcher = GenerationBatcher(self.actor.generate_sequences, self.pad_token_id, self.eos_token_ids,
-                                    greedy=greedy, seed=seed)
+        batcher = GenerationBatcher(
+            self.actor.generate_sequences, self.pad_token_id, self.eos_token_ids, greedy=greedy, seed=seed
+        )
         batcher.expect(count)
         return batcher
 
@@ -78,10 +97,17 @@ class AgentRollout:
             from hybridflow.agents.server import PolicyServer  # noqa: PLC0415
 
             cfg = self.server_config
-            self.server = PolicyServer(self.actor.generate_sequences, self.runner.tokenizer, host=cfg.host,
-                                       port=cfg.port, max_wait_s=cfg.max_wait_s, eos_token_ids=self.eos_token_ids,
-                                       access_log=cfg.access_log, max_tokens_per_call=cfg.max_tokens_per_call,
-                                       **self.server_limits)
+            self.server = PolicyServer(
+                self.actor.generate_sequences,
+                self.runner.tokenizer,
+                host=cfg.host,
+                port=cfg.port,
+                max_wait_s=cfg.max_wait_s,
+                eos_token_ids=self.eos_token_ids,
+                access_log=cfg.access_log,
+                max_tokens_per_call=cfg.max_tokens_per_call,
+                **self.server_limits,
+            )
             self.server.start()
             logger.info("policy server: %s (OpenAI-compatible; rollout.mode=server)", self.server.url)
         return self.server.url
@@ -93,8 +119,9 @@ class AgentRollout:
             self.server = None
 
 
-def agent_rollout_for(config: PPOConfig, actor: Any, tokenizer: Any, pad_token_id: int,
-                      eos_token_ids: list[int], server: Any = None) -> AgentRollout | None:
+def agent_rollout_for(
+    config: PPOConfig, actor: Any, tokenizer: Any, pad_token_id: int, eos_token_ids: list[int], server: Any = None
+) -> AgentRollout | None:
     """The agent rollout of the configured loop, or None when it is a single generation per prompt; ``server``:
     the run's ``vllm serve`` (``rollout.name=vllm``, ``rollout.mode=server``)."""
     if get_agent_loop(config.actor_rollout_ref.rollout.agent_loop).single_generate:

@@ -27,11 +27,14 @@ def hook_problems(names: list[str], options: dict[str, dict[str, Any]]) -> list[
         except UnknownNameError as err:
             problems.append(f"algorithm.batch_hooks: {err}")
             continue
-        problems += option_problems(f"algorithm.batch_hook_options[{name!r}]", options.get(name, {}), hook.options,
-                                    f"hook {name!r}")
+        problems += option_problems(
+            f"algorithm.batch_hook_options[{name!r}]", options.get(name, {}), hook.options, f"hook {name!r}"
+        )
     stray = sorted(set(options) - set(names))
     if stray:
-        problems.append(f"algorithm.batch_hook_options has options for {stray}, which algorithm.batch_hooks does not run")
+        problems.append(
+            f"algorithm.batch_hook_options has options for {stray}, which algorithm.batch_hooks does not run"
+        )
     return problems
 
 
@@ -39,7 +42,9 @@ class BatchHooks:
     """The configured hooks, by stage, with their options."""
 
     def __init__(self, names: list[str], options: dict[str, dict[str, Any]]) -> None:
-        self.hooks: list[tuple[BatchHook, dict[str, Any]]] = [(get_batch_hook(n), dict(options.get(n, {}))) for n in names]
+        self.hooks: list[tuple[BatchHook, dict[str, Any]]] = [
+            (get_batch_hook(n), dict(options.get(n, {}))) for n in names
+        ]
 
     def stage(self, stage: str) -> bool:
         """Whether any hook runs at ``stage``."""
@@ -68,5 +73,7 @@ def _check_rows(hook: BatchHook, before: DataProto, after: DataProto) -> None:
     kept = set(new.tolist())
     partial = {uid for uid in kept if (old == uid).sum() != (new == uid).sum()}
     if partial or not kept <= set(old.tolist()):
-        raise RuntimeError(f"batch hook {hook.name!r} (after_reward) must keep or drop whole groups; "
-                           f"groups it cut or added: {sorted(partial)[:3]}")
+        raise RuntimeError(
+            f"batch hook {hook.name!r} (after_reward) must keep or drop whole groups; "
+            f"groups it cut or added: {sorted(partial)[:3]}"
+        )

@@ -31,7 +31,14 @@ from hybridflow.core.parallel_dims import ParallelDims
 from hybridflow.core.resource_pool import DEFAULT_CPUS_PER_CPU_BUNDLE
 from hybridflow.data.loading import REQUIRED_COLUMNS, DatasetError, load_rows
 from hybridflow.losses import KL_PENALTIES, LOSS_AGG_MODES
-from hybridflow.plugins import UnknownNameError, get_agent_loop, get_estimator, get_policy_loss, get_reward_verifier, get_tool
+from hybridflow.plugins import (
+    UnknownNameError,
+    get_agent_loop,
+    get_estimator,
+    get_policy_loss,
+    get_reward_verifier,
+    get_tool,
+)
 from hybridflow.plugins.options import option_problems
 from hybridflow.trainer.batch_hooks import hook_problems
 from hybridflow.trainer.estimator_inputs import input_problems
@@ -42,8 +49,10 @@ class ConfigError(ValueError):
     """One or more invalid settings; the message lists each with its key."""
 
 
-DATA_FILES = (f"parquet files with rows in veRL's schema (columns {', '.join(REQUIRED_COLUMNS)}; "
-              "python -m hybridflow.data.preprocess writes them)")
+DATA_FILES = (
+    f"parquet files with rows in veRL's schema (columns {', '.join(REQUIRED_COLUMNS)}; "
+    "python -m hybridflow.data.preprocess writes them)"
+)
 """What ``data.train_files`` and ``data.val_files`` take, as the messages say it."""
 
 
@@ -66,18 +75,25 @@ def _plugin_problems(cfg: Any) -> Iterator[str]:
     except UnknownNameError as err:
         yield f"actor_rollout_ref.actor.policy_loss: {err}"
     else:
-        yield from option_problems("actor_rollout_ref.actor.policy_loss_options", actor.policy_loss_options,
-                                   loss.options, f"policy loss {actor.policy_loss!r}")
+        yield from option_problems(
+            "actor_rollout_ref.actor.policy_loss_options",
+            actor.policy_loss_options,
+            loss.options,
+            f"policy loss {actor.policy_loss!r}",
+        )
     try:
         estimator = get_estimator(algo.adv_estimator)
     except UnknownNameError as err:
         yield f"algorithm.adv_estimator: {err}"
         return
-    yield from option_problems("algorithm.estimator_options", algo.estimator_options, estimator.options,
-                               f"estimator {algo.adv_estimator!r}")
+    yield from option_problems(
+        "algorithm.estimator_options", algo.estimator_options, estimator.options, f"estimator {algo.adv_estimator!r}"
+    )
     if estimator.needs_groups and rollout.n < 2:
-        yield (f"actor_rollout_ref.rollout.n={rollout.n}: estimator {algo.adv_estimator!r} compares the responses "
-               "of one prompt and needs n >= 2")
+        yield (
+            f"actor_rollout_ref.rollout.n={rollout.n}: estimator {algo.adv_estimator!r} compares the responses "
+            "of one prompt and needs n >= 2"
+        )
     if estimator.needs_critic and cfg.critic.enable is False:
         yield f"critic.enable=False but estimator {algo.adv_estimator!r} needs a critic (set it to null or true)"
     yield from input_problems(estimator, cfg)
@@ -97,11 +113,14 @@ def _agent_problems(rollout: Any) -> Iterator[str]:
     except UnknownNameError as err:
         yield f"{key}.agent_loop: {err}"
         return
-    yield from option_problems(f"{key}.agent.options", rollout.agent.options, loop.options,
-                               f"agent loop {rollout.agent_loop!r}")
+    yield from option_problems(
+        f"{key}.agent.options", rollout.agent.options, loop.options, f"agent loop {rollout.agent_loop!r}"
+    )
     if loop.single_generate and rollout.mode == "server":
-        yield (f"{key}.mode=server serves agent loops, but {rollout.agent_loop!r} is one generation per prompt "
-               "(set rollout.agent_loop to a multi-turn loop, or mode=direct)")
+        yield (
+            f"{key}.mode=server serves agent loops, but {rollout.agent_loop!r} is one generation per prompt "
+            "(set rollout.agent_loop to a multi-turn loop, or mode=direct)"
+        )
 
 
 def _reward_problems(reward: Any, response_length: int) -> Iterator[str]:
@@ -123,23 +142,31 @@ def _reward_problems(reward: Any, response_length: int) -> Iterator[str]:
                 yield f"{key}: {err}"
     buffer = reward.overlong_buffer
     if buffer.enable and buffer.len >= response_length:
-        yield (f"reward.overlong_buffer.len={buffer.len} must be < actor_rollout_ref.rollout.response_length="
-               f"{response_length} (the penalty zone sits inside the response budget)")
+        yield (
+            f"reward.overlong_buffer.len={buffer.len} must be < actor_rollout_ref.rollout.response_length="
+            f"{response_length} (the penalty zone sits inside the response budget)"
+        )
 
 
 def _reward_model_problems(reward: Any, reward_model: Any) -> Iterator[str]:
     """A reward-model source needs the worker; an enabled worker that no source uses is a mistake; the model's
     directory is read only by the workers, so its absence is reported here, before Ray starts."""
     if "reward_model" in reward.sources and not reward_model.enable:
-        yield ("reward.sources has reward_model but reward_model.enable=false: set reward_model.enable=true and "
-               "reward_model.model.path, or drop the source")
+        yield (
+            "reward.sources has reward_model but reward_model.enable=false: set reward_model.enable=true and "
+            "reward_model.model.path, or drop the source"
+        )
     if reward_model.enable and reward.sources and "reward_model" not in reward.sources:
-        yield (f"reward_model.enable=true but reward.sources ({', '.join(reward.sources)}) does not use it: add "
-               "reward.sources.reward_model or set reward_model.enable=false")
+        yield (
+            f"reward_model.enable=true but reward.sources ({', '.join(reward.sources)}) does not use it: add "
+            "reward.sources.reward_model or set reward_model.enable=false"
+        )
     path = reward_model.model.path
     if reward_model.enable and path and not os.path.isdir(path):
-        yield (f"reward_model.model.path={path!r} is not a directory; give a local HF model directory (an "
-               "AutoModelForSequenceClassification with one label: hybridflow-train-rm writes one)")
+        yield (
+            f"reward_model.model.path={path!r} is not a directory; give a local HF model directory (an "
+            "AutoModelForSequenceClassification with one label: hybridflow-train-rm writes one)"
+        )
 
 
 def _resume_problems(trainer: Any) -> Iterator[str]:
@@ -151,8 +178,10 @@ def _resume_problems(trainer: Any) -> Iterator[str]:
     if not os.path.isdir(mode):
         yield f"trainer.resume_mode={mode!r}; allowed: auto, disable, or an existing checkpoint directory"
     elif not is_checkpoint(mode):
-        yield (f"trainer.resume_mode={mode!r} is a directory but not a checkpoint (expected .../global_step_<N> "
-               "holding driver.json); allowed: auto, disable, or such a directory")
+        yield (
+            f"trainer.resume_mode={mode!r} is a directory but not a checkpoint (expected .../global_step_<N> "
+            "holding driver.json); allowed: auto, disable, or such a directory"
+        )
 
 
 def _device_problems(trainer: Any, rollout: Any, model: Any) -> Iterator[str]:
@@ -162,8 +191,10 @@ def _device_problems(trainer: Any, rollout: Any, model: Any) -> Iterator[str]:
 
         found = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if found < trainer.n_gpus_per_node:
-            yield (f"trainer.device='cuda' with trainer.n_gpus_per_node={trainer.n_gpus_per_node}, but this machine has "
-                   f"{found} GPU(s); use trainer=cpu (trainer.device=cpu), or a smaller trainer.n_gpus_per_node")
+            yield (
+                f"trainer.device='cuda' with trainer.n_gpus_per_node={trainer.n_gpus_per_node}, but this machine has "
+                f"{found} GPU(s); use trainer=cpu (trainer.device=cpu), or a smaller trainer.n_gpus_per_node"
+            )
     if rollout.name == "vllm":
         yield from _vllm_problems(model, trainer)
 
@@ -191,7 +222,9 @@ def _vllm_problems(model: Any, trainer: Any) -> list[str]:
         except (ValueError, OSError):
             head = None  # an unknown builtin or an unreadable config is _model_problems' to report
         if head:
-            problems.append(f"actor_rollout_ref.model.path={path!r} with {key} and trainer.device={trainer.device!r}: {head}")
+            problems.append(
+                f"actor_rollout_ref.model.path={path!r} with {key} and trainer.device={trainer.device!r}: {head}"
+            )
     return problems
 
 
@@ -202,10 +235,15 @@ def _model_problems(cfg: Any) -> Iterator[str]:
         return  # ModelConfig.problems says so
     path = str(arr.model.path)
     if not path.startswith("builtin:") and not os.path.isdir(path):
-        yield f"actor_rollout_ref.model.path={path!r} is not a directory; give a local HF model directory or builtin:<name>"
+        yield (
+            f"actor_rollout_ref.model.path={path!r} is not a directory; "
+            "give a local HF model directory or builtin:<name>"
+        )
         return
-    sizes = {"actor_rollout_ref.actor.tensor_model_parallel_size": arr.actor.tensor_model_parallel_size,
-             "actor_rollout_ref.rollout.tensor_model_parallel_size": arr.rollout.tensor_model_parallel_size}
+    sizes = {
+        "actor_rollout_ref.actor.tensor_model_parallel_size": arr.actor.tensor_model_parallel_size,
+        "actor_rollout_ref.rollout.tensor_model_parallel_size": arr.rollout.tensor_model_parallel_size,
+    }
     if arr.rollout.name != "builtin" or max(sizes.values()) <= 1:
         return
     from hybridflow.workers.models import load_model_config  # transformers: only when tp asks for the model's shape
@@ -225,26 +263,34 @@ def _lora_problems(arr: Any) -> Iterator[str]:
     if not model.lora_rank:
         return
     if arr.actor.tensor_model_parallel_size > 1:
-        yield (f"actor_rollout_ref.model.lora_rank={model.lora_rank} with actor.tensor_model_parallel_size="
-               f"{arr.actor.tensor_model_parallel_size}: LoRA trains under FSDP2 data parallelism only; set "
-               "actor.tensor_model_parallel_size=1 (the rollout may still use tensor parallelism)")
+        yield (
+            f"actor_rollout_ref.model.lora_rank={model.lora_rank} with actor.tensor_model_parallel_size="
+            f"{arr.actor.tensor_model_parallel_size}: LoRA trains under FSDP2 data parallelism only; set "
+            "actor.tensor_model_parallel_size=1 (the rollout may still use tensor parallelism)"
+        )
     path = model.lora_adapter_path
     if path and not os.path.isfile(os.path.join(str(path), "adapter_config.json")):
-        yield (f"actor_rollout_ref.model.lora_adapter_path={str(path)!r} holds no adapter_config.json; give a peft "
-               "adapter directory (what `hybridflow export --adapter` writes)")
+        yield (
+            f"actor_rollout_ref.model.lora_adapter_path={str(path)!r} holds no adapter_config.json; give a peft "
+            "adapter directory (what `hybridflow export --adapter` writes)"
+        )
 
 
 def _placement_problems(cfg: Any) -> Iterator[str]:
     """The pipelined rollout modes need the rollout on ranks of its own, and what split placement supports."""
     trainer, rollout = cfg.trainer, cfg.actor_rollout_ref.rollout
     if trainer.rollout_mode != "sync" and trainer.placement != "split":
-        yield (f"trainer.rollout_mode={trainer.rollout_mode!r} overlaps generation with training and needs the rollout "
-               "on ranks of its own: set trainer.placement=split (and trainer.rollout_ranks), or trainer.rollout_mode=sync")
+        yield (
+            f"trainer.rollout_mode={trainer.rollout_mode!r} overlaps generation with training and needs the rollout "
+            "on ranks of its own: set trainer.placement=split (and trainer.rollout_ranks), or trainer.rollout_mode=sync"
+        )
     if trainer.placement != "split":
         return
     if trainer.rollout_mode != "sync" and not _single_generate(rollout.agent_loop):
-        yield (f"trainer.rollout_mode={trainer.rollout_mode!r} streams single generations; the agent loop "
-               f"{rollout.agent_loop!r} runs with trainer.rollout_mode=sync")
+        yield (
+            f"trainer.rollout_mode={trainer.rollout_mode!r} streams single generations; the agent loop "
+            f"{rollout.agent_loop!r} runs with trainer.rollout_mode=sync"
+        )
     if trainer.nnodes > 1:
         yield "trainer.placement=split runs on one node for now; set trainer.nnodes=1"
 
@@ -255,13 +301,17 @@ def _vllm_server_problems(cfg: Any) -> Iterator[str]:
     if rollout.name != "vllm" or rollout.mode != "server":
         return
     if _single_generate(rollout.agent_loop):
-        yield (f"actor_rollout_ref.rollout.mode='server' with vLLM serves multi-turn agent loops; the agent loop "
-               f"{rollout.agent_loop!r} generates in one batched call: set actor_rollout_ref.rollout.agent_loop="
-               "tool_calling (experiment=tool_use), or actor_rollout_ref.rollout.mode=direct")
+        yield (
+            f"actor_rollout_ref.rollout.mode='server' with vLLM serves multi-turn agent loops; the agent loop "
+            f"{rollout.agent_loop!r} generates in one batched call: set actor_rollout_ref.rollout.agent_loop="
+            "tool_calling (experiment=tool_use), or actor_rollout_ref.rollout.mode=direct"
+        )
     if trainer.placement != "colocated" or trainer.rollout_mode != "sync":
-        yield (f"actor_rollout_ref.rollout.mode='server' with vLLM runs the rollout in its own vllm serve process "
-               f"beside the training ranks: trainer.placement={trainer.placement!r} and trainer.rollout_mode="
-               f"{trainer.rollout_mode!r} must be colocated and sync")
+        yield (
+            f"actor_rollout_ref.rollout.mode='server' with vLLM runs the rollout in its own vllm serve process "
+            f"beside the training ranks: trainer.placement={trainer.placement!r} and trainer.rollout_mode="
+            f"{trainer.rollout_mode!r} must be colocated and sync"
+        )
 
 
 def _capacity_problems(trainer: Any) -> Iterator[str]:
@@ -276,6 +326,7 @@ def _capacity_problems(trainer: Any) -> Iterator[str]:
     try:  # Ray is not started here: only its count of this machine's CPUs, as a local instance will see them
         from ray._private.utils import get_num_cpus  # Ray's own count: cgroup limits included
     except ImportError:  # a Ray that moved it
+
         def get_num_cpus() -> int:
             return len(os.sched_getaffinity(0))
 
@@ -290,19 +341,25 @@ def _capacity_problems(trainer: Any) -> Iterator[str]:
     asked = f"{train + rollout} ranks of {per_rank:g} CPU each (trainer.device={trainer.device!r})"
     join = "or join a Ray cluster that has room (trainer.ray_address)"
     if rollout and train <= room < train + rollout:
-        yield (f"trainer.rollout_ranks={rollout} with trainer.placement=split beside trainer.n_gpus_per_node={train} "
-               f"training ranks asks for {asked}, but this machine has {cpus} CPUs: at most {room - train} rollout "
-               f"ranks beside them; lower trainer.rollout_ranks, {join}")
+        yield (
+            f"trainer.rollout_ranks={rollout} with trainer.placement=split beside trainer.n_gpus_per_node={train} "
+            f"training ranks asks for {asked}, but this machine has {cpus} CPUs: at most {room - train} rollout "
+            f"ranks beside them; lower trainer.rollout_ranks, {join}"
+        )
     elif train + rollout > room:
         ranks, keys = f"trainer.n_gpus_per_node={train} training ranks", "trainer.n_gpus_per_node"
         if rollout:
             ranks, keys = f"{ranks} + trainer.rollout_ranks={rollout}", f"{keys} and trainer.rollout_ranks"
-        yield (f"{ranks} ask for {asked}, but this machine has {cpus} CPUs: at most {room} ranks in all; "
-               f"lower {keys}, {join}")
+        yield (
+            f"{ranks} ask for {asked}, but this machine has {cpus} CPUs: at most {room} ranks in all; "
+            f"lower {keys}, {join}"
+        )
     if cuda and gpus < train + rollout:
-        yield (f"trainer.rollout_ranks={rollout} with trainer.placement=split needs {rollout} GPUs beside the "
-               f"{train} of trainer.n_gpus_per_node, but this machine has {gpus}: at most {gpus - train} rollout "
-               f"ranks; lower trainer.rollout_ranks, {join}")
+        yield (
+            f"trainer.rollout_ranks={rollout} with trainer.placement=split needs {rollout} GPUs beside the "
+            f"{train} of trainer.n_gpus_per_node, but this machine has {gpus}: at most {gpus - train} rollout "
+            f"ranks; lower trainer.rollout_ranks, {join}"
+        )
 
 
 def _gpu_count() -> int:
@@ -319,8 +376,10 @@ def _server_problems(rollout: Any) -> Iterator[str]:
     server, key = rollout.server, "actor_rollout_ref.rollout.server"
     if rollout.mode != "server" or (rollout.name == "vllm" and server.url):
         return  # server.url: a vllm serve of the user's, not bound here
-    local = ("use a local address: 127.0.0.1 (this machine only), 0.0.0.0 (every interface) or an address of one of "
-             "its interfaces")
+    local = (
+        "use a local address: 127.0.0.1 (this machine only), 0.0.0.0 (every interface) or an address of one of "
+        "its interfaces"
+    )
     try:
         infos = socket.getaddrinfo(server.host, server.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except (socket.gaierror, UnicodeError) as err:
@@ -358,10 +417,16 @@ def _single_generate(loop: str) -> bool:
 def _name_problems(cfg: Any) -> Iterator[str]:
     actor, trainer = cfg.actor_rollout_ref.actor, cfg.trainer
     if actor.loss_agg_mode is not None and actor.loss_agg_mode not in LOSS_AGG_MODES:
-        yield f"actor_rollout_ref.actor.loss_agg_mode={actor.loss_agg_mode!r}; allowed: {', '.join(LOSS_AGG_MODES)}, or null"
+        yield (
+            f"actor_rollout_ref.actor.loss_agg_mode={actor.loss_agg_mode!r}; "
+            f"allowed: {', '.join(LOSS_AGG_MODES)}, or null"
+        )
     if cfg.critic.loss_agg_mode not in LOSS_AGG_MODES:
         yield f"critic.loss_agg_mode={cfg.critic.loss_agg_mode!r}; allowed: {', '.join(LOSS_AGG_MODES)}"
-    for key, value in (("actor_rollout_ref.actor.kl_loss_type", actor.kl_loss_type), ("algorithm.kl_penalty", cfg.algorithm.kl_penalty)):
+    for key, value in (
+        ("actor_rollout_ref.actor.kl_loss_type", actor.kl_loss_type),
+        ("algorithm.kl_penalty", cfg.algorithm.kl_penalty),
+    ):
         if value not in KL_PENALTIES:
             yield f"{key}={value!r}; allowed: {', '.join(KL_PENALTIES)}"
     unknown_loggers = [name for name in trainer.logger if name not in SINKS]
@@ -373,9 +438,11 @@ def _bypass_problems(cfg: Any) -> Iterator[str]:
     """Bypass mode computes veRL's own policy loss (``losses/bypass.py``): a configured other one would be ignored."""
     corr, loss = cfg.algorithm.rollout_correction, cfg.actor_rollout_ref.actor.policy_loss
     if corr.bypass_mode and loss != "vanilla":
-        yield (f"algorithm.rollout_correction.bypass_mode=true computes its own policy loss (loss_type={corr.loss_type}: "
-               "the vanilla PPO clip against the rollout's log-probs, or REINFORCE), so actor_rollout_ref.actor."
-               f"policy_loss={loss!r} would be ignored: set it to vanilla, or bypass_mode=false")
+        yield (
+            f"algorithm.rollout_correction.bypass_mode=true computes its own policy loss (loss_type={corr.loss_type}: "
+            "the vanilla PPO clip against the rollout's log-probs, or REINFORCE), so actor_rollout_ref.actor."
+            f"policy_loss={loss!r} would be ignored: set it to vanilla, or bypass_mode=false"
+        )
 
 
 def config_problems(cfg: Any) -> list[str]:
@@ -411,15 +478,21 @@ def config_warnings(cfg: Any) -> list[str]:
     corr = cfg.algorithm.rollout_correction
     ratio_corrects = corr.bypass_mode and corr.loss_type == "ppo_clip"  # the PPO ratio is against pi_rollout
     if cfg.trainer.rollout_mode != "sync" and corr.rollout_is is None and not ratio_corrects:
-        out.append(f"trainer.rollout_mode={cfg.trainer.rollout_mode!r} trains on samples from older weights without a "
-                   "correction: set algorithm.rollout_correction.rollout_is=token (truncated importance weights)")
+        out.append(
+            f"trainer.rollout_mode={cfg.trainer.rollout_mode!r} trains on samples from older weights without a "
+            "correction: set algorithm.rollout_correction.rollout_is=token (truncated importance weights)"
+        )
     if path and not path.startswith("builtin:") and arr.rollout.response_length <= 16:
-        out.append(f"actor_rollout_ref.model.path={path!r} is a real checkpoint, but the job keeps the builtin toy's "
-                   f"settings (rollout.response_length={arr.rollout.response_length}, actor lr "
-                   f"{arr.actor.optim.lr:g}): use experiment=gsm8k_grpo or set them for your model")
+        out.append(
+            f"actor_rollout_ref.model.path={path!r} is a real checkpoint, but the job keeps the builtin toy's "
+            f"settings (rollout.response_length={arr.rollout.response_length}, actor lr "
+            f"{arr.actor.optim.lr:g}): use experiment=gsm8k_grpo or set them for your model"
+        )
     if arr.rollout.name == "vllm" and cfg.trainer.device == "cpu" and arr.rollout.enable_sleep_mode:
-        out.append("actor_rollout_ref.rollout.enable_sleep_mode=true does nothing with vLLM's CPU build (it has no sleep "
-                   "mode): its weights and KV cache stay in host memory while the actor trains")
+        out.append(
+            "actor_rollout_ref.rollout.enable_sleep_mode=true does nothing with vLLM's CPU build (it has no sleep "
+            "mode): its weights and KV cache stay in host memory while the actor trains"
+        )
     return out
 
 
@@ -439,8 +512,10 @@ def dataset_rows(data: Any, train_files: list[str], val_files: list[str]) -> tup
     whose files stand in for it), the file and what is wrong, for both at once. (Run where the rows load,
     before Ray: documented commands name data files that only the reader has, and the config check passes them.)
     """
-    sets = {"train": ("data.train_files", train_files),
-            "val": ("data.val_files" if data.val_files else "data.train_files", val_files)}
+    sets = {
+        "train": ("data.train_files", train_files),
+        "val": ("data.val_files" if data.val_files else "data.train_files", val_files),
+    }
     rows: dict[str, list[dict]] = {}
     problems = []
     for split, (key, files) in sets.items():
@@ -467,12 +542,15 @@ def check_datasets(cfg: Any, train_prompts: int, val_prompts: int, files: dict[s
     if train_prompts < batch:
         problems.append(
             f"data.train_batch_size={batch} is larger than the {train_prompts} training prompts left after dropping "
-            f"those over data.max_prompt_length={cfg.data.max_prompt_length} tokens ({', '.join(map(_short, files['train']))}); "
+            f"those over data.max_prompt_length={cfg.data.max_prompt_length} tokens "
+            f"({', '.join(map(_short, files['train']))}); "
             f"allowed: at most {train_prompts}"
         )
     if val_prompts < 1 and cfg.trainer.test_freq > 0:
-        problems.append(f"data.val_files ({', '.join(map(_short, files['val']))}) have no prompts within "
-                        f"data.max_prompt_length={cfg.data.max_prompt_length}; set trainer.test_freq=0 to train without validation")
+        problems.append(
+            f"data.val_files ({', '.join(map(_short, files['val']))}) have no prompts within "
+            f"data.max_prompt_length={cfg.data.max_prompt_length}; set trainer.test_freq=0 to train without validation"
+        )
     if problems:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(problems))
 

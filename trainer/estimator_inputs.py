@@ -63,8 +63,8 @@ class InputPlan:
 def recompute_old_log_prob(config: Any, *, needs_pass: bool) -> bool:
     """``actor.recompute_old_log_prob`` resolved: ``auto`` recomputes unless the rollout's log-probs are the
     training forward's numbers (the built-in engine computing in fp32: it generates in the actor's compute dtype
-    from the same weights, and in bf16 the two passes' roundings differ by ~1e-2) and nothing else needs the pass (a rollout correction comparing the two, an estimator's
-    ``sum_pi_squared``: ``needs_pass``)."""
+    from the same weights, and in bf16 the two passes' roundings differ by ~1e-2) and nothing else needs the pass (a
+    rollout correction comparing the two, an estimator's ``sum_pi_squared``: ``needs_pass``)."""
     arr = config.actor_rollout_ref
     setting = str(arr.actor.recompute_old_log_prob).lower()
     if setting != "auto":
@@ -82,19 +82,29 @@ def input_problems(estimator: AdvantageEstimator, config: Any) -> list[str]:
     problems = []
     for need in estimator.needs:
         if need.column not in PROVIDED and not need.optional:
-            problems.append(f"algorithm.adv_estimator={name!r} needs batch[{need.column!r}] ({need.meaning}), which "
-                            f"the driver does not provide; it provides: {', '.join(PROVIDED)}")
+            problems.append(
+                f"algorithm.adv_estimator={name!r} needs batch[{need.column!r}] ({need.meaning}), which "
+                f"the driver does not provide; it provides: {', '.join(PROVIDED)}"
+            )
         if need.column == REWARD_COMPONENTS and not config.reward.component_keys:
-            problems.append(f"algorithm.adv_estimator={name!r} needs reward components: set reward.component_keys to "
-                            "the verifier result fields to use, e.g. '[format/score,math/score]' with a weighted route")
+            problems.append(
+                f"algorithm.adv_estimator={name!r} needs reward components: set reward.component_keys to "
+                "the verifier result fields to use, e.g. '[format/score,math/score]' with a weighted route"
+            )
     if str(config.actor_rollout_ref.actor.recompute_old_log_prob).lower() == "false":
-        needs = [f"algorithm.adv_estimator={name!r} needs sum_pi_squared"] if SUM_PI_SQUARED in {
-            n.column for n in estimator.needs} else []
+        needs = (
+            [f"algorithm.adv_estimator={name!r} needs sum_pi_squared"]
+            if SUM_PI_SQUARED in {n.column for n in estimator.needs}
+            else []
+        )
         corr = config.algorithm.rollout_correction
         if corr.rollout_is is not None and not corr.bypass_mode:  # bypass compares them inside the loss
             needs.append("algorithm.rollout_correction compares the training and the rollout log-probs")
-        problems += [f"actor_rollout_ref.actor.recompute_old_log_prob=false, but {why}, which the training pass "
-                     "computes: set it to auto or true" for why in needs]
+        problems += [
+            f"actor_rollout_ref.actor.recompute_old_log_prob=false, but {why}, which the training pass "
+            "computes: set it to auto or true"
+            for why in needs
+        ]
     return problems
 
 

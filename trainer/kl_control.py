@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from hybridflow.configs.schema import KLControlConfig
 from hybridflow.core import DataProto
 from hybridflow.core.keys import OLD_LOG_PROBS, REF_LOG_PROBS, RESPONSE_MASK, TOKEN_LEVEL_REWARDS, TOKEN_LEVEL_SCORES
@@ -31,7 +29,8 @@ class KLController:
 
     @classmethod
     def from_config(cls, config: KLControlConfig) -> KLController:
-        """The controller ``algorithm.kl_ctrl`` describes; its section's rules (``KLControlConfig.problems``) must hold."""
+        """The controller ``algorithm.kl_ctrl`` describes; its section's rules (``KLControlConfig.problems``) must
+        hold."""
         problems = config.problems()
         if problems:
             raise ValueError("algorithm.kl_ctrl: " + "; ".join(problems))

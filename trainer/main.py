@@ -25,13 +25,13 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf
 
+from hybridflow.configs.overrides import override_problems, translate
 from hybridflow.configs.schema import PPOConfig, register_configs
 from hybridflow.core.rank_wait import WorkerError
 from hybridflow.trainer.config_checks import ConfigError, check_config, check_datasets, config_warnings, dataset_rows
-from hybridflow.configs.overrides import override_problems, translate
+from hybridflow.trainer.multirun import current_job, logger_names, run_sweep_job
 from hybridflow.trainer.ppo_trainer import RunSummary
 from hybridflow.trainer.run_dir import remove_unused_run_dir
-from hybridflow.trainer.multirun import current_job, logger_names, run_sweep_job
 
 logger = logging.getLogger("hybridflow.train")
 
@@ -84,9 +84,9 @@ def build_and_fit(config: PPOConfig, run_dir: Path, facts: dict[str, Any] | None
     # ConfigError naming its key, file (and row) within seconds; without data.val_files the training rows validate
     train_rows, val_rows = dataset_rows(config.data, train_files, val_files)
 
+    from hybridflow.configs.roles import needs_critic, needs_reference, reference_in_actor, resolve_loss_agg_mode
     from hybridflow.core import ColocatedWorkerGroup, RoleSpec, init_ray, shutdown
     from hybridflow.core.parallel_dims import ParallelDims
-    from hybridflow.configs.roles import needs_critic, needs_reference, reference_in_actor, resolve_loss_agg_mode
     from hybridflow.trainer.ppo_trainer import PPOTrainer
     from hybridflow.trainer.prompt_loader import PromptSet
     from hybridflow.workers.actor.worker import ActorRolloutWorker
@@ -159,7 +159,9 @@ def _rollout_group(config: PPOConfig, dims, pool):
     from hybridflow.workers.rollout.worker import RolloutWorker
 
     options = group_options(config, name="hybridflow-rollout", max_concurrency=config.trainer.batches_ahead() + 4)
-    return ColocatedWorkerGroup(pool, {"rollout": RoleSpec(RolloutWorker, kwargs={"config": config, "dims": dims})}, options)
+    return ColocatedWorkerGroup(
+        pool, {"rollout": RoleSpec(RolloutWorker, kwargs={"config": config, "dims": dims})}, options
+    )
 
 
 def group_options(config: PPOConfig, **settings: Any):
@@ -168,8 +170,13 @@ def group_options(config: PPOConfig, **settings: Any):
 
     timeouts = config.trainer.timeouts
     heartbeat = None if timeouts.heartbeat_s is None else Heartbeat(timeouts.heartbeat_s, timeouts.stall_s)
-    return GroupOptions(cpu_torch_threads=config.trainer.cpu_threads_per_rank, call_timeout_s=timeouts.call_s,
-                        collective_timeout_s=timeouts.collective_s, heartbeat=heartbeat, **settings)
+    return GroupOptions(
+        cpu_torch_threads=config.trainer.cpu_threads_per_rank,
+        call_timeout_s=timeouts.call_s,
+        collective_timeout_s=timeouts.collective_s,
+        heartbeat=heartbeat,
+        **settings,
+    )
 
 
 def _shut_down_started(start: Future | None) -> None:
@@ -190,20 +197,25 @@ def _resource_pool(config: PPOConfig, ranks: list[int] | None = None):
     from hybridflow.core.resource_pool import ResourceUnavailableError
 
     trainer = config.trainer
-    pool = ResourcePool(process_on_nodes=ranks or [trainer.n_gpus_per_node] * trainer.nnodes,
-                        use_gpu=trainer.device == "cuda")
+    pool = ResourcePool(
+        process_on_nodes=ranks or [trainer.n_gpus_per_node] * trainer.nnodes, use_gpu=trainer.device == "cuda"
+    )
     try:
         pool.bundles()  # reserved here (the groups start on them), so that a pool that does not fit is refused here
     except ResourceUnavailableError as err:
         cluster = str(err).split("Nodes in the cluster: ", 1)[-1].split(". Lower", 1)[0]
         if ranks:
-            what = (f"trainer.rollout_ranks={trainer.rollout_ranks} rollout ranks (trainer.placement=split) with "
-                    f"trainer.device={trainer.device!r}, beside the training ranks, do not fit the Ray cluster: lower "
-                    "trainer.rollout_ranks, use trainer.placement=colocated, or add a node with room")
+            what = (
+                f"trainer.rollout_ranks={trainer.rollout_ranks} rollout ranks (trainer.placement=split) with "
+                f"trainer.device={trainer.device!r}, beside the training ranks, do not fit the Ray cluster: lower "
+                "trainer.rollout_ranks, use trainer.placement=colocated, or add a node with room"
+            )
         else:
-            what = (f"trainer.nnodes={trainer.nnodes} x trainer.n_gpus_per_node={trainer.n_gpus_per_node} ranks with "
-                    f"trainer.device={trainer.device!r} do not fit the Ray cluster: lower trainer.n_gpus_per_node or "
-                    "trainer.nnodes, use trainer=cpu, or add nodes")
+            what = (
+                f"trainer.nnodes={trainer.nnodes} x trainer.n_gpus_per_node={trainer.n_gpus_per_node} ranks with "
+                f"trainer.device={trainer.device!r} do not fit the Ray cluster: lower trainer.n_gpus_per_node or "
+                "trainer.nnodes, use trainer=cpu, or add nodes"
+            )
         raise ConfigError(f"invalid config:\n  - {what} (the cluster: {cluster})") from None
     return pool
 
@@ -267,8 +279,10 @@ def _trained_row(config: PPOConfig) -> str:
     model = config.actor_rollout_ref.model
     if not model.lora_rank:
         return "all parameters"
-    return (f"LoRA adapters (rank {model.lora_rank}, alpha {model.lora_alpha:g}); no reference group: the reference "
-            "is the model with its adapters off")
+    return (
+        f"LoRA adapters (rank {model.lora_rank}, alpha {model.lora_alpha:g}); no reference group: the reference "
+        "is the model with its adapters off"
+    )
 
 
 def _checkpoints_row(summary: RunSummary, config: PPOConfig) -> str:

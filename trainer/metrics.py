@@ -79,4 +79,9 @@ def throughput_metrics(batch: DataProto, step_seconds: float, world_size: int) -
     """Tokens (prompt + response) processed per second, in total and per rank; the step's wall time."""
     tokens = batch.batch[ATTENTION_MASK].sum().item()
     per_second = tokens / max(step_seconds, 1e-9)
-    return {"timing_s/step": step_seconds, "perf/total_tokens": tokens, "perf/tokens_per_s": per_second, "perf/tokens_per_s_per_rank": per_second / world_size}
+    return {
+        "timing_s/step": step_seconds,
+        "perf/total_tokens": tokens,
+        "perf/tokens_per_s": per_second,
+        "perf/tokens_per_s_per_rank": per_second / world_size,
+    }

@@ -75,9 +75,7 @@ def _swept_keys(sweep_dir: Path) -> frozenset[str] | None:
     sweep_overrides = OmegaConf.select(OmegaConf.load(saved), "hydra.overrides.task", default=None)
     if sweep_overrides is None:
         return None
-    return frozenset(
-        o.key_or_group for o in _parse(list(sweep_overrides)) if o.is_sweep_override()
-    )
+    return frozenset(o.key_or_group for o in _parse(list(sweep_overrides)) if o.is_sweep_override())
 
 
 def _parse(overrides: Sequence[str]) -> list[Any]:
@@ -110,7 +108,8 @@ def job_run_name(overrides: Sequence[str], swept_keys: frozenset[str] | None) ->
     """
     parsed = _parse(overrides)
     chosen = [
-        o for o in parsed
+        o
+        for o in parsed
         if swept_keys is not None and (o.key_or_group in swept_keys or o.key_or_group.split(".")[-1] == "seed")
     ]
     if not any(o.key_or_group in (swept_keys or ()) for o in chosen):

@@ -26,11 +26,10 @@ import torch
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from hybridflow.agents.runner import AGENT_METRICS_PREFIX
 from hybridflow.configs.roles import reference_in_actor
 from hybridflow.configs.schema import PPOConfig
-from hybridflow.agents.runner import AGENT_METRICS_PREFIX
 from hybridflow.core import DataProto
-from hybridflow.core.parallel_dims import ParallelDims
 from hybridflow.core.keys import (
     DATA_SOURCE,
     GLOBAL_STEP,
@@ -40,8 +39,8 @@ from hybridflow.core.keys import (
     OLD_LOG_PROBS,
     RESPONSE_MASK,
     REWARD_BASELINES,
-    RM_SCORES,
     REWARD_COMPONENTS,
+    RM_SCORES,
     ROLLOUT_IS_WEIGHTS,
     ROLLOUT_LOG_PROBS,
     SEED,
@@ -51,11 +50,12 @@ from hybridflow.core.keys import (
     WITH_SUM_PI_SQUARED,
 )
 from hybridflow.core.memory import MEMORY_PEAK_GB
+from hybridflow.core.parallel_dims import ParallelDims
 from hybridflow.core.rank_wait import WorkerError
 from hybridflow.core.rollout_batch import concat_rollouts
 from hybridflow.estimators import compute_advantage
-from hybridflow.plugins import get_estimator
 from hybridflow.losses.rollout_correction import rollout_correction
+from hybridflow.plugins import get_estimator
 from hybridflow.rewards.manager import RewardOutput
 from hybridflow.rewards.sources import VERIFIER, RewardSources
 from hybridflow.trainer import checkpoint as ckpt
@@ -148,8 +148,9 @@ class PPOTrainer:
         pad_id = int(info["pad_token_id"])
         self.pad_id = pad_id
         # a multi-turn agent loop runs here, on the driver; None for one generation per prompt (the default)
-        self.agents = agent_rollout_for(config, self.rollout_group, tokenizer, pad_id, list(info["eos_token_ids"]),
-                                        groups.get("server"))
+        self.agents = agent_rollout_for(
+            config, self.rollout_group, tokenizer, pad_id, list(info["eos_token_ids"]), groups.get("server")
+        )
         self.loader = PromptLoader(
             train_prompts, config.data.train_batch_size, pad_id, shuffle=config.data.shuffle, seed=config.trainer.seed
         )
@@ -163,8 +164,15 @@ class PPOTrainer:
         self.global_step = 0
         epochs_steps = config.trainer.total_epochs * self.loader.batches_per_epoch
         self.total_steps = min(epochs_steps, config.trainer.total_training_steps or epochs_steps)
-        self.source = rollout_source(config, self.draw_prompts, self.generate, self.rollout_group, self.loader,
-                                     dims.split, steps=self.total_steps)
+        self.source = rollout_source(
+            config,
+            self.draw_prompts,
+            self.generate,
+            self.rollout_group,
+            self.loader,
+            dims.split,
+            steps=self.total_steps,
+        )
         self.checkpoint_root = self.run_dir / config.trainer.default_local_dir
 
     # ------------------------------------------------------------- the loop
@@ -180,12 +188,21 @@ class PPOTrainer:
         try:
             self._fit(summary)
         except KeyboardInterrupt:
-            logger.error("interrupted at step %d of %d; %s", self.global_step, self.total_steps,
-                         _resume_hint(self.checkpoint_root))
+            logger.error(
+                "interrupted at step %d of %d; %s",
+                self.global_step,
+                self.total_steps,
+                _resume_hint(self.checkpoint_root),
+            )
             raise
         except WorkerError as err:  # a rank failed, timed out or stalled: the error names it
-            logger.error("stopped at step %d of %d by a worker: %s\n%s", self.global_step + 1, self.total_steps,
-                         str(err).splitlines()[0], _resume_hint(self.checkpoint_root))
+            logger.error(
+                "stopped at step %d of %d by a worker: %s\n%s",
+                self.global_step + 1,
+                self.total_steps,
+                str(err).splitlines()[0],
+                _resume_hint(self.checkpoint_root),
+            )
             raise
         finally:
             self.tracking.close()
@@ -203,8 +220,9 @@ class PPOTrainer:
             summary.resumed_at = self.global_step
             # a resumed run logged this step's validation before it stopped: log each step once, and
             # report the first run's validation before training (logged at step 0) as this run's
-            summary.val_before = {k: v for k, v in read_step(self.run_dir / METRICS_FILE, 0).items()
-                                  if k.startswith("val/")}
+            summary.val_before = {
+                k: v for k, v in read_step(self.run_dir / METRICS_FILE, 0).items() if k.startswith("val/")
+            }
         elif self.config.trainer.test_freq > 0 and self.config.trainer.val_before_train:
             summary.val_before = self.validate()
             self.tracking.log(summary.val_before, self.global_step)
@@ -273,8 +291,13 @@ class PPOTrainer:
         seed from (``trainer.seed``, ``index``), so a resumed or pipelined run samples batch ``index`` alike."""
         prompts = self.loader.next_batch()
         prompts.non_tensor_batch[UID] = np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)
-        prompts.meta_info.update({N_SAMPLES: self.config.actor_rollout_ref.rollout.n, GREEDY: False,
-                                  SEED: self.config.trainer.seed * 100_003 + index})
+        prompts.meta_info.update(
+            {
+                N_SAMPLES: self.config.actor_rollout_ref.rollout.n,
+                GREEDY: False,
+                SEED: self.config.trainer.seed * 100_003 + index,
+            }
+        )
         return prompts
 
     def generate_and_score(self, timer: StageTimer, metrics: dict[str, float]) -> DataProto:
@@ -303,9 +326,9 @@ class PPOTrainer:
 
     def rollout(self, timer: StageTimer, metrics: dict[str, float]) -> DataProto:
         """Steps 1-4, then the after-reward hooks; while they leave fewer than ``data.train_batch_size``
-        prompts, the same on the next prompts (a recipe's dynamic sampling, say), up to ``algorithm.max_rollout_batches``
-        batches. The step then trains on exactly ``data.train_batch_size`` prompts, topped up with dropped
-        groups if the cap was reached; the hooks' metrics are summed over its rollout batches."""
+        prompts, the same on the next prompts (a recipe's dynamic sampling, say), up to
+        ``algorithm.max_rollout_batches`` batches. The step then trains on exactly ``data.train_batch_size`` prompts,
+        topped up with dropped groups if the cap was reached; the hooks' metrics are summed over its rollout batches."""
         if not self.hooks.stage("after_reward"):
             return self.generate_and_score(timer, metrics)
         want, n = self.config.data.train_batch_size, self.config.actor_rollout_ref.rollout.n
@@ -351,7 +374,9 @@ class PPOTrainer:
 
     def greedy_baseline(self, prompts: DataProto, batch: DataProto) -> dict[str, float]:
         """``reward_baselines``: each prompt's greedy response, scored, repeated over its n samples (ReMax)."""
-        greedy = DataProto(dict(prompts.batch), dict(prompts.non_tensor_batch), {**prompts.meta_info, N_SAMPLES: 1, GREEDY: True})
+        greedy = DataProto(
+            dict(prompts.batch), dict(prompts.non_tensor_batch), {**prompts.meta_info, N_SAMPLES: 1, GREEDY: True}
+        )
         reward, _ = self.rewards(self.generate(greedy))
         baseline = reward.token_level_scores.sum(-1).repeat_interleave(self.config.actor_rollout_ref.rollout.n)
         batch.batch[REWARD_BASELINES] = baseline
@@ -376,9 +401,14 @@ class PPOTrainer:
         if cfg.rollout_is is None or cfg.bypass_mode:
             return {}
         out = rollout_correction(
-            batch.batch[OLD_LOG_PROBS], batch.batch[ROLLOUT_LOG_PROBS], batch.batch[RESPONSE_MASK],
-            rollout_is=cfg.rollout_is, rollout_is_mode=cfg.rollout_is_mode, rollout_is_threshold=cfg.rollout_is_threshold,
-            rollout_is_threshold_lower=cfg.rollout_is_threshold_lower, rollout_is_batch_normalize=cfg.rollout_is_batch_normalize,
+            batch.batch[OLD_LOG_PROBS],
+            batch.batch[ROLLOUT_LOG_PROBS],
+            batch.batch[RESPONSE_MASK],
+            rollout_is=cfg.rollout_is,
+            rollout_is_mode=cfg.rollout_is_mode,
+            rollout_is_threshold=cfg.rollout_is_threshold,
+            rollout_is_threshold_lower=cfg.rollout_is_threshold_lower,
+            rollout_is_batch_normalize=cfg.rollout_is_batch_normalize,
         )
         batch.batch[ROLLOUT_IS_WEIGHTS] = out.weights
         batch.batch[RESPONSE_MASK] = out.response_mask.to(batch.batch[RESPONSE_MASK].dtype)
@@ -403,7 +433,8 @@ class PPOTrainer:
         batch.batch[TOKEN_LEVEL_SCORES] = out.token_level_scores
         if self.inputs.reward_components:
             batch.batch[REWARD_COMPONENTS] = reward_components(
-                out.fields, self.inputs.reward_components, self.config.reward.timeout_score)
+                out.fields, self.inputs.reward_components, self.config.reward.timeout_score
+            )
         if self.config.algorithm.use_kl_in_reward:
             metrics.update(apply_kl_penalty(batch, self.kl_ctrl, self.config.algorithm.kl_penalty))
         else:
@@ -456,8 +487,12 @@ class PPOTrainer:
             self.critic.save_checkpoint(str(staged))
         # the loader's position after the trained batches: batches drawn ahead of them are drawn again on resume
         loader, batches = self.source.position()
-        driver_state = {"global_step": self.global_step, "loader": loader, "rollout_batches": batches,
-                        "kl_coef": self.kl_ctrl.value}
+        driver_state = {
+            "global_step": self.global_step,
+            "loader": loader,
+            "rollout_batches": batches,
+            "kl_coef": self.kl_ctrl.value,
+        }
         (staged / ckpt.DRIVER_STATE).write_text(json.dumps(driver_state))
         path = ckpt.publish(self.checkpoint_root, self.global_step, self.config.trainer.max_ckpt_to_keep).resolve()
         logger.info("saved checkpoint of step %d: %s", self.global_step, path)
@@ -504,7 +539,11 @@ class Progress:
 
     def __init__(self, total: int, initial: int) -> None:
         self.total, self.step = total, initial
-        self.bar = tqdm(total=total, initial=initial, desc="training", unit="step", dynamic_ncols=True) if sys.stderr.isatty() else None
+        self.bar = (
+            tqdm(total=total, initial=initial, desc="training", unit="step", dynamic_ncols=True)
+            if sys.stderr.isatty()
+            else None
+        )
         self.every = max(1, total // 10)
         self._redirect = ExitStack()
 
@@ -524,7 +563,9 @@ class Progress:
             self.bar.set_postfix(**shown)
             self.bar.update(1)
         elif self.step % self.every == 0 or self.step == self.total:
-            logger.info("training: step %d/%d %s", self.step, self.total, " ".join(f"{k}={v}" for k, v in shown.items()))
+            logger.info(
+                "training: step %d/%d %s", self.step, self.total, " ".join(f"{k}={v}" for k, v in shown.items())
+            )
 
     def close(self) -> None:
         """Finish the bar and give the console back to the log handlers (nothing to do for plain lines)."""

@@ -23,7 +23,6 @@ import numpy as np
 
 from hybridflow.core import DataProto
 from hybridflow.core.chat import render_prompt
-from hybridflow.core.rollout_batch import left_pad
 from hybridflow.core.keys import (
     ATTENTION_MASK,
     DATA_SOURCE,
@@ -34,6 +33,7 @@ from hybridflow.core.keys import (
     PROMPT_TEXT,
     RAW_PROMPT,
 )
+from hybridflow.core.rollout_batch import left_pad
 
 logger = logging.getLogger(__name__)
 
@@ -71,17 +71,24 @@ class PromptSet:
             kept.raw.append(row["prompt"] if isinstance(row["prompt"], str) else [dict(m) for m in row["prompt"]])
             kept.data_sources.append(row["data_source"])
             truth = row["reward_model"]["ground_truth"]
-            kept.ground_truths.append(truth if truth is None else str(truth))  # None stays None: a reward error, not "None"
+            kept.ground_truths.append(
+                truth if truth is None else str(truth)
+            )  # None stays None: a reward error, not "None"
             kept.extra_infos.append(dict(row.get("extra_info") or {}))
         if kept.filtered_too_long:
             logger.warning("dropped %d prompts longer than %d tokens", kept.filtered_too_long, max_prompt_length)
         if tokens[1] and tokens[0] / tokens[1] > 0.01:
-            logger.warning("%.0f%% of the prompt tokens are the tokenizer's unknown token %r: this tokenizer does not "
-                           "cover the data (builtin:* models have a character tokenizer for the synthetic task only; "
-                           "set actor_rollout_ref.model.path to a real checkpoint)", 100 * tokens[0] / tokens[1],
-                           getattr(tokenizer, "unk_token", None))
+            logger.warning(
+                "%.0f%% of the prompt tokens are the tokenizer's unknown token %r: this tokenizer does not "
+                "cover the data (builtin:* models have a character tokenizer for the synthetic task only; "
+                "set actor_rollout_ref.model.path to a real checkpoint)",
+                100 * tokens[0] / tokens[1],
+                getattr(tokenizer, "unk_token", None),
+            )
         if not kept.token_ids:
-            raise ValueError(f"no prompts left: all {len(rows)} are longer than data.max_prompt_length={max_prompt_length}")
+            raise ValueError(
+                f"no prompts left: all {len(rows)} are longer than data.max_prompt_length={max_prompt_length}"
+            )
         return kept
 
     def __len__(self) -> int:

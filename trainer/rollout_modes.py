@@ -1,4 +1,5 @@
-"""Where a step's rollout comes from (``trainer.rollout_mode``) and how weights reach the rollout (``trainer.placement``).
+"""Where a step's rollout comes from (``trainer.rollout_mode``) and how weights reach the rollout
+(``trainer.placement``).
 
 The driver's step is the same seven stages in every mode; only stage 1
 changes source. :class:`SyncRollout` draws the step's prompts and generates
@@ -43,9 +44,16 @@ from hybridflow.core.worker_group import gather
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["GroupWeightSync", "NoWeightSync", "PipelinedRollout", "ServerWeightSync", "SyncRollout", "rollout_source",
-           "weight_sync",
-           "with_prompt_columns"]
+__all__ = [
+    "GroupWeightSync",
+    "NoWeightSync",
+    "PipelinedRollout",
+    "ServerWeightSync",
+    "SyncRollout",
+    "rollout_source",
+    "weight_sync",
+    "with_prompt_columns",
+]
 
 CALL_KEYS = (SEED, STREAM_REQUEST)
 """``meta_info`` keys of one rollout request; they leave its batch (the rollout batches of one step differ in them,
@@ -145,8 +153,14 @@ class SyncRollout:
     :param allow_stale: a rollout from other weights than the trainer's only warns (``rollout.allow_stale_weights``).
     """
 
-    def __init__(self, draw: Draw, generate: Callable[[DataProto], DataProto], loader: Any, split: bool,
-                 allow_stale: bool = False) -> None:
+    def __init__(
+        self,
+        draw: Draw,
+        generate: Callable[[DataProto], DataProto],
+        loader: Any,
+        split: bool,
+        allow_stale: bool = False,
+    ) -> None:
         self.draw, self.generate, self.loader, self.split = draw, generate, loader, split
         self.allow_stale = allow_stale
         self.drawn = 0
@@ -171,7 +185,8 @@ class SyncRollout:
         return prompts, batch, metrics
 
     def position(self) -> tuple[dict[str, int], int]:
-        """The loader's position and the rollout batch index after the batches trained so far (nothing is drawn ahead)."""
+        """The loader's position and the rollout batch index after the batches trained so far (nothing is drawn
+        ahead)."""
         return self.loader.state_dict(), self.drawn
 
 
@@ -238,8 +253,7 @@ def with_prompt_columns(rollout: DataProto, prompts: DataProto) -> DataProto:
     return rollout.union(columns)
 
 
-def rollout_source(config: Any, draw: Draw, generate: Callable, rollout: Any, loader: Any, split: bool, *,
-                   steps: int):
+def rollout_source(config: Any, draw: Draw, generate: Callable, rollout: Any, loader: Any, split: bool, *, steps: int):
     """The source ``trainer.rollout_mode`` names: sync, or pipelined ``trainer.batches_ahead()`` batches ahead
     (``steps``: the run's)."""
     mode = config.trainer.rollout_mode
@@ -254,15 +268,18 @@ def check_version(batch: DataProto, version: int, allow_stale: bool) -> None:
     sampled = batch.meta_info.get(WEIGHT_VERSION)
     if sampled == version:
         return
-    message = (f"step {version + 1}: the rollout sampled with weight version {sampled}, but the actor has made "
-               f"{version} updates; the train-to-rollout weight sync did not run")
+    message = (
+        f"step {version + 1}: the rollout sampled with weight version {sampled}, but the actor has made "
+        f"{version} updates; the train-to-rollout weight sync did not run"
+    )
     if not allow_stale:
         raise RuntimeError(message + " (set actor_rollout_ref.rollout.allow_stale_weights=true to only warn)")
     logger.warning(message)
 
 
 def staleness(batch: DataProto, version: int, bound: int) -> dict[str, float]:
-    """``async/staleness_mean`` / ``_max``: trainer version minus each response token's; more than ``bound`` is a bug."""
+    """``async/staleness_mean`` / ``_max``: trainer version minus each response token's; more than ``bound`` is a
+    bug."""
     versions = batch.batch[ROLLOUT_VERSIONS]
     valid = batch.batch[RESPONSE_MASK].bool() & (versions >= 0)
     behind = (version - versions[valid]).float()

@@ -31,8 +31,11 @@ def remove_unused_run_dir() -> Path | None:
         return None
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir).absolute()
-    if (not run_dir.is_dir() or Path(hydra_cfg.runtime.cwd).absolute().is_relative_to(run_dir)  # hydra.run.dir=.
-            or not _holds_only_hydra_files(run_dir, hydra_cfg.output_subdir, f"{hydra_cfg.job.name}.log")):
+    if (
+        not run_dir.is_dir()
+        or Path(hydra_cfg.runtime.cwd).absolute().is_relative_to(run_dir)  # hydra.run.dir=.
+        or not _holds_only_hydra_files(run_dir, hydra_cfg.output_subdir, f"{hydra_cfg.job.name}.log")
+    ):
         return None
     _close_log_files_in(run_dir)
     shutil.rmtree(run_dir, ignore_errors=True)

@@ -107,7 +107,8 @@ def _short(value: Any) -> str:
 
 
 class JsonlSink:
-    """Appends ``{"step": N, ...metrics}`` lines to a file; a table's rows, one line each, to ``<name>.jsonl`` beside it."""
+    """Appends ``{"step": N, ...metrics}`` lines to a file; a table's rows, one line each, to ``<name>.jsonl`` beside
+    it."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -263,6 +264,7 @@ class TensorBoardSink:
 
     def log_table(self, name: str, columns: Sequence[str], rows: Sequence[Row], step: int) -> None:
         """The table as markdown text (TensorBoard has no table plot)."""
+
         def cell(value: Any) -> str:
             return str(value).replace("|", "\\|").replace("\n", " ")
 

@@ -40,8 +40,16 @@ PLAIN = ("sdpa", "eager")
 def _wrapping(implementation: str):
     """The attention function registered as ``hybridflow+<implementation>``."""
 
-    def attention(module: nn.Module, query, key, value, attention_mask, dropout: float = 0.0,
-                  scaling: float | None = None, **kwargs):
+    def attention(
+        module: nn.Module,
+        query,
+        key,
+        value,
+        attention_mask,
+        dropout: float = 0.0,
+        scaling: float | None = None,
+        **kwargs,
+    ):
         if isinstance(attention_mask, TreeLayout):
             if kwargs.get("sliding_window") is not None:
                 raise NotImplementedError("tree attention has no sliding window")
@@ -81,4 +89,4 @@ def uninstall(model: nn.Module) -> None:
     """Give ``model`` back the attention implementation :func:`install` wrapped."""
     implementation = getattr(model.config, "_attn_implementation", None)
     if implementation is not None and implementation.startswith(PREFIX):
-        model.config._attn_implementation = implementation[len(PREFIX):]
+        model.config._attn_implementation = implementation[len(PREFIX) :]

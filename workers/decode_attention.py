@@ -23,19 +23,28 @@ __all__ = ["decode_attention", "takes"]
 def takes(query: torch.Tensor, key: torch.Tensor, attention_mask: torch.Tensor | None, dropout: float) -> bool:
     """Whether :func:`decode_attention` computes this call: a CPU decode step (one query per row, no dropout)
     with no mask or a boolean one (True: attend), heads a multiple of the key/value heads."""
-    return (query.device.type == "cpu" and query.shape[2] == 1 and dropout == 0.0
-            and query.shape[1] % key.shape[1] == 0
-            and (attention_mask is None or (attention_mask.dtype == torch.bool and attention_mask.shape[2] == 1)))
+    return (
+        query.device.type == "cpu"
+        and query.shape[2] == 1
+        and dropout == 0.0
+        and query.shape[1] % key.shape[1] == 0
+        and (attention_mask is None or (attention_mask.dtype == torch.bool and attention_mask.shape[2] == 1))
+    )
 
 
-def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None,
-                     scaling: float | None) -> torch.Tensor:
+def decode_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None,
+) -> torch.Tensor:
     """``(A, heads, 1, d)`` queries against ``(A, kv_heads, S, d)`` keys and values, masked by ``attention_mask``
     (``(A, 1 or heads, 1, S)`` bool, or None); returns ``(A, 1, heads, d)``, as transformers' attention functions."""
     rows, heads, _, dim = query.shape
     kv_heads, length = key.shape[1], key.shape[2]
     group = heads // kv_heads
-    scale = dim ** -0.5 if scaling is None else scaling
+    scale = dim**-0.5 if scaling is None else scaling
     q = query.reshape(rows * kv_heads, group, dim)  # a kv head's query heads, one block (heads are kv-major)
     k, v = key.reshape(rows * kv_heads, length, dim), value.reshape(rows * kv_heads, length, dim)
     if attention_mask is None:

@@ -42,7 +42,13 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 from hybridflow.configs.schema import FSDPConfig
 
 __all__ = [
-    "data_parallel_group", "decoder_layers", "full_parameters", "mixed_precision", "reshard", "shard_model", "shard_role",
+    "data_parallel_group",
+    "decoder_layers",
+    "full_parameters",
+    "mixed_precision",
+    "reshard",
+    "shard_model",
+    "shard_role",
     "sharded_parameters",
     "tensor_parallelize",
 ]
@@ -105,7 +111,11 @@ def mixed_precision(param_dtype: torch.dtype | None, reduce_dtype: torch.dtype |
 
 
 def shard_model(
-    model: nn.Module, mesh: DeviceMesh, *, mp_policy: MixedPrecisionPolicy | None = None, reshard_after_forward: bool = True
+    model: nn.Module,
+    mesh: DeviceMesh,
+    *,
+    mp_policy: MixedPrecisionPolicy | None = None,
+    reshard_after_forward: bool = True,
 ) -> nn.Module:
     """Shard ``model`` in place; returns it.
 
@@ -156,8 +166,14 @@ def enable_activation_checkpointing(model: nn.Module) -> nn.Module:
     return model
 
 
-def shard_role(model: nn.Module, mesh: DeviceMesh, fsdp_config: FSDPConfig, *, compute_dtype: str,
-               gradient_checkpointing: bool = False) -> nn.Module:
+def shard_role(
+    model: nn.Module,
+    mesh: DeviceMesh,
+    fsdp_config: FSDPConfig,
+    *,
+    compute_dtype: str,
+    gradient_checkpointing: bool = False,
+) -> nn.Module:
     """A role's model as it trains or scores: activation checkpointing when asked (HF's, non-reentrant,
     applied before sharding), then :func:`shard_model`, with FSDP2 mixed precision when the role computes in
     another dtype than its weights are held in (``compute_dtype``: the role's ``fsdp_config.compute_dtype``;

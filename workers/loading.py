@@ -23,8 +23,8 @@ page cache. :func:`load_sharded_model` holds M once::
 So the reader holds M (plus its shard) while loading and gives the full copy
 back when done; every other rank holds its shard plus, at its peak, one
 transient full tensor (the one being broadcast: the largest weight, e.g. the
-embedding, sets the peak). ``bench/bench_loading.py`` measures both ways. The weights are those ``read`` made on rank 0, so they are
-bit-identical to today's path, where every rank made the same weights (same
+embedding, sets the peak). ``bench/bench_loading.py`` measures both ways. The weights are those ``read`` made on
+rank 0, so they are bit-identical to today's path, where every rank made the same weights (same
 path, same seed) and sharded them.
 
 Which rank reads: torch's ``broadcast_from_rank0`` broadcasts from *global*

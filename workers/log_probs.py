@@ -84,7 +84,9 @@ def response_log_probs(
     return _token_stats(logits, responses, with_entropy, with_sum_pi_squared)
 
 
-def _token_stats(logits: torch.Tensor, labels: torch.Tensor, with_entropy: bool, with_sum_pi_squared: bool) -> TokenStats:
+def _token_stats(
+    logits: torch.Tensor, labels: torch.Tensor, with_entropy: bool, with_sum_pi_squared: bool
+) -> TokenStats:
     """The asked statistics of ``logits`` (..., V) at ``labels`` (...)."""
     return TokenStats(
         log_probs_from_logits(logits, labels),

@@ -53,13 +53,24 @@ def lora_config(model_cfg: Any, *, never: tuple[str, ...] = ()) -> Any:
     if not isinstance(exclude, str):
         exclude = [*(exclude or ()), *never] or None
     return LoraConfig(
-        r=int(model_cfg.lora_rank), lora_alpha=float(model_cfg.lora_alpha), lora_dropout=0.0, bias="none",
-        target_modules=targets if isinstance(targets, str) else list(targets), exclude_modules=exclude,
+        r=int(model_cfg.lora_rank),
+        lora_alpha=float(model_cfg.lora_alpha),
+        lora_dropout=0.0,
+        bias="none",
+        target_modules=targets if isinstance(targets, str) else list(targets),
+        exclude_modules=exclude,
     )
 
 
-def add_adapters(model: nn.Module, config: Any, *, seed: int | None = None, adapter_path: str | None = None,
-                 trainable: tuple[str, ...] = (), frozen_dtype: torch.dtype | None = None) -> nn.Module:
+def add_adapters(
+    model: nn.Module,
+    config: Any,
+    *,
+    seed: int | None = None,
+    adapter_path: str | None = None,
+    trainable: tuple[str, ...] = (),
+    frozen_dtype: torch.dtype | None = None,
+) -> nn.Module:
     """Put LoRA layers into ``model`` in place (``config``: :func:`lora_config`) and freeze everything else but
     the parameters under the top-level modules named in ``trainable`` (the critic's fresh value head).
     ``frozen_dtype``: the dtype the frozen parameters are then held in (the role's compute dtype: no optimizer
@@ -112,8 +123,11 @@ def adapter_layers(model: nn.Module) -> dict[str, Any]:
     """``{module name: peft LoRA layer}`` of every layer holding the policy's adapter."""
     from peft.tuners.lora import LoraLayer  # noqa: PLC0415
 
-    return {name: module for name, module in model.named_modules()
-            if isinstance(module, LoraLayer) and ADAPTER in module.lora_A}
+    return {
+        name: module
+        for name, module in model.named_modules()
+        if isinstance(module, LoraLayer) and ADAPTER in module.lora_A
+    }
 
 
 def has_adapters(model: nn.Module) -> bool:
@@ -156,8 +170,9 @@ def merge_state(state: Mapping[str, torch.Tensor], config: Mapping[str, Any]) ->
             continue
         prefix = name.removesuffix(".base_layer.weight")
         if prefix != name and f"{prefix}.lora_A.{ADAPTER}.weight" in state:
-            tensor = merged(tensor, state[f"{prefix}.lora_A.{ADAPTER}.weight"],
-                            state[f"{prefix}.lora_B.{ADAPTER}.weight"], s)
+            tensor = merged(
+                tensor, state[f"{prefix}.lora_A.{ADAPTER}.weight"], state[f"{prefix}.lora_B.{ADAPTER}.weight"], s
+            )
         out[model_name(name)] = tensor
     return out
 
@@ -165,18 +180,22 @@ def merge_state(state: Mapping[str, torch.Tensor], config: Mapping[str, Any]) ->
 def adapter_scaling(config: Mapping[str, Any]) -> float:
     """``s`` from an ``adapter_config.json``'s ``r``, ``lora_alpha`` and ``use_rslora``."""
     r, alpha = int(config["r"]), float(config["lora_alpha"])
-    return alpha / (r ** 0.5 if config.get("use_rslora") else r)
+    return alpha / (r**0.5 if config.get("use_rslora") else r)
 
 
 def adapter_state(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The adapter's tensors of a full state dict under the names a peft adapter directory uses
     (``base_model.model.<module>.lora_A.weight``), for ``PeftModel.from_pretrained``."""
-    return {"base_model.model." + name.replace(f".{ADAPTER}.", "."): tensor
-            for name, tensor in state.items() if is_adapter_parameter(name)}
+    return {
+        "base_model.model." + name.replace(f".{ADAPTER}.", "."): tensor
+        for name, tensor in state.items()
+        if is_adapter_parameter(name)
+    }
 
 
-def save_adapter(directory: str | Path, state: Mapping[str, torch.Tensor], config: Mapping[str, Any],
-                 base_model: str | None = None) -> Path:
+def save_adapter(
+    directory: str | Path, state: Mapping[str, torch.Tensor], config: Mapping[str, Any], base_model: str | None = None
+) -> Path:
     """Write a peft adapter directory (``adapter_config.json``, ``adapter_model.safetensors``) from a full
     state dict; ``base_model``: recorded as ``base_model_name_or_path``. Returns ``directory``."""
     from safetensors.torch import save_file  # noqa: PLC0415

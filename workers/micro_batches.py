@@ -45,7 +45,9 @@ class MicroBatching:
     max_tokens: int | None = None
     """Real tokens (prompt + response) per micro-batch; None: fixed ``rows``."""
 
-    def split(self, data: DataProto, group: dist.ProcessGroup | None = None) -> tuple[list[DataProto], torch.Tensor | None]:
+    def split(
+        self, data: DataProto, group: dist.ProcessGroup | None = None
+    ) -> tuple[list[DataProto], torch.Tensor | None]:
         """The micro-batches of ``data``, and the row order they hold (None: consecutive rows, ``data``'s order).
 
         With a token budget this is collective over ``group`` (the dp group: every rank must call it).

@@ -39,7 +39,14 @@ from transformers import (
     Qwen2Config,
 )
 
-__all__ = ["BUILTIN_PREFIX", "BUILTIN_MODELS", "build_char_tokenizer", "load_model_and_tokenizer", "load_model_config", "load_tokenizer"]
+__all__ = [
+    "BUILTIN_PREFIX",
+    "BUILTIN_MODELS",
+    "build_char_tokenizer",
+    "load_model_and_tokenizer",
+    "load_model_config",
+    "load_tokenizer",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +61,7 @@ def torch_dtype(name: str) -> torch.dtype:
     if name not in DTYPES:
         raise ValueError(f"model dtype {name!r} is not supported; allowed: {', '.join(DTYPES)}")
     return DTYPES[name]
+
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>", "<|system|>", "<|user|>", "<|assistant|>")
 CHARACTERS = tuple("0123456789+-*%=(), ?aimnx")  # 25 + 7 specials = 32
@@ -89,19 +97,42 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
         "qwen2", 64, 2, 4, 2, 256, description="~0.1M params: tests and the CPU demo (synthetic task)"
     ),
     "tiny-qwen2-h32": BuiltinModel(
-        "qwen2", 64, 2, 2, 1, 256,
-        description="~0.1M params, tiny-qwen2 with 2 heads of 32: the smallest head vLLM's CPU build runs (the default task on vLLM)",
+        "qwen2",
+        64,
+        2,
+        2,
+        1,
+        256,
+        description=(
+            "~0.1M params, tiny-qwen2 with 2 heads of 32: the smallest head vLLM's CPU build runs "
+            "(the default task on vLLM)"
+        ),
     ),
     "tiny-llama": BuiltinModel("llama", 64, 2, 4, 2, 256, description="~0.1M params: the Llama code path in tests"),
     "small-qwen2": BuiltinModel(
         "qwen2", 256, 4, 4, 2, 768, max_position_embeddings=1024, description="~3M params: rollout benchmarks"
     ),
     "qwen2-100m-shape": BuiltinModel(
-        "qwen2", 768, 13, 12, 2, 2560, max_position_embeddings=1024,
-        description="~95M params, Qwen2-shaped with random weights: LoRA against full fine-tuning (bench/bench_lora.py)",
+        "qwen2",
+        768,
+        13,
+        12,
+        2,
+        2560,
+        max_position_embeddings=1024,
+        description=(
+            "~95M params, Qwen2-shaped with random weights: LoRA against full fine-tuning (bench/bench_lora.py)"
+        ),
     ),
     "qwen2.5-0.5b-shape": BuiltinModel(
-        "qwen2", 896, 24, 14, 2, 4864, max_position_embeddings=2048, vocab_size=151_936,
+        "qwen2",
+        896,
+        24,
+        14,
+        2,
+        4864,
+        max_position_embeddings=2048,
+        vocab_size=151_936,
         description="~494M params, Qwen2.5-0.5B's shape with random weights: GPU benchmarks (bench/gpu_check.sh)",
     ),
 }

@@ -79,8 +79,9 @@ class StateOffloader:
     :meth:`offload` once the model and optimizer are built.
     """
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, *, params: bool,
-                 optimizer_state: bool) -> None:
+    def __init__(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer | None, *, params: bool, optimizer_state: bool
+    ) -> None:
         self.model, self.optimizer = model, optimizer
         self.enabled = {"params": params, "optimizer": optimizer_state and optimizer is not None}
         self._away: dict[str, _Offloaded] = {}
@@ -88,8 +89,12 @@ class StateOffloader:
     def _tensors(self, what: str) -> list[torch.Tensor]:
         if what == "params":
             return [p for p in self.model.parameters()]
-        return [v for state in self.optimizer.state.values() for v in state.values()
-                if isinstance(v, torch.Tensor) and v.dim() > 0]  # the moments, not the 0-d step counters
+        return [
+            v
+            for state in self.optimizer.state.values()
+            for v in state.values()
+            if isinstance(v, torch.Tensor) and v.dim() > 0
+        ]  # the moments, not the 0-d step counters
 
     def offload(self, *which: str) -> None:
         """Send ``which`` (default: all enabled) to host memory, freeing their device storage."""

@@ -124,8 +124,9 @@ def pack(batch: DataProto, packing: Packing = Packing()) -> PackedBatch:
         )
     response_keep = real[:, -length:]
     if bool((rank_in_row[:, -length:][response_keep] == 0).any()):
-        raise ValueError("packing needs a real prompt token before every response (a row's first real token "
-                         "is a response token)")
+        raise ValueError(
+            "packing needs a real prompt token before every response (a row's first real token is a response token)"
+        )
     keep = _without_last_response_token(real, response_keep)
     real_positions = positions[keep]
     prompt_keep = keep[:, :-length]
@@ -135,9 +136,15 @@ def pack(batch: DataProto, packing: Packing = Packing()) -> PackedBatch:
     bins, offsets, capacity = _fill_rows(unit_lengths, packing.one_row or packing.share_prompts)
     tree = None
     if packing.share_prompts:
-        tree = tree_layout([b * capacity + o for b, o in zip(bins, offsets)],
-                           [prompt_lengths[members[0]] for members in groups], unit_of_row, before,
-                           [n - p for n, p in zip(lengths, prompt_lengths)], capacity, keep.device)
+        tree = tree_layout(
+            [b * capacity + o for b, o in zip(bins, offsets)],
+            [prompt_lengths[members[0]] for members in groups],
+            unit_of_row,
+            before,
+            [n - p for n, p in zip(lengths, prompt_lengths)],
+            capacity,
+            keep.device,
+        )
     unit_of_row, before = torch.tensor(unit_of_row, device=keep.device), torch.tensor(before, device=keep.device)
     unit_start = torch.tensor(bins, device=keep.device) * capacity + torch.tensor(offsets, device=keep.device)
     is_response = torch.zeros_like(keep)
@@ -145,7 +152,8 @@ def pack(batch: DataProto, packing: Packing = Packing()) -> PackedBatch:
     # (B, L): the flat packed slot of each real token; a response token moves past the earlier members' responses
     slot = unit_start[unit_of_row][:, None] + rank_in_row + before[:, None] * is_response
     fill = torch.zeros(max(bins) + 1, dtype=torch.long, device=keep.device).index_add_(
-        0, torch.tensor(bins, device=keep.device), torch.tensor(unit_lengths, device=keep.device))
+        0, torch.tensor(bins, device=keep.device), torch.tensor(unit_lengths, device=keep.device)
+    )
     tail = torch.arange(capacity, device=keep.device) - fill[:, None]  # position ids of each row's tail: 0, 1, ...
     input_ids = torch.zeros(tail.numel(), dtype=batch.batch[INPUT_IDS].dtype, device=keep.device)
     input_ids[slot[keep]] = batch.batch[INPUT_IDS][keep]  # a shared prompt's slots get the same ids from each member
@@ -183,7 +191,9 @@ def _prompt_groups(prompts: torch.Tensor, prompt_keep: torch.Tensor, share: bool
     return list(groups.values())
 
 
-def _units(groups: list[list[int]], prompt_lengths: list[int], lengths: list[int]) -> tuple[list[int], list[int], list[int]]:
+def _units(
+    groups: list[list[int]], prompt_lengths: list[int], lengths: list[int]
+) -> tuple[list[int], list[int], list[int]]:
     """A group's unit is its prompt once, then each member's response tokens (a row alone: the row itself).
     Returns each row's unit, each row's count of response tokens its unit's earlier members hold, and each
     unit's length."""
@@ -227,8 +237,12 @@ def packed_forward(model: nn.Module, packed: PackedBatch) -> torch.Tensor:
     mask only the newest do; vLLM's CPU build pins transformers < 5.20). With
     several packed rows a column kept for one row is projected in all of them.
     """
-    kwargs = dict(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False,
-                  attention_mask=None if packed.tree is None else _tree_masks(model, packed.tree))
+    kwargs = dict(
+        input_ids=packed.input_ids,
+        position_ids=packed.position_ids,
+        use_cache=False,
+        attention_mask=None if packed.tree is None else _tree_masks(model, packed.tree),
+    )
     if "logits_to_keep" not in inspect.signature(model.forward).parameters:
         return model(**kwargs).logits.flatten(0, 1)[packed.logit_index]
     width = packed.input_ids.shape[1]
@@ -268,8 +282,12 @@ def probe_packing(model: nn.Module, *, share_prompts: bool = False) -> Packing:
                 return Packing(one_row=packing.one_row, share_prompts=True)
             if share_prompts:
                 attention.uninstall(model)
-                logger.warning("%s with attention %r: its outputs differ from tree attention's over shared "
-                               "prompts; packing without sharing them", type(model).__name__, _attention(model))
+                logger.warning(
+                    "%s with attention %r: its outputs differ from tree attention's over shared "
+                    "prompts; packing without sharing them",
+                    type(model).__name__,
+                    _attention(model),
+                )
             return packing
     raise ValueError(
         f"{type(model).__name__} with attention {_attention(model)!r} attends across packed sequences (it builds "
@@ -299,10 +317,14 @@ def _shares_prompts(model: nn.Module) -> bool:
     vocab = model.config.get_text_config().vocab_size
     device = next(model.parameters()).device
     rows = torch.tensor([[1, 2, 3, 4, 5], [1, 2, 3, 6, 7], [8, 9, 1, 2, 3]], device=device) % vocab
-    batch = DataProto.from_dict({
-        INPUT_IDS: rows, ATTENTION_MASK: torch.ones_like(rows), RESPONSES: rows[:, 3:],
-        POSITION_IDS: torch.arange(5, device=device).expand(3, 5),
-    })
+    batch = DataProto.from_dict(
+        {
+            INPUT_IDS: rows,
+            ATTENTION_MASK: torch.ones_like(rows),
+            RESPONSES: rows[:, 3:],
+            POSITION_IDS: torch.arange(5, device=device).expand(3, 5),
+        }
+    )
     try:
         with _eval_mode(model):
             tree = packed_forward(model, pack(batch, Packing(share_prompts=True))).float()
@@ -323,6 +345,8 @@ def _confines(model: nn.Module, rows: int) -> bool:
     other = first.clone()
     other[:, :3] = (first[:, :3] + 5) % vocab  # only the first sequence of each row differs
     with _eval_mode(model):
-        a, b = (model(input_ids=ids, position_ids=positions, attention_mask=None, use_cache=False).logits[:, 3:].float()
-                for ids in (first, other))
+        a, b = (
+            model(input_ids=ids, position_ids=positions, attention_mask=None, use_cache=False).logits[:, 3:].float()
+            for ids in (first, other)
+        )
     return torch.allclose(a, b, rtol=1e-3, atol=1e-3 * float(a.abs().max()) + 1e-6)

@@ -103,8 +103,12 @@ class MergedLoraWeights:
                 full = _full(param)
                 layer = self.layers.get(name)
                 if layer is not None:
-                    full = lora.merged(full, _full(layer.lora_A[lora.ADAPTER].weight),
-                                       _full(layer.lora_B[lora.ADAPTER].weight), lora.scaling(layer))
+                    full = lora.merged(
+                        full,
+                        _full(layer.lora_A[lora.ADAPTER].weight),
+                        _full(layer.lora_B[lora.ADAPTER].weight),
+                        lora.scaling(layer),
+                    )
             yield lora.model_name(name), full
             del full
 
@@ -126,8 +130,9 @@ def _empty_like(param: torch.Tensor) -> torch.Tensor:
     if not isinstance(param, DTensor):
         return torch.empty_like(param.detach())
     local = torch.empty_like(param.to_local())
-    return DTensor.from_local(local, param.device_mesh, param.placements, run_check=False, shape=param.shape,
-                              stride=param.stride())
+    return DTensor.from_local(
+        local, param.device_mesh, param.placements, run_check=False, shape=param.shape, stride=param.stride()
+    )
 
 
 def _check_rows_align(name: str, weight: torch.Tensor, lora_b: torch.Tensor) -> None:
@@ -138,6 +143,8 @@ def _check_rows_align(name: str, weight: torch.Tensor, lora_b: torch.Tensor) -> 
         return
     rows = [compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements) for t in (weight, lora_b)]
     if (rows[0][0][0], rows[0][1][0]) != (rows[1][0][0], rows[1][1][0]):
-        raise ValueError(f"{name}: this rank holds rows {rows[0][1][0]}+{rows[0][0][0]} of the weight but "
-                         f"{rows[1][1][0]}+{rows[1][0][0]} of its LoRA B (LoRA needs both sharded by output rows, "
-                         "as FSDP2 does; training tensor parallelism is not supported with LoRA)")
+        raise ValueError(
+            f"{name}: this rank holds rows {rows[0][1][0]}+{rows[0][0][0]} of the weight but "
+            f"{rows[1][1][0]}+{rows[1][0][0]} of its LoRA B (LoRA needs both sharded by output rows, "
+            "as FSDP2 does; training tensor parallelism is not supported with LoRA)"
+        )

@@ -13,15 +13,15 @@ import torch
 
 from hybridflow.configs.schema import PPOConfig
 from hybridflow.core import DP_COMPUTE_PROTO, ONE_TO_ALL, DataProto, Worker, register
-from hybridflow.core.parallel_dims import ParallelDims
 from hybridflow.core.keys import LOG_PROB_INPUTS, REF_LOG_PROBS
+from hybridflow.core.parallel_dims import ParallelDims
 from hybridflow.workers.fsdp import shard_role
-from hybridflow.workers.offload import StateOffloader
-from hybridflow.workers.log_probs import response_log_probs
 from hybridflow.workers.loading import load_sharded_model
+from hybridflow.workers.log_probs import response_log_probs
 from hybridflow.workers.micro_batches import log_prob_batching, restore_order
-from hybridflow.workers.packing import probe_packing
 from hybridflow.workers.models import torch_dtype
+from hybridflow.workers.offload import StateOffloader
+from hybridflow.workers.packing import probe_packing
 
 
 class RefWorker(Worker):
@@ -38,13 +38,18 @@ class RefWorker(Worker):
         arr = self.config.actor_rollout_ref
         model_cfg, fsdp = arr.model, arr.ref.fsdp_config
         self.model = load_sharded_model(  # no optimizer: held in the dtype it computes in
-            model_cfg.path, dtype=torch_dtype(fsdp.compute_dtype(model_cfg)), seed=self.config.trainer.seed,
-            mesh=self.device_mesh, device=self.device,
-            shard=lambda module, mesh: shard_role(module.eval().requires_grad_(False), mesh, fsdp,
-                                                  compute_dtype=fsdp.compute_dtype(model_cfg)),
+            model_cfg.path,
+            dtype=torch_dtype(fsdp.compute_dtype(model_cfg)),
+            seed=self.config.trainer.seed,
+            mesh=self.device_mesh,
+            device=self.device,
+            shard=lambda module, mesh: shard_role(
+                module.eval().requires_grad_(False), mesh, fsdp, compute_dtype=fsdp.compute_dtype(model_cfg)
+            ),
         )
-        self.packing = (probe_packing(self.model, share_prompts=model_cfg.share_prompts)
-                        if model_cfg.use_remove_padding else None)
+        self.packing = (
+            probe_packing(self.model, share_prompts=model_cfg.share_prompts) if model_cfg.use_remove_padding else None
+        )
         self.batching = log_prob_batching(arr, self.dims.ref.micro_batch_rows)
         self.offload = StateOffloader(self.model, None, params=fsdp.param_offload, optimizer_state=False)
         self.offload.offload()
@@ -57,7 +62,9 @@ class RefWorker(Worker):
         micro_batches, order = self.batching.split(data, self.device_mesh.get_group())
         with self.offload.on_device(params=True):
             parts = [
-                response_log_probs(self.model, micro, temperature=arr.rollout.temperature, packing=self.packing).log_probs
+                response_log_probs(
+                    self.model, micro, temperature=arr.rollout.temperature, packing=self.packing
+                ).log_probs
                 for micro in micro_batches
             ]
         return DataProto.from_dict({REF_LOG_PROBS: restore_order(torch.cat(parts), order)})

@@ -41,8 +41,10 @@ def read_reward_model(path: str, dtype: torch.dtype, seed: int | None = None) ->
     """The sequence classifier at ``path`` in ``dtype``, eval mode; a clear error when it is not a one-label one."""
     model = AutoModelForSequenceClassification.from_pretrained(path, dtype=dtype)
     if model.config.num_labels != 1:
-        raise ValueError(f"reward_model.model.path={path!r} has num_labels={model.config.num_labels}; a reward model "
-                         "scores with one label (AutoModelForSequenceClassification, num_labels=1)")
+        raise ValueError(
+            f"reward_model.model.path={path!r} has num_labels={model.config.num_labels}; a reward model "
+            "scores with one label (AutoModelForSequenceClassification, num_labels=1)"
+        )
     return model.eval()
 
 
@@ -61,12 +63,23 @@ class RewardModelInputs:
             ids, mask, width = data.batch[INPUT_IDS], data.batch[ATTENTION_MASK].bool(), responses.shape[1]
             special = special_ids(self.policy)  # what the verifiers' decoding leaves out
             # the response region under the attention mask: a multi-turn trajectory's tool output included
-            return [truncate_left(finished(row[:-width][m[:-width]].tolist(), row[-width:][m[-width:]].tolist(),
-                                           special, self.rm.eos_token_id), self.max_length)
-                    for row, m in zip(ids, mask)]
+            return [
+                truncate_left(
+                    finished(
+                        row[:-width][m[:-width]].tolist(),
+                        row[-width:][m[-width:]].tolist(),
+                        special,
+                        self.rm.eos_token_id,
+                    ),
+                    self.max_length,
+                )
+                for row, m in zip(ids, mask)
+            ]
         texts = [self.policy.decode(r[m].tolist(), skip_special_tokens=True) for r, m in zip(responses, response_mask)]
-        return [chat_ids(self.rm, prompt, text, self.max_length)
-                for prompt, text in zip(data.non_tensor_batch[RAW_PROMPT], texts)]
+        return [
+            chat_ids(self.rm, prompt, text, self.max_length)
+            for prompt, text in zip(data.non_tensor_batch[RAW_PROMPT], texts)
+        ]
 
     def batch(self, data: DataProto, pad_id: int) -> DataProto:
         """The rows as a right-padded (``input_ids``, ``attention_mask``) DataProto."""
@@ -91,8 +104,10 @@ def pad_token_id(model: nn.Module, tokenizer: Any) -> int:
     if config.pad_token_id is None:
         fallback = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         if fallback is None:
-            raise ValueError("the reward model's config and tokenizer define neither a pad nor an EOS token: set "
-                             "pad_token_id in its config.json so that batches can be scored")
+            raise ValueError(
+                "the reward model's config and tokenizer define neither a pad nor an EOS token: set "
+                "pad_token_id in its config.json so that batches can be scored"
+            )
         config.pad_token_id = model.config.pad_token_id = fallback
     return int(config.pad_token_id)
 
@@ -112,15 +127,22 @@ class RewardModelWorker(Worker):
         fsdp = rm.model.fsdp_config
         compute = fsdp.compute_dtype(policy)
         self.model = load_sharded_model(
-            rm.model.path, dtype=torch_dtype(compute), seed=self.config.trainer.seed, mesh=self.device_mesh,
-            device=self.device, read=read_reward_model,
-            shard=lambda module, mesh: shard_role(module.eval().requires_grad_(False), mesh, fsdp, compute_dtype=compute),
+            rm.model.path,
+            dtype=torch_dtype(compute),
+            seed=self.config.trainer.seed,
+            mesh=self.device_mesh,
+            device=self.device,
+            read=read_reward_model,
+            shard=lambda module, mesh: shard_role(
+                module.eval().requires_grad_(False), mesh, fsdp, compute_dtype=compute
+            ),
         )
         rm_tokenizer = load_tokenizer(rm.model.tokenizer_path or rm.model.path)
         self.inputs = RewardModelInputs(load_tokenizer(policy.path), rm_tokenizer, rm.max_length)
         self.pad_id = pad_token_id(self.model, rm_tokenizer)
-        self.batching = MicroBatching(rm.micro_batch_size_per_gpu,
-                                      rm.forward_max_token_len_per_gpu if rm.use_dynamic_bsz else None)
+        self.batching = MicroBatching(
+            rm.micro_batch_size_per_gpu, rm.forward_max_token_len_per_gpu if rm.use_dynamic_bsz else None
+        )
         self.offload = StateOffloader(self.model, None, params=fsdp.param_offload, optimizer_state=False)
         self.offload.offload()
 
@@ -140,5 +162,3 @@ class RewardModelWorker(Worker):
         ids = micro.batch[INPUT_IDS][:, :width].to(self.device)
         logits = self.model(input_ids=ids, attention_mask=mask[:, :width].to(self.device)).logits
         return logits[:, 0].float().cpu()
-
-

@@ -54,8 +54,18 @@ from hybridflow.workers.rm_inputs import preference_ids  # the layout trained on
 from hybridflow.workers.train_step import optimizer_step
 
 __all__ = [
-    "CHOSEN_IDS", "CHOSEN_MASK", "CHOSEN_SCORES", "PAIR_INPUTS", "REJECTED_IDS", "REJECTED_MASK", "REJECTED_SCORES",
-    "RewardModelTrainerWorker", "build_score_model", "pair_batch", "preference_ids", "sequence_scores",
+    "CHOSEN_IDS",
+    "CHOSEN_MASK",
+    "CHOSEN_SCORES",
+    "PAIR_INPUTS",
+    "REJECTED_IDS",
+    "REJECTED_MASK",
+    "REJECTED_SCORES",
+    "RewardModelTrainerWorker",
+    "build_score_model",
+    "pair_batch",
+    "preference_ids",
+    "sequence_scores",
 ]
 
 logger = logging.getLogger(__name__)
@@ -71,12 +81,14 @@ CHOSEN_SCORES, REJECTED_SCORES = "chosen_scores", "rejected_scores"
 def pair_batch(chosen: Sequence[Sequence[int]], rejected: Sequence[Sequence[int]], pad_id: int) -> DataProto:
     """Pairs of token ids (from :func:`preference_ids`) as a DataProto of :data:`PAIR_INPUTS`."""
     if len(chosen) != len(rejected) or not chosen:
-        raise ValueError(f"pair_batch needs as many chosen as rejected texts, at least one; got {len(chosen)} and "
-                         f"{len(rejected)}")
+        raise ValueError(
+            f"pair_batch needs as many chosen as rejected texts, at least one; got {len(chosen)} and {len(rejected)}"
+        )
     chosen_ids, chosen_mask = right_pad(chosen, pad_id)
     rejected_ids, rejected_mask = right_pad(rejected, pad_id)
-    return DataProto.from_dict({CHOSEN_IDS: chosen_ids, CHOSEN_MASK: chosen_mask,
-                                REJECTED_IDS: rejected_ids, REJECTED_MASK: rejected_mask})
+    return DataProto.from_dict(
+        {CHOSEN_IDS: chosen_ids, CHOSEN_MASK: chosen_mask, REJECTED_IDS: rejected_ids, REJECTED_MASK: rejected_mask}
+    )
 
 
 def build_score_model(path: str, dtype: torch.dtype, seed: int | None) -> PreTrainedModel:
@@ -107,11 +119,23 @@ def load_score_model(config: RMConfig, mesh: DeviceMesh, device: torch.device | 
     model_cfg, fsdp = config.model, config.model.fsdp_config
 
     def shard(skeleton: nn.Module, mesh: DeviceMesh) -> nn.Module:
-        return shard_role(skeleton, mesh, fsdp, compute_dtype=fsdp.compute_dtype(model_cfg),
-                          gradient_checkpointing=model_cfg.enable_gradient_checkpointing)
+        return shard_role(
+            skeleton,
+            mesh,
+            fsdp,
+            compute_dtype=fsdp.compute_dtype(model_cfg),
+            gradient_checkpointing=model_cfg.enable_gradient_checkpointing,
+        )
 
-    return load_sharded_model(model_cfg.path, dtype=torch_dtype(fsdp.master_dtype), seed=config.trainer.seed,
-                              mesh=mesh, device=device, read=build_score_model, shard=shard)
+    return load_sharded_model(
+        model_cfg.path,
+        dtype=torch_dtype(fsdp.master_dtype),
+        seed=config.trainer.seed,
+        mesh=mesh,
+        device=device,
+        read=build_score_model,
+        shard=shard,
+    )
 
 
 def sequence_scores(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -135,7 +159,7 @@ def pair_scores(model: nn.Module, micro: DataProto, pad_id: int) -> tuple[torch.
     ids = torch.cat([fit(batch[CHOSEN_IDS], pad_id), fit(batch[REJECTED_IDS], pad_id)])
     mask = torch.cat([fit(batch[CHOSEN_MASK], 0), fit(batch[REJECTED_MASK], 0)])
     scores = sequence_scores(model, ids, mask)
-    return scores[: len(micro)], scores[len(micro):]
+    return scores[: len(micro)], scores[len(micro) :]
 
 
 class RewardModelTrainerWorker(Worker):
@@ -168,17 +192,31 @@ class RewardModelTrainerWorker(Worker):
             chosen, rejected = pair_scores(self.model, micro, self.pad_id)
             losses = bradley_terry_loss(chosen, rejected, margin)
             with torch.no_grad():
-                sums.add_(torch.stack([losses.sum(), correct_pairs(chosen, rejected).sum(),
-                                       (chosen - rejected).sum()]).double().cpu())
+                sums.add_(
+                    torch.stack([losses.sum(), correct_pairs(chosen, rejected).sum(), (chosen - rejected).sum()])
+                    .double()
+                    .cpu()
+                )
             return losses.sum() / total_pairs, {}
 
         micro_batches = data.split(self.config.data.micro_batch_size_per_gpu)
-        step = optimizer_step(micro_batches, micro_loss, self.model, self.optimizer,
-                              grad_clip=self.config.optim.grad_clip, loss_scale=self.world_size,
-                              scheduler=self.scheduler, prefix="train")
+        step = optimizer_step(
+            micro_batches,
+            micro_loss,
+            self.model,
+            self.optimizer,
+            grad_clip=self.config.optim.grad_clip,
+            loss_scale=self.world_size,
+            scheduler=self.scheduler,
+            prefix="train",
+        )
         loss, correct, gap = self._all_reduced(sums).tolist()
-        return {**step, "train/loss": loss / total_pairs, "train/accuracy": correct / total_pairs,
-                "train/score_gap": gap / total_pairs}
+        return {
+            **step,
+            "train/loss": loss / total_pairs,
+            "train/accuracy": correct / total_pairs,
+            "train/score_gap": gap / total_pairs,
+        }
 
     @register(dispatch=DP_COMPUTE_PROTO, reads=PAIR_INPUTS)
     def compute_scores(self, data: DataProto) -> DataProto:
@@ -189,8 +227,9 @@ class RewardModelTrainerWorker(Worker):
             for micro in data.split(self.config.data.micro_batch_size_per_gpu):
                 parts.append(torch.stack(pair_scores(self.model, micro, self.pad_id), dim=1))
         scores = torch.cat(parts)
-        return DataProto.from_dict({CHOSEN_SCORES: scores[:, 0].contiguous(),
-                                    REJECTED_SCORES: scores[:, 1].contiguous()})
+        return DataProto.from_dict(
+            {CHOSEN_SCORES: scores[:, 0].contiguous(), REJECTED_SCORES: scores[:, 1].contiguous()}
+        )
 
     @register(dispatch=ONE_TO_ALL, reads=())
     def save_hf_model(self, directory: str) -> None:

@@ -62,11 +62,15 @@ def chat_ids(tokenizer: Any, prompt: Any, response: str, max_length: int | None 
 def same_tokenizer(a: Any, b: Any) -> bool:
     """Whether two tokenizers turn text into the same tokens and chat into the same text: equal vocabularies,
     special tokens and chat templates."""
+
     def special(t: Any) -> Sequence[Any]:
         return (t.eos_token_id, t.bos_token_id, sorted(getattr(t, "all_special_tokens", [])))
 
-    return (a.get_vocab() == b.get_vocab() and getattr(a, "chat_template", None) == getattr(b, "chat_template", None)
-            and special(a) == special(b))
+    return (
+        a.get_vocab() == b.get_vocab()
+        and getattr(a, "chat_template", None) == getattr(b, "chat_template", None)
+        and special(a) == special(b)
+    )
 
 
 def special_ids(tokenizer: Any) -> set[int]:

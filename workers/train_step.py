@@ -65,8 +65,9 @@ def global_counts(mask: torch.Tensor, group: dist.ProcessGroup | None) -> tuple[
     so it does not dilute the ``seq-mean-*`` losses of the others.
     """
     # on the mask's device: an NCCL group reduces CUDA tensors only
-    counts = torch.tensor([mask.sum().item(), float((mask.sum(-1) > 0).sum().item())], dtype=torch.float64,
-                          device=mask.device)
+    counts = torch.tensor(
+        [mask.sum().item(), float((mask.sum(-1) > 0).sum().item())], dtype=torch.float64, device=mask.device
+    )
     if group is not None and dist.get_world_size(group) > 1:
         dist.all_reduce(counts, group=group)
     return counts[0].item(), counts[1].item()

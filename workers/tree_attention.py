@@ -53,8 +53,15 @@ class TreeLayout:
     """(N,) for each slot, its output's place in the prompt outputs (U x P) followed by the branch outputs (B x L)."""
 
 
-def tree_layout(unit_start: list[int], prompt_lengths: list[int], row_unit: list[int], row_before: list[int],
-                response_lengths: list[int], slots: int, device: torch.device) -> TreeLayout:
+def tree_layout(
+    unit_start: list[int],
+    prompt_lengths: list[int],
+    row_unit: list[int],
+    row_before: list[int],
+    response_lengths: list[int],
+    slots: int,
+    device: torch.device,
+) -> TreeLayout:
     """The layout of trees whose unit ``u`` starts at slot ``unit_start[u]`` with its ``prompt_lengths[u]``
     prompt slots, then its rows' responses: row ``i`` of unit ``row_unit[i]`` has ``response_lengths[i]`` slots
     after the ``row_before[i]`` response slots of the unit's earlier rows. ``slots``: the packed row's length."""
@@ -80,8 +87,15 @@ def tree_layout(unit_start: list[int], prompt_lengths: list[int], row_unit: list
     return TreeLayout(prompt_slots, prompt_mask, branch_queries, branch_keys, branch_mask, source)
 
 
-def tree_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: TreeLayout, *,
-                   scaling: float | None, dropout: float = 0.0) -> torch.Tensor:
+def tree_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    layout: TreeLayout,
+    *,
+    scaling: float | None,
+    dropout: float = 0.0,
+) -> torch.Tensor:
     """Attention of one packed row ``(1, heads, N, d)`` (keys and values may have fewer heads: grouped-query)
     over its trees; returns ``(1, N, heads, d)``, the layout transformers' attention functions return."""
     if query.shape[0] != 1:
@@ -95,8 +109,15 @@ def tree_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
         return t.index_select(0, slots.flatten()).view(*slots.shape, *t.shape[1:]).transpose(1, 2)
 
     def attend(queries: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        out = F.scaled_dot_product_attention(gather(q, queries), gather(k, keys), gather(v, keys), attn_mask=mask,
-                                             dropout_p=dropout, scale=scaling, enable_gqa=gqa)
+        out = F.scaled_dot_product_attention(
+            gather(q, queries),
+            gather(k, keys),
+            gather(v, keys),
+            attn_mask=mask,
+            dropout_p=dropout,
+            scale=scaling,
+            enable_gqa=gqa,
+        )
         return out.transpose(1, 2).flatten(0, 1)  # (G * len, heads, d)
 
     parts = [attend(layout.prompt_slots, layout.prompt_slots, layout.prompt_mask)]

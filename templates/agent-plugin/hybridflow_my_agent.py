@@ -73,8 +73,9 @@ async def my_agent(
     stops = fmt.stop_token_ids(tokenizer)
     trajectory = Trajectory()
 
-    think = await client.generate(request.prompt_ids, max_tokens=min(max_think_tokens or budget, budget),
-                                  stop_token_ids=stops)
+    think = await client.generate(
+        request.prompt_ids, max_tokens=min(max_think_tokens or budget, budget), stop_token_ids=stops
+    )
     trajectory.add_generation(think)
     if think.finish_reason == "length":
         trajectory.truncated = True

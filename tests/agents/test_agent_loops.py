@@ -15,20 +15,20 @@ import torch
 
 from hybridflow.agents import AgentRequest, AgentRunner, Completion, ToolBox, ToolCall
 from hybridflow.agents.batcher import GenerationBatcher
-from hybridflow.core.rollout_batch import left_pad
 from hybridflow.agents.calculator import evaluate
 from hybridflow.agents.formats import FORMATS, observation_ids
 from hybridflow.agents.python_tool import run_code
-from hybridflow.agents.toolbox import cut_middle
 from hybridflow.agents.server import engine_generate_fn
 from hybridflow.agents.tool_calling import tool_calling
+from hybridflow.agents.toolbox import cut_middle
 from hybridflow.core import DataProto
+from hybridflow.core.rollout_batch import left_pad
+from hybridflow.core.sampling import SamplingParams
 from hybridflow.data.synthetic_tool import make_tool_example
 from hybridflow.plugins import Tool, ToolError, get_agent_loop
 from hybridflow.rewards.tool_task import compute_score
 from hybridflow.workers.models import load_model_and_tokenizer
 from hybridflow.workers.rollout.engine import RolloutEngine
-from hybridflow.core.sampling import SamplingParams
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +63,10 @@ def tool_prompts(tokenizer, hidden=(7, 5, 9, 6), n=2, greedy=False):
     input_ids, mask, _ = left_pad(ids, tokenizer.pad_token_id)
     return DataProto.from_dict(
         {"input_ids": input_ids, "attention_mask": mask},
-        non_tensors={"extra_info": np.array([r["extra_info"] for r in rows], dtype=object),
-                     "uid": np.array([str(i) for i in range(len(rows))], dtype=object)},
+        non_tensors={
+            "extra_info": np.array([r["extra_info"] for r in rows], dtype=object),
+            "uid": np.array([str(i) for i in range(len(rows))], dtype=object),
+        },
         meta_info={"n": n, "greedy": greedy, "seed": 5},
     )
 
@@ -125,12 +127,16 @@ def test_the_verifier_scores_the_answer_after_the_last_call():
 def test_the_budget_is_never_exceeded(policy):
     _, tok = policy
     # "?" + 3 observation tokens leave 1 of 5: the answer "7<eos>" is cut, the trajectory is truncated
-    traj = asyncio.run(tool_calling(request_for(tok, budget=5), ScriptedClient(tok, ["?", "7"]),
-                                    ToolBox.from_names(["reveal"]), **COMPACT))
+    traj = asyncio.run(
+        tool_calling(
+            request_for(tok, budget=5), ScriptedClient(tok, ["?", "7"]), ToolBox.from_names(["reveal"]), **COMPACT
+        )
+    )
     assert len(traj) == 5 and traj.truncated and traj.loss_mask == [1, 0, 0, 0, 1]
     # an observation that does not fit ends the trajectory before it
-    traj = asyncio.run(tool_calling(request_for(tok, budget=3), ScriptedClient(tok, ["?"]),
-                                    ToolBox.from_names(["reveal"]), **COMPACT))
+    traj = asyncio.run(
+        tool_calling(request_for(tok, budget=3), ScriptedClient(tok, ["?"]), ToolBox.from_names(["reveal"]), **COMPACT)
+    )
     assert traj.response_ids == [tok.convert_tokens_to_ids("?")] and traj.truncated
 
 
@@ -181,8 +187,11 @@ def test_a_flood_is_cut_and_counted():
 
 def test_arguments_are_checked_against_the_schema():
     box = ToolBox.from_names(["calculator"])
-    bad = [({}, "missing ['expression']"), ({"expression": "1", "x": 2}, "unexpected ['x']"),
-           ({"expression": 3}, "must be a JSON string, got int")]
+    bad = [
+        ({}, "missing ['expression']"),
+        ({"expression": "1", "x": 2}, "unexpected ['x']"),
+        ({"expression": 3}, "must be a JSON string, got int"),
+    ]
     for arguments, message in bad:
         result = asyncio.run(box.call(ToolCall("calculator", arguments)))
         assert result.status == "invalid" and message in result.text
@@ -191,9 +200,11 @@ def test_arguments_are_checked_against_the_schema():
 
 def test_hermes_calls_are_parsed_and_malformed_ones_reported():
     fmt, box = FORMATS["hermes"], ToolBox.from_names(["calculator"])
-    text = ('thinking <tool_call>{"name": "calculator", "arguments": {"expression": "1+1"}}</tool_call>'
-            '<tool_call>{"name": "calculator", "arguments": "{\\"expression\\": \\"2\\"}"}</tool_call>'
-            "<tool_call>{not json}</tool_call>")
+    text = (
+        'thinking <tool_call>{"name": "calculator", "arguments": {"expression": "1+1"}}</tool_call>'
+        '<tool_call>{"name": "calculator", "arguments": "{\\"expression\\": \\"2\\"}"}</tool_call>'
+        "<tool_call>{not json}</tool_call>"
+    )
     calls, problems = fmt.parse(text, box, None)
     assert calls == [ToolCall("calculator", {"expression": "1+1"}), ToolCall("calculator", {"expression": "2"})]
     assert len(problems) == 1 and problems[0].startswith("error: the tool call is not JSON")
@@ -202,17 +213,29 @@ def test_hermes_calls_are_parsed_and_malformed_ones_reported():
 
 def test_the_calculator_refuses_anything_but_bounded_arithmetic():
     assert evaluate("2**10 - 7 // 2") == 1021 and evaluate("-1.5 * 2") == -3.0
-    for expression, reason in [("__import__('os')", "not Call"), ("9**9**9", "exponent larger"), ("1/0", "division"),
-                               ("a+1", "not Name"), ("1+", "not an arithmetic expression")]:
+    for expression, reason in [
+        ("__import__('os')", "not Call"),
+        ("9**9**9", "exponent larger"),
+        ("1/0", "division"),
+        ("a+1", "not Name"),
+        ("1+", "not an arithmetic expression"),
+    ]:
         with pytest.raises(ValueError, match=reason):
             evaluate(expression)
 
 
-@pytest.mark.parametrize("expression,reason", [
-    ("1e999", "out of range"), ("1e999-1e999", "out of range"), ("-1e999", "out of range"),  # inf and nan literals
-    ("1" + "0" * 150, "out of range"), ("1e101 * 0", "out of range"),  # a literal past the bound, whatever follows
-    ("(-8)**0.5", "not a real number"), ("1e100 * 10", "out of range"),
-])
+@pytest.mark.parametrize(
+    "expression,reason",
+    [
+        ("1e999", "out of range"),
+        ("1e999-1e999", "out of range"),
+        ("-1e999", "out of range"),  # inf and nan literals
+        ("1" + "0" * 150, "out of range"),
+        ("1e101 * 0", "out of range"),  # a literal past the bound, whatever follows
+        ("(-8)**0.5", "not a real number"),
+        ("1e100 * 10", "out of range"),
+    ],
+)
 def test_the_calculators_bounds_hold_for_literals_and_results(expression, reason):
     with pytest.raises(ValueError, match=reason):
         evaluate(expression)
@@ -246,8 +269,10 @@ def test_a_program_cannot_forge_an_infrastructure_error():
     (exit code 71, its own text), not the sandbox unavailable."""
     from hybridflow.sandbox import launcher as sandbox_launcher
 
-    code = (f"import sys\nsys.stderr.write({sandbox_launcher.UNAVAILABLE_MARK!r} + ': namespaces\\n')\n"
-            f"sys.exit({sandbox_launcher.EXIT_UNAVAILABLE})")
+    code = (
+        f"import sys\nsys.stderr.write({sandbox_launcher.UNAVAILABLE_MARK!r} + ': namespaces\\n')\n"
+        f"sys.exit({sandbox_launcher.EXIT_UNAVAILABLE})"
+    )
     with pytest.raises(ToolError) as failed:
         run_code({"code": code}, {})
     assert "error: exit code 71" in str(failed.value) and "sandbox is unavailable" not in str(failed.value)
@@ -262,12 +287,15 @@ def test_an_observation_is_cut_in_the_middle_keeping_head_and_tail():
 def test_concurrent_loops_share_engine_calls(policy):
     engine, tok = policy
     calls = []
-    runner = AgentRunner(get_agent_loop("tool_calling"), COMPACT, ToolBox.from_names(["reveal"]), tok, 8, tok.pad_token_id)
+    runner = AgentRunner(
+        get_agent_loop("tool_calling"), COMPACT, ToolBox.from_names(["reveal"]), tok, 8, tok.pad_token_id
+    )
     prompts = tool_prompts(tok, n=4)
 
     def client(count):
-        batcher = GenerationBatcher(counted_generate_fn(engine, calls), tok.pad_token_id, engine.eos_token_ids, seed=5,
-                                    max_wait_s=5.0)  # long: only "every loop is waiting" may send a batch
+        batcher = GenerationBatcher(
+            counted_generate_fn(engine, calls), tok.pad_token_id, engine.eos_token_ids, seed=5, max_wait_s=5.0
+        )  # long: only "every loop is waiting" may send a batch
         batcher.expect(count)
         return batcher
 
@@ -279,7 +307,9 @@ def test_concurrent_loops_share_engine_calls(policy):
     extra = out.non_tensor_batch["extra_info"]
     assert len({id(e) for e in extra}) == 16  # one dict per sample, not shared by a prompt's n
     assert sum(e["tool_calls"] for e in extra) == round(out.meta_info["metrics"]["agent/tool_calls/mean"] * 16)
-    assert all(e["tools_kwargs"] == {"reveal": {"value": h}} for e, h in zip(extra, [7] * 4 + [5] * 4 + [9] * 4 + [6] * 4))
+    assert all(
+        e["tools_kwargs"] == {"reveal": {"value": h}} for e, h in zip(extra, [7] * 4 + [5] * 4 + [9] * 4 + [6] * 4)
+    )
     assert list(out.non_tensor_batch["uid"]) == [str(i) for i in range(4) for _ in range(4)]
     real = out.batch["attention_mask"][:, -8:]
     assert torch.all(out.batch["response_mask"] <= real)  # the loss mask lies inside the real tokens
@@ -291,7 +321,9 @@ def test_single_turn_through_the_runner_equals_the_engine(policy):
     runner = AgentRunner(get_agent_loop("single_turn"), {}, ToolBox([]), tok, 6, tok.pad_token_id)
 
     def client(count):
-        batcher = GenerationBatcher(counted_generate_fn(engine, []), tok.pad_token_id, engine.eos_token_ids, greedy=True)
+        batcher = GenerationBatcher(
+            counted_generate_fn(engine, []), tok.pad_token_id, engine.eos_token_ids, greedy=True
+        )
         batcher.expect(count)
         return batcher
 

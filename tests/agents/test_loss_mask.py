@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from support import rollout_batch, tiny_model
 
 from hybridflow.configs.schema import ActorConfig
 from hybridflow.core import DataProto
@@ -10,7 +11,6 @@ from hybridflow.estimators.grpo import grpo_advantage
 from hybridflow.estimators.reinforce_plus_plus import reinforce_plus_plus_advantage
 from hybridflow.trainer.metrics import compute_data_metrics
 from hybridflow.workers.actor.ppo_actor import PPOActor
-from support import rollout_batch, tiny_model
 
 # response positions 2 and 3 of every row are a tool observation: in the sequence, not in the loss
 HOLE = (2, 3)
@@ -41,8 +41,9 @@ def logit_gradients(batch: DataProto) -> torch.Tensor:
     batch.batch["advantages"] = torch.randn(rows, response, generator=gen)
     config = ActorConfig(ppo_micro_batch_size_per_gpu=rows, entropy_coeff=0.01, use_kl_loss=True, shuffle=False)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
-    actor = PPOActor(model, optimizer, config, loss_agg_mode="token-mean", rows_per_mini_batch=rows,
-                     use_remove_padding=False)
+    actor = PPOActor(
+        model, optimizer, config, loss_agg_mode="token-mean", rows_per_mini_batch=rows, use_remove_padding=False
+    )
     grads = []
 
     def keep_gradient(_module, _inputs, logits):

@@ -21,11 +21,11 @@ import pytest
 import torch
 
 from hybridflow.agents.batcher import GenerationBatcher
-from hybridflow.core.rollout_batch import left_pad
 from hybridflow.agents.http_client import CompletionsClient
 from hybridflow.agents.server import PolicyServer, engine_generate_fn
 from hybridflow.core.data_proto import DataProto
 from hybridflow.core.keys import ATTENTION_MASK, INPUT_IDS, RESPONSE_MASK, RESPONSES, ROLLOUT_LOG_PROBS
+from hybridflow.core.rollout_batch import left_pad
 from hybridflow.workers.models import load_model_and_tokenizer
 from hybridflow.workers.rollout import RolloutEngine, SamplingParams
 from hybridflow.workers.rollout.engine import EngineConfig
@@ -65,26 +65,39 @@ def server(engine, calls):
         calls.append(len(prompts))
         return serve(prompts)
 
-    with PolicyServer(counted, engine.tokenizer, model_name=MODEL, max_wait_s=0.05, max_model_len=64,
-                      max_body_bytes=256 * 1024) as running:
+    with PolicyServer(
+        counted, engine.tokenizer, model_name=MODEL, max_wait_s=0.05, max_model_len=64, max_body_bytes=256 * 1024
+    ) as running:
         yield running
 
 
-def direct(engine: RolloutEngine, prompt_ids: list[int], max_tokens: int, *, greedy: bool = False,
-           seed: int | None = None, stops: tuple[int, ...] = ()) -> tuple[list[int], list[float]]:
+def direct(
+    engine: RolloutEngine,
+    prompt_ids: list[int],
+    max_tokens: int,
+    *,
+    greedy: bool = False,
+    seed: int | None = None,
+    stops: tuple[int, ...] = (),
+) -> tuple[list[int], list[float]]:
     """The engine's own tokens and log-probs for one prompt, no server in between."""
     ids, mask, _ = left_pad([prompt_ids], engine.pad_token_id)
-    out = engine.generate(DataProto.from_dict({INPUT_IDS: ids, ATTENTION_MASK: mask}),
-                          sampling=SamplingParams(max_new_tokens=max_tokens), greedy=greedy, seed=seed,
-                          stop_token_ids=stops)
+    out = engine.generate(
+        DataProto.from_dict({INPUT_IDS: ids, ATTENTION_MASK: mask}),
+        sampling=SamplingParams(max_new_tokens=max_tokens),
+        greedy=greedy,
+        seed=seed,
+        stop_token_ids=stops,
+    )
     length = int(out.batch[RESPONSE_MASK][0].sum())
     return out.batch[RESPONSES][0, :length].tolist(), out.batch[ROLLOUT_LOG_PROBS][0, :length].tolist()
 
 
 def post(url: str, body: object, raw: bytes | None = None, method: str = "POST") -> tuple[int, dict]:
     data = raw if raw is not None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data if method == "POST" else None, method=method,
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        url, data=data if method == "POST" else None, method=method, headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
             return response.status, json.loads(response.read())
@@ -102,8 +115,15 @@ def test_models_and_health(server):
 def test_seeded_sampled_completion_equals_the_engine(server, engine):
     client = openai.OpenAI(base_url=server.url, api_key="none")
     prompt = "max(3,8)="
-    out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=1.0, seed=1234, logprobs=1,
-                                    extra_body={"return_token_ids": True})
+    out = client.completions.create(
+        model=MODEL,
+        prompt=prompt,
+        max_tokens=12,
+        temperature=1.0,
+        seed=1234,
+        logprobs=1,
+        extra_body={"return_token_ids": True},
+    )
     choice = out.choices[0]
     prompt_ids = engine.tokenizer(prompt, add_special_tokens=False)["input_ids"]
     assert choice.prompt_token_ids == prompt_ids  # a string prompt is tokenized without special tokens
@@ -117,17 +137,27 @@ def test_seeded_sampled_completion_equals_the_engine(server, engine):
 
 
 def test_concurrent_greedy_requests_are_batched_and_equal_the_engine(server, engine, calls):
-    prompts = [engine.tokenizer(t, add_special_tokens=False)["input_ids"]
-               for t in ["7", "max(1,2)=", "(12+4)*3=", "99", "1+1=", "max(3,8,1,5)=", "42", "8*8="]]
+    prompts = [
+        engine.tokenizer(t, add_special_tokens=False)["input_ids"]
+        for t in ["7", "max(1,2)=", "(12+4)*3=", "99", "1+1=", "max(3,8,1,5)=", "42", "8*8="]
+    ]
 
     async def ask_all():
         client = openai.AsyncOpenAI(base_url=server.url, api_key="none")
         try:
-            return await asyncio.gather(*(
-                client.completions.create(model=MODEL, prompt=ids, max_tokens=6 + i, temperature=0, logprobs=0,
-                                          extra_body={"return_token_ids": True})
-                for i, ids in enumerate(prompts)
-            ))
+            return await asyncio.gather(
+                *(
+                    client.completions.create(
+                        model=MODEL,
+                        prompt=ids,
+                        max_tokens=6 + i,
+                        temperature=0,
+                        logprobs=0,
+                        extra_body={"return_token_ids": True},
+                    )
+                    for i, ids in enumerate(prompts)
+                )
+            )
         finally:
             await client.close()
 
@@ -142,21 +172,33 @@ def test_concurrent_greedy_requests_are_batched_and_equal_the_engine(server, eng
 
 def test_chat_completion_renders_the_template_and_equals_the_engine(server, engine, calls):
     tokenizer = engine.tokenizer
-    messages = [{"role": "system", "content": "answer"}, {"role": "user", "content": [{"type": "text", "text": "2+3?"}]}]
+    messages = [
+        {"role": "system", "content": "answer"},
+        {"role": "user", "content": [{"type": "text", "text": "2+3?"}]},
+    ]
     plain = [messages[0], {"role": "user", "content": "2+3?"}]
-    rendered = tokenizer(tokenizer.apply_chat_template(plain, add_generation_prompt=True, tokenize=False),
-                         add_special_tokens=False)["input_ids"]
+    rendered = tokenizer(
+        tokenizer.apply_chat_template(plain, add_generation_prompt=True, tokenize=False), add_special_tokens=False
+    )["input_ids"]
     templated = tokenizer.apply_chat_template(plain, add_generation_prompt=True, tokenize=True)
     assert rendered == list(getattr(templated, "input_ids", templated))  # rendering then tokenizing adds nothing
 
     async def chat_four():
         client = openai.AsyncOpenAI(base_url=server.url, api_key="none")
         try:
-            return await asyncio.gather(*(
-                client.chat.completions.create(model=MODEL, messages=messages, max_completion_tokens=10, temperature=0,
-                                               logprobs=True, extra_body={"return_token_ids": True})
-                for _ in range(4)
-            ))
+            return await asyncio.gather(
+                *(
+                    client.chat.completions.create(
+                        model=MODEL,
+                        messages=messages,
+                        max_completion_tokens=10,
+                        temperature=0,
+                        logprobs=True,
+                        extra_body={"return_token_ids": True},
+                    )
+                    for _ in range(4)
+                )
+            )
         finally:
             await client.close()
 
@@ -199,12 +241,17 @@ def test_requests_wait_for_each_other_until_the_batch_is_full(engine):
 def test_n_samples_share_one_call_seeded_like_the_engine(server, engine, calls):
     prompt_ids = engine.tokenizer("1+2=", add_special_tokens=False)["input_ids"]
     before = len(calls)
-    status, body = post(server.url + "/completions", {"prompt": prompt_ids, "max_tokens": 8, "n": 3, "seed": 77,
-                                                      "logprobs": 1, "return_token_ids": True})
+    status, body = post(
+        server.url + "/completions",
+        {"prompt": prompt_ids, "max_tokens": 8, "n": 3, "seed": 77, "logprobs": 1, "return_token_ids": True},
+    )
     assert status == 200 and calls[before:] == [3]
     ids = torch.tensor([prompt_ids] * 3)
-    out = engine.generate(DataProto.from_dict({INPUT_IDS: ids, ATTENTION_MASK: torch.ones_like(ids)}),
-                          sampling=SamplingParams(max_new_tokens=8), seed=77)
+    out = engine.generate(
+        DataProto.from_dict({INPUT_IDS: ids, ATTENTION_MASK: torch.ones_like(ids)}),
+        sampling=SamplingParams(max_new_tokens=8),
+        seed=77,
+    )
     for row, choice in enumerate(body["choices"]):
         length = int(out.batch[RESPONSE_MASK][row].sum())
         assert choice["index"] == row
@@ -258,10 +305,18 @@ def test_completions_client_returns_what_the_batcher_does(server, engine):
         ("/chat/completions", {"messages": "hi"}, "messages", "non-empty list"),
         ("/chat/completions", {"messages": [{"content": "hi"}]}, "messages", "string `role`"),
         ("/chat/completions", {"messages": [{"role": "user", "content": 3}]}, "messages", "must be a string"),
-        ("/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "logprobs": 1}, "logprobs",
-         "true or false"),
-        ("/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": -2},
-         "max_completion_tokens", "integer in [1, 4096]"),
+        (
+            "/chat/completions",
+            {"messages": [{"role": "user", "content": "hi"}], "logprobs": 1},
+            "logprobs",
+            "true or false",
+        ),
+        (
+            "/chat/completions",
+            {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": -2},
+            "max_completion_tokens",
+            "integer in [1, 4096]",
+        ),
         ("/completions", [1, 2], None, "must be a JSON object"),
         # hostile values that used to be accepted, or end in a 500
         ("/completions", {"prompt": "1", "max_tokens": 10**9}, "max_tokens", "integer in [1, 4096]"),
@@ -313,8 +368,9 @@ def test_a_seed_names_a_stream_and_idle_old_streams_are_forgotten(engine, monkey
     monkeypatch.setattr("hybridflow.agents.server.MAX_SEED_STREAMS", 2)
 
     def ask(url: str, seed: int) -> list[int]:
-        status, body = post(url + "/completions", {"prompt": [5, 6, 7], "max_tokens": 10, "seed": seed,
-                                                   "return_token_ids": True})
+        status, body = post(
+            url + "/completions", {"prompt": [5, 6, 7], "max_tokens": 10, "seed": seed, "return_token_ids": True}
+        )
         assert status == 200
         return body["choices"][0]["token_ids"]
 
@@ -336,14 +392,17 @@ def test_requests_are_logged_only_with_access_log(engine, caplog, access_log):
     assert len([line for line in lines if '"POST /v1/completions HTTP/1.1" 200' in line]) == (3 if access_log else 0)
 
 
-@pytest.mark.parametrize("raw,says", [
-    (b'{"prompt": "1", "temperature": NaN}', "NaN is not a JSON value"),
-    (b'{"prompt": "1", "temperature": Infinity}', "Infinity is not a JSON value"),
-    (b'{"prompt": "1", "temperature": 1e999}', "in [0, 2]"),  # inf as a float literal
-    (b"[" * 100_000 + b"]" * 100_000, "nested deeper"),
-    (b'{"prompt": "1", "seed": ' + b"7" * 5000 + b"}", "not JSON"),  # past Python's int digit limit
-    (b'{"prompt": "1", "max_tokens": 1, "temperature": 0.5, "x": "\\ud800"}', None),  # a lone surrogate: fine
-])
+@pytest.mark.parametrize(
+    "raw,says",
+    [
+        (b'{"prompt": "1", "temperature": NaN}', "NaN is not a JSON value"),
+        (b'{"prompt": "1", "temperature": Infinity}', "Infinity is not a JSON value"),
+        (b'{"prompt": "1", "temperature": 1e999}', "in [0, 2]"),  # inf as a float literal
+        (b"[" * 100_000 + b"]" * 100_000, "nested deeper"),
+        (b'{"prompt": "1", "seed": ' + b"7" * 5000 + b"}", "not JSON"),  # past Python's int digit limit
+        (b'{"prompt": "1", "max_tokens": 1, "temperature": 0.5, "x": "\\ud800"}', None),  # a lone surrogate: fine
+    ],
+)
 def test_hostile_bodies_get_a_400_never_a_500(server, raw, says):
     status, answer = post(server.url + "/completions", None, raw=raw)
     if says is None:
@@ -389,20 +448,30 @@ def test_a_long_request_takes_turns_so_a_short_one_and_health_are_answered_meanw
     expected_short, _ = direct(engine, short_ids, 4, greedy=True)
     slow["on"] = True
     try:
-        with PolicyServer(engine_generate_fn(engine), engine.tokenizer, eos_token_ids=engine.eos_token_ids,
-                          max_model_len=512, max_tokens_limit=500, max_tokens_per_call=16) as server, \
-                concurrent.futures.ThreadPoolExecutor(2) as pool:
+        with (
+            PolicyServer(
+                engine_generate_fn(engine),
+                engine.tokenizer,
+                eos_token_ids=engine.eos_token_ids,
+                max_model_len=512,
+                max_tokens_limit=500,
+                max_tokens_per_call=16,
+            ) as server,
+            concurrent.futures.ThreadPoolExecutor(2) as pool,
+        ):
             url = server.url + "/completions"
             start = time.monotonic()
-            long = pool.submit(timed_post, url, {"prompt": long_ids, "max_tokens": 400, "temperature": 0,
-                                                 "return_token_ids": True})
+            long = pool.submit(
+                timed_post, url, {"prompt": long_ids, "max_tokens": 400, "temperature": 0, "return_token_ids": True}
+            )
             time.sleep(0.5)  # the long one is in the engine by now
             with urllib.request.urlopen(server.url.removesuffix("/v1") + "/health", timeout=10) as response:
                 assert response.status == 200
             health_s = time.monotonic() - start - 0.5
             sent = time.monotonic()
-            status, short, short_done = timed_post(url, {"prompt": short_ids, "max_tokens": 4, "temperature": 0,
-                                                         "return_token_ids": True})
+            status, short, short_done = timed_post(
+                url, {"prompt": short_ids, "max_tokens": 4, "temperature": 0, "return_token_ids": True}
+            )
             long_status, long_answer, long_done = long.result(timeout=60)
     finally:
         slow["on"] = False
@@ -427,13 +496,21 @@ def test_a_client_that_disconnects_gets_no_more_engine_calls(never_ending):
 
     slow["on"] = True
     try:
-        with PolicyServer(counted, engine.tokenizer, eos_token_ids=engine.eos_token_ids,
-                          max_model_len=512, max_tokens_limit=500, max_tokens_per_call=16) as server:
+        with PolicyServer(
+            counted,
+            engine.tokenizer,
+            eos_token_ids=engine.eos_token_ids,
+            max_model_len=512,
+            max_tokens_limit=500,
+            max_tokens_per_call=16,
+        ) as server:
             body = json.dumps({"prompt": [5, 6, 7, 8], "max_tokens": 400, "temperature": 0}).encode()
             host, port = server.url.removeprefix("http://").removesuffix("/v1").split(":")
             with socket.create_connection((host, int(port)), timeout=10) as client:
-                client.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                               b"Content-Length: %d\r\n\r\n" % len(body) + body)
+                client.sendall(
+                    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: %d\r\n\r\n" % len(body) + body
+                )
                 time.sleep(0.6)  # a few slices in
             left = time.monotonic()
             time.sleep(1.5)  # a 400-token request would still be decoding for ~3 s
@@ -460,8 +537,9 @@ def test_batcher_slices_join_into_one_calls_answer_and_a_cancelled_request_is_dr
         return serve(prompts)
 
     async def run() -> tuple[list, list]:
-        batcher = GenerationBatcher(counted, engine.pad_token_id, engine.eos_token_ids, greedy=True,
-                                    max_tokens_per_call=8)
+        batcher = GenerationBatcher(
+            counted, engine.pad_token_id, engine.eos_token_ids, greedy=True, max_tokens_per_call=8
+        )
         try:
             whole = await batcher.generate([5, 6, 7], max_tokens=20)
             cancelled = asyncio.ensure_future(batcher.generate([5, 6, 7], max_tokens=20))
@@ -480,13 +558,18 @@ def test_batcher_slices_join_into_one_calls_answer_and_a_cancelled_request_is_dr
     assert calls == [8, 8, 4, 8]  # 20 tokens as 8 + 8 + 4; the cancelled one got its first slice only
 
 
-@pytest.mark.parametrize("path,body", [
-    ("/completions", {"prompt": "7+" * 450_000, "max_tokens": 2}),
-    ("/chat/completions", {"messages": [{"role": "user", "content": "7+" * 450_000}], "max_tokens": 2}),
-])
+@pytest.mark.parametrize(
+    "path,body",
+    [
+        ("/completions", {"prompt": "7+" * 450_000, "max_tokens": 2}),
+        ("/chat/completions", {"messages": [{"role": "user", "content": "7+" * 450_000}], "max_tokens": 2}),
+    ],
+)
 def test_health_answers_while_a_900_kb_prompt_is_tokenized(engine, path, body):
-    with PolicyServer(engine_generate_fn(engine), engine.tokenizer, max_model_len=512) as server, \
-            concurrent.futures.ThreadPoolExecutor(1) as pool:
+    with (
+        PolicyServer(engine_generate_fn(engine), engine.tokenizer, max_model_len=512) as server,
+        concurrent.futures.ThreadPoolExecutor(1) as pool,
+    ):
         big = pool.submit(timed_post, server.url + path, body)  # under the 1 MiB body limit: it is tokenized
         time.sleep(0.2)
         asked = time.monotonic()

@@ -14,15 +14,23 @@ import sys
 
 import pytest
 from omegaconf import OmegaConf
+from support import read_metrics
 
 from hybridflow.configs.schema import PPOConfig
-from support import read_metrics
 
 pytestmark = pytest.mark.slow
 
-TRAIN = [sys.executable, "-m", "hybridflow.trainer.main", "experiment=tool_use",
-         "actor_rollout_ref.rollout.mode=server", "data.train_batch_size=4",
-         "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.rollout.n=4", "trainer.test_freq=0"]
+TRAIN = [
+    sys.executable,
+    "-m",
+    "hybridflow.trainer.main",
+    "experiment=tool_use",
+    "actor_rollout_ref.rollout.mode=server",
+    "data.train_batch_size=4",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+    "actor_rollout_ref.rollout.n=4",
+    "trainer.test_freq=0",
+]
 ACCESS_LINE = re.compile(r'"POST /v1/(?:chat/)?completions HTTP/1\.1" 200')
 
 
@@ -30,8 +38,14 @@ def run_logs(tmp_path, *overrides):
     """stdout and stderr of one run, then every log file of its run directory."""
     run = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "WANDB_API_KEY", "WANDB_MODE")}
-    out = subprocess.run([*TRAIN, *overrides, f"hydra.run.dir={run}", f"data.synthetic_dir={tmp_path}/data"],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
+    out = subprocess.run(
+        [*TRAIN, *overrides, f"hydra.run.dir={run}", f"data.synthetic_dir={tmp_path}/data"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-3000:]
     logs = sorted(run.glob("**/*.log"))
@@ -51,9 +65,13 @@ def test_vllm_serve_gets_disable_uvicorn_access_log_unless_access_log(tmp_path, 
     from hybridflow.workers.rollout.vllm_server import VLLMServer
 
     cfg = OmegaConf.structured(PPOConfig)
-    for key, value in {"actor_rollout_ref.rollout.name": "vllm", "actor_rollout_ref.rollout.mode": "server",
-                       "actor_rollout_ref.model.path": "builtin:tiny-qwen2-h32", "trainer.device": "cpu",
-                       "actor_rollout_ref.rollout.server.access_log": access_log}.items():
+    for key, value in {
+        "actor_rollout_ref.rollout.name": "vllm",
+        "actor_rollout_ref.rollout.mode": "server",
+        "actor_rollout_ref.model.path": "builtin:tiny-qwen2-h32",
+        "trainer.device": "cpu",
+        "actor_rollout_ref.rollout.server.access_log": access_log,
+    }.items():
         OmegaConf.update(cfg, key, value)
     config = OmegaConf.to_object(cfg)
     command = VLLMServer(config, tmp_path / "vllm_server.log").command("127.0.0.1", 8000)

@@ -10,13 +10,13 @@ import time
 from types import ModuleType
 
 import pytest
+from support import read_metrics, small_config
 
 from hybridflow.agents import ToolCall, Trajectory
 from hybridflow.agents.formats import observation_ids
 from hybridflow.plugins import AgentLoop, Tool, get_plugin_manager, hookimpl, reset_plugin_manager
 from hybridflow.plugins.manager import PluginSource
 from hybridflow.trainer.main import build_and_fit
-from support import read_metrics, small_config
 
 pytestmark = pytest.mark.slow
 
@@ -41,8 +41,14 @@ def test_tool_use_trains_end_to_end(ray_session, tmp_path, monkeypatch):
     train = [m for m in steps if "actor/pg_loss" in m]
     assert len(train) == 2
     for m in train:
-        for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "agent/turns/mean", "agent/tool_calls/mean",
-                    "reward/called/mean"):
+        for key in (
+            "actor/pg_loss",
+            "actor/grad_norm",
+            "actor/entropy",
+            "agent/turns/mean",
+            "agent/tool_calls/mean",
+            "reward/called/mean",
+        ):
             assert math.isfinite(m[key]), (key, m[key])
         assert 1.0 <= m["agent/turns/mean"] <= 2.0
         # the batcher's calls: each turn of the batch's 16 loops shares one
@@ -108,14 +114,21 @@ def failing_tools():
 def test_tools_that_hang_raise_or_flood_leave_the_step_running(ray_session, tmp_path, monkeypatch, failing_tools):
     """Through the HTTP server (rollout.mode=server): the loops are its clients, as of vLLM's."""
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    config = small_config(tmp_path, **{
-        **TOOL_USE, "actor_rollout_ref.rollout.mode": "server", "actor_rollout_ref.rollout.agent_loop": "calls_every_tool",
-        "actor_rollout_ref.rollout.agent.tools": ["hang", "explode", "flood"],
-        "actor_rollout_ref.rollout.agent.options": {}, "actor_rollout_ref.rollout.agent.tool_timeout_s": 0.5,
-        "actor_rollout_ref.rollout.response_length": 16,  # 2 policy + 3 observations of 3 tokens + the answer
-        "actor_rollout_ref.rollout.agent.max_observation_chars": 64, "trainer.total_training_steps": 1,
-        "trainer.test_freq": 0,
-    })
+    config = small_config(
+        tmp_path,
+        **{
+            **TOOL_USE,
+            "actor_rollout_ref.rollout.mode": "server",
+            "actor_rollout_ref.rollout.agent_loop": "calls_every_tool",
+            "actor_rollout_ref.rollout.agent.tools": ["hang", "explode", "flood"],
+            "actor_rollout_ref.rollout.agent.options": {},
+            "actor_rollout_ref.rollout.agent.tool_timeout_s": 0.5,
+            "actor_rollout_ref.rollout.response_length": 16,  # 2 policy + 3 observations of 3 tokens + the answer
+            "actor_rollout_ref.rollout.agent.max_observation_chars": 64,
+            "trainer.total_training_steps": 1,
+            "trainer.test_freq": 0,
+        },
+    )
     start = time.monotonic()
     assert build_and_fit(config, tmp_path / "run").steps == 1
     assert time.monotonic() - start < 60  # a hung tool costs its timeout, not its sleep

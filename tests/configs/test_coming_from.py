@@ -25,7 +25,7 @@ def table_rows(page: str, header: str) -> list[tuple[str, str]]:
     lines = (DOCS / page).read_text().splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith(f"| {header}"))
     rows = []
-    for line in lines[start + 2:]:
+    for line in lines[start + 2 :]:
         if not line.startswith("|"):
             break
         first, second = (cell.strip() for cell in line.strip("|").split(" | ", 1))
@@ -78,9 +78,16 @@ def test_a_trl_row_gives_keys_the_table_suggests(first, second):
         entry, _ = lookup(name)
         for value in [entry.example, *entry.by_value]:
             suggested.update(item.lstrip("'+").partition("=")[0] for item in suggestion(entry, value) or ())
-    given = {span.lstrip("+").partition("=")[0] for span in TICKS.findall(second)
-             if span.startswith(("actor_rollout_ref.", "+actor_rollout_ref.", "algorithm.", "+algorithm.", "data.",
-                                 "trainer.")) and "..." not in span and "/" not in span and " " not in span}
+    given = {
+        span.lstrip("+").partition("=")[0]
+        for span in TICKS.findall(second)
+        if span.startswith(
+            ("actor_rollout_ref.", "+actor_rollout_ref.", "algorithm.", "+algorithm.", "data.", "trainer.")
+        )
+        and "..." not in span
+        and "/" not in span
+        and " " not in span
+    }
     assert given, (first, second)
     assert given & suggested, (names, given, suggested)
     for span in TICKS.findall(second):

@@ -79,6 +79,10 @@ def test_every_schema_field_is_documented_once():
         for i, node in enumerate(body):
             if isinstance(node, ast.AnnAssign):
                 nxt = body[i + 1] if i + 1 < len(body) else None
-                if not (isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)):
+                if not (
+                    isinstance(nxt, ast.Expr)
+                    and isinstance(nxt.value, ast.Constant)
+                    and isinstance(nxt.value.value, str)
+                ):
                     undocumented.append(f"{cls.name}.{node.target.id}")
     assert undocumented == []

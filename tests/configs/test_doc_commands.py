@@ -19,11 +19,11 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from hybridflow.configs import CONFIG_DIR
+from hybridflow.configs.overrides import override_problems, translate
 from hybridflow.configs.schema import register_configs
 from hybridflow.plugins import get_plugin_manager, reset_plugin_manager
 from hybridflow.plugins.manager import PluginSource
 from hybridflow.trainer.config_checks import config_problems
-from hybridflow.configs.overrides import override_problems, translate
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -67,15 +67,22 @@ def test_the_pages_have_commands():
 
 
 def test_override_sets_expand_sweeps():
-    sets = override_sets("hybridflow-train --multirun algorithm.adv_estimator=grpo,rloo trainer.seed=0 hydra.sweep.dir=x")
-    assert sets == [["algorithm.adv_estimator=grpo", "trainer.seed=0"], ["algorithm.adv_estimator=rloo", "trainer.seed=0"]]
+    sets = override_sets(
+        "hybridflow-train --multirun algorithm.adv_estimator=grpo,rloo trainer.seed=0 hydra.sweep.dir=x"
+    )
+    assert sets == [
+        ["algorithm.adv_estimator=grpo", "trainer.seed=0"],
+        ["algorithm.adv_estimator=rloo", "trainer.seed=0"],
+    ]
 
 
 # The guides' commands use the plugins the guides have the reader install: load them from their files.
-GUIDE_PLUGINS = [ROOT / "templates/estimator-plugin/hybridflow_my_estimator.py",
-                 ROOT / "templates/reward-plugin/hybridflow_my_reward.py",
-                 ROOT / "templates/agent-plugin/hybridflow_my_agent.py",
-                 ROOT / "examples/estimator-plugin/hybridflow_group_median.py"]
+GUIDE_PLUGINS = [
+    ROOT / "templates/estimator-plugin/hybridflow_my_estimator.py",
+    ROOT / "templates/reward-plugin/hybridflow_my_reward.py",
+    ROOT / "templates/agent-plugin/hybridflow_my_agent.py",
+    ROOT / "examples/estimator-plugin/hybridflow_group_median.py",
+]
 
 
 @pytest.fixture

@@ -19,8 +19,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
-# a relative path (links from docs/ start with ../) with at least one folder, ending in a file type this repository holds
-PATH = re.compile(r"(?<![\w/.~$:-])((?:\.\./)*(?:[A-Za-z_][\w.-]*/)+[\w.-]*\w\.(?:py|md|yaml|sh|txt|png|cfg|toml|json))\b")
+# a relative path (links from docs/ start with ../) with at least one folder, ending in a file type this repository
+# holds
+PATH = re.compile(
+    r"(?<![\w/.~$:-])((?:\.\./)*(?:[A-Za-z_][\w.-]*/)+[\w.-]*\w\.(?:py|md|yaml|sh|txt|png|cfg|toml|json))\b"
+)
 # Paths that are not this repository's files, by what they are: what a command writes (a compare
 # directory, a sweep), a veRL script quoted for comparison, a plugin template's own tests, a file
 # read from inside the sandbox; a config group file is named relative to configs/.
@@ -105,9 +108,14 @@ def test_the_pages_name_paths_and_commands():
 
 def test_a_missing_path_and_command_are_seen(tmp_path):
     page = tmp_path / "page.md"
-    page.write_text("See `trainer/foreign_keys.py`, [it](../bench/no_such.py); run `hybridflow frobnicate` "
-                    "and `make lints`.\n```bash\npython -m hybridflow.no_such_module\nhybridflow-nothing x=1\n```\n")
-    assert sorted(p for p in paths_named(page) if not exists(p, page)) == ["../bench/no_such.py", "trainer/foreign_keys.py"]
+    page.write_text(
+        "See `trainer/foreign_keys.py`, [it](../bench/no_such.py); run `hybridflow frobnicate` "
+        "and `make lints`.\n```bash\npython -m hybridflow.no_such_module\nhybridflow-nothing x=1\n```\n"
+    )
+    assert sorted(p for p in paths_named(page) if not exists(p, page)) == [
+        "../bench/no_such.py",
+        "trainer/foreign_keys.py",
+    ]
     named = commands_named(page)
     assert named["hybridflow"] - cli_subcommands() == {"frobnicate"}
     assert named["make"] - make_targets() == {"lints"}

@@ -55,7 +55,9 @@ def leaf_keys(node: DictConfig, prefix: str = "") -> set[str]:
 
 def test_committed_page_is_current(page):
     committed = PAGE.read_text() if PAGE.exists() else ""
-    assert committed == page, f"docs/config.md is out of date with configs/: run `{REGENERATE}` to update docs/config.md"
+    assert committed == page, (
+        f"docs/config.md is out of date with configs/: run `{REGENERATE}` to update docs/config.md"
+    )
 
 
 def test_every_key_of_the_composed_config_has_one_row(page, default_job):

@@ -49,7 +49,8 @@ def raw_meta_keys(source: str, filename: str = "<source>") -> list[str]:
 
     def is_meta(node: ast.AST) -> bool:
         return (isinstance(node, ast.Attribute) and node.attr == "meta_info") or (
-            isinstance(node, ast.Name) and node.id in aliases)
+            isinstance(node, ast.Name) and node.id in aliases
+        )
 
     found: list[tuple[int, str]] = []
 
@@ -89,8 +90,9 @@ def raw_meta_keys(source: str, filename: str = "<source>") -> list[str]:
             name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
             if name in ("DataProto", "from_dict") and len(node.args) >= 3:
                 dict_keys(node.args[2])
-        elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Attribute) and t.attr == "meta_info"
-                                                  for t in node.targets):
+        elif isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Attribute) and t.attr == "meta_info" for t in node.targets
+        ):
             dict_keys(node.value)
     return [f"{filename}:{line}: {what}" for line, what in sorted(found, key=lambda hit: hit[0])]
 
@@ -106,7 +108,7 @@ def test_no_raw_meta_info_key_in_the_tree():
     assert found == [], "meta_info keys must be constants of core/keys.py:\n" + "\n".join(found)
 
 
-PLANTED = '''
+PLANTED = """
 from hybridflow.core.keys import GREEDY, N_SAMPLES, SEED, WEIGHT_VERSION
 LOCAL_KEY = "mine"
 
@@ -138,25 +140,38 @@ def clean(prompts, out, key):
     out.meta_info[METRICS]["rollout/generate_s"] = 1.0
     config = {"n": 3}                                             # never a meta_info
     config["n"]
-'''
+"""
 
 
 def test_the_check_finds_every_planted_raw_key_and_nothing_else():
     found = raw_meta_keys(PLANTED, "planted.py")
     keys_found = [hit.split(": ", 1)[1] for hit in found]
     assert keys_found == [
-        "'n'", "'greedy' (keyword of update)", "'seed'", "'weight_version'", "'request'", "'global_step'",
-        "'max_new_tokens'", "'stop_token_ids'", "'with_sum_pi_squared'", "'n'", "'weight_version'",
-        "LOCAL_KEY (not a constant of hybridflow.core.keys)", "'greedy'",
+        "'n'",
+        "'greedy' (keyword of update)",
+        "'seed'",
+        "'weight_version'",
+        "'request'",
+        "'global_step'",
+        "'max_new_tokens'",
+        "'stop_token_ids'",
+        "'with_sum_pi_squared'",
+        "'n'",
+        "'weight_version'",
+        "LOCAL_KEY (not a constant of hybridflow.core.keys)",
+        "'greedy'",
     ], found
     lines = PLANTED.splitlines()
     assert all(lines[int(hit.split(":")[1]) - 1].strip() for hit in found)  # each names its line
 
 
-@pytest.mark.parametrize("planted", [
-    'def f(batch):\n    batch.meta_info["global_step"] = 1\n',
-    'def f(data):\n    return data.meta_info.get("with_sum_pi_squared", False)\n',
-])
+@pytest.mark.parametrize(
+    "planted",
+    [
+        'def f(batch):\n    batch.meta_info["global_step"] = 1\n',
+        'def f(data):\n    return data.meta_info.get("with_sum_pi_squared", False)\n',
+    ],
+)
 def test_a_raw_key_in_a_tree_file_fails_the_tree_check(planted):
     """A tree file with one raw key reintroduced (as the tree test would read it) is reported."""
     source = (ROOT / "trainer" / "ppo_trainer.py").read_text() + "\n\n" + planted
@@ -170,10 +185,18 @@ def test_every_meta_info_constant_has_a_docstring():
     body = ast.parse(source).body
     undocumented = []
     for i, node in enumerate(body):
-        if (isinstance(node, ast.Assign) and _is_str(node.value) and node.lineno > source[:start].count("\n") + 1
-                and node.targets[0].id not in ("METRICS", "WEIGHT_SYNC_PREFIX")):  # those two: a comment each
+        if (
+            isinstance(node, ast.Assign)
+            and _is_str(node.value)
+            and node.lineno > source[:start].count("\n") + 1
+            and node.targets[0].id not in ("METRICS", "WEIGHT_SYNC_PREFIX")
+        ):  # those two: a comment each
             following = body[i + 1] if i + 1 < len(body) else None
-            if not (isinstance(following, ast.Expr) and _is_str(following.value)
-                    and "Written" in following.value.value and "read" in following.value.value):
+            if not (
+                isinstance(following, ast.Expr)
+                and _is_str(following.value)
+                and "Written" in following.value.value
+                and "read" in following.value.value
+            ):
                 undocumented.append(node.targets[0].id)
     assert undocumented == []

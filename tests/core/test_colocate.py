@@ -8,7 +8,16 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from hybridflow.core import DP_COMPUTE_PROTO, ONE_TO_ALL, ColocatedWorkerGroup, DataProto, ResourcePool, RoleSpec, Worker, register
+from hybridflow.core import (
+    DP_COMPUTE_PROTO,
+    ONE_TO_ALL,
+    ColocatedWorkerGroup,
+    DataProto,
+    ResourcePool,
+    RoleSpec,
+    Worker,
+    register,
+)
 
 pytestmark = pytest.mark.timeout(180)
 

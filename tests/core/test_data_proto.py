@@ -67,7 +67,14 @@ def test_int_index_keeps_one_row_and_negative_works():
 
 @pytest.mark.parametrize(
     "index",
-    [slice(1, 3), [1, 2], np.array([1, 2]), torch.tensor([1, 2]), torch.tensor([False, True, True, False]), [False, True, True, False]],
+    [
+        slice(1, 3),
+        [1, 2],
+        np.array([1, 2]),
+        torch.tensor([1, 2]),
+        torch.tensor([False, True, True, False]),
+        [False, True, True, False],
+    ],
 )
 def test_index_kinds_select_rows_1_and_2(index):
     d = make(4)[index]

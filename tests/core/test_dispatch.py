@@ -60,7 +60,9 @@ def test_dp_proto_pads_five_rows_over_two_and_strips_after_collect() -> None:
 def _samples(shard: DataProto, n: int) -> DataProto:
     """What a row-expanding method returns: n adjacent copies of each input row, numbered by sample."""
     out = shard.repeat(n, interleave=True)
-    out.non_tensor_batch["id"] = np.array([f"{row}.{i % n}" for i, row in enumerate(out.non_tensor_batch["id"])], dtype=object)
+    out.non_tensor_batch["id"] = np.array(
+        [f"{row}.{i % n}" for i, row in enumerate(out.non_tensor_batch["id"])], dtype=object
+    )
     return out
 
 
@@ -77,8 +79,9 @@ def test_padded_call_with_a_fractional_expansion_is_refused() -> None:
     plan = DP_COMPUTE_PROTO.dispatch(layout, (_rows(5),), {})  # shards of 3 rows
     with pytest.raises(ValueError, match="got 4 output rows for an input shard of 3"):
         DP_COMPUTE_PROTO.collect(layout, [args[0][:2].repeat(2) for args in plan.rank_args], plan.context)
-    assert strip_padding(_samples(plan.rank_args[1][0], 2), chunk_rows=3, real_rows=2).non_tensor_batch["id"].tolist() == [
-        "r3.0", "r3.1", "r4.0", "r4.1"]
+    assert strip_padding(_samples(plan.rank_args[1][0], 2), chunk_rows=3, real_rows=2).non_tensor_batch[
+        "id"
+    ].tolist() == ["r3.0", "r3.1", "r4.0", "r4.1"]
 
 
 def test_dp_proto_rejects_non_dataproto_and_unequal_lengths() -> None:

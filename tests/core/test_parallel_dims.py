@@ -23,7 +23,9 @@ def test_layouts_of_four_ranks_with_actor_tp_2():
 
 def group_layout(layout: RoleLayout) -> GroupLayout:
     """The dispatch layout of a role's mesh: dp groups of tp consecutive ranks, tp coordinate 0 collects."""
-    return GroupLayout(tuple(RankLayout(r // layout.tp, layout.dp, r % layout.tp == 0) for r in range(layout.dp * layout.tp)))
+    return GroupLayout(
+        tuple(RankLayout(r // layout.tp, layout.dp, r % layout.tp == 0) for r in range(layout.dp * layout.tp))
+    )
 
 
 def optimizer_step_rows(layout: RoleLayout, rows: int) -> list[set[int]]:
@@ -46,7 +48,9 @@ def test_actor_and_critic_step_on_the_same_rows_whatever_their_dp():
 
 
 def test_arrangement_keeps_non_tensor_columns_with_their_rows():
-    batch = DataProto.from_dict({"row": torch.arange(8)}, {"uid": np.array([f"u{i // 2}" for i in range(8)], dtype=object)})
+    batch = DataProto.from_dict(
+        {"row": torch.arange(8)}, {"uid": np.array([f"u{i // 2}" for i in range(8)], dtype=object)}
+    )
     out = RoleLayout(2, 1, 2).arrange_for_update(batch)
     assert [f"u{r // 2}" for r in out.batch["row"].tolist()] == out.non_tensor_batch["uid"].tolist()
     with pytest.raises(ValueError, match="6 rows do not split into mini-batches of 2 ranks x 2 rows"):
@@ -56,16 +60,22 @@ def test_arrangement_keeps_non_tensor_columns_with_their_rows():
 @pytest.mark.parametrize(
     "kwargs,message",
     [
-        ({"world": 4, "actor_tp": 3}, "trainer.nnodes x trainer.n_gpus_per_node=4 must be a multiple of 3 (actor tensor-parallel "
-                                      "groups of actor_rollout_ref.actor.tensor_model_parallel_size=3 consecutive ranks tile "
-                                      "the ranks); allowed sizes: 1, 2, 4"),
+        (
+            {"world": 4, "actor_tp": 3},
+            "trainer.nnodes x trainer.n_gpus_per_node=4 must be a multiple of 3 (actor tensor-parallel "
+            "groups of actor_rollout_ref.actor.tensor_model_parallel_size=3 consecutive ranks tile "
+            "the ranks); allowed sizes: 1, 2, 4",
+        ),
         ({"rollout_tp": 0}, "actor_rollout_ref.rollout.tensor_model_parallel_size=0 must be >= 1"),
         ({"train": 0}, "data.train_batch_size=0 must be >= 1"),
         ({"critic_micro": 0}, "critic.ppo_micro_batch_size_per_gpu=0 must be >= 1"),
         ({"train": 6, "mini": 4}, "data.train_batch_size=6 must be a multiple of 4"),
         # mini 3 x n 2 = 6 rows: 3 per actor dp rank, but not a whole number over the critic's 4 ranks
-        ({"train": 6, "mini": 3, "rollout_tp": 2},
-         "ppo_mini_batch_size x rollout.n=6 must be a multiple of 4 (each mini-batch's rows are split evenly over the 4 critic"),
+        (
+            {"train": 6, "mini": 3, "rollout_tp": 2},
+            "ppo_mini_batch_size x rollout.n=6 must be a multiple of 4 (each mini-batch's rows are split evenly over "
+            "the 4 critic",
+        ),
         ({"world": 0}, "trainer.nnodes x trainer.n_gpus_per_node = 0; need at least one rank"),
     ],
 )

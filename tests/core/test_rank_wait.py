@@ -88,8 +88,11 @@ def test_a_stopped_rank_is_named_within_the_heartbeats_bound_and_a_busy_one_is_n
         pid = group.w.labels[1].pid
         message = str(info.value)
         assert info.value.rank == 1 and info.value.method == "stop_on"
-        assert re.search(rf"w\.stop_on: rank 1 \(node [\d.]+ \w+, pid {pid}\) stopped answering the heartbeat: "
-                         r"no answer for 2 s", message), message
+        assert re.search(
+            rf"w\.stop_on: rank 1 \(node [\d.]+ \w+, pid {pid}\) stopped answering the heartbeat: "
+            r"no answer for 2 s",
+            message,
+        ), message
         assert waited < BEAT.interval_s + BEAT.stall_s + 2.0, waited  # the documented bound, plus Ray's latency
         assert open(f"/proc/{pid}/stat").read().split()[2] == "T"  # it was the stopped one, not a guess
     finally:
@@ -106,8 +109,11 @@ def test_a_rank_that_never_reaches_a_collective_is_named_once_its_peers_time_out
         message = str(info.value)
         assert info.value.rank == 0 and "Timed out" in message, message
         still = message.split("still in the call when it failed", 1)[1]
-        assert re.search(rf"rank 1 \(node [\d.]+ \w+, pid {group.w.labels[1].pid}\): in w\.late_tp_all_reduce for "
-                         r"[\d.]+ s", still), still
+        assert re.search(
+            rf"rank 1 \(node [\d.]+ \w+, pid {group.w.labels[1].pid}\): in w\.late_tp_all_reduce for "
+            r"[\d.]+ s",
+            still,
+        ), still
         assert "rank 0 " not in still and "rank 2 " not in still and "rank 3 " not in still  # the others finished
         assert waited < 3.0 + 6.0, waited  # the collective's bound; torch's own for a sub-group is 30 min
     finally:

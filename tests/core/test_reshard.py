@@ -7,20 +7,13 @@ One spawn per layout runs every check; rollout tensors start as NaN, so a
 missed element fails ``torch.equal``.
 """
 
-import socket
-
 import pytest
 import torch
 import torch.multiprocessing as mp
-
-from hybridflow.core.reshard import Box, TensorSlice, _route, _schedule, _split
 from reshard_ranks import LARGE_BUCKET, SMALL_BUCKET, STEP_BUCKET, reshard_rank
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from hybridflow.core.reshard import Box, TensorSlice, _route, _schedule, _split
+from hybridflow.core.worker import free_ports
 
 
 def test_box_intersection_by_hand():
@@ -53,7 +46,7 @@ def test_split_and_schedule_respect_the_bucket():
 
 def _run(tmp_path, layout, models, qs):
     mp.start_processes(
-        reshard_rank, args=(4, free_port(), layout, models, qs, str(tmp_path)), nprocs=4, start_method="spawn"
+        reshard_rank, args=(4, free_ports(1)[0], layout, models, qs, str(tmp_path)), nprocs=4, start_method="spawn"
     )
     return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(4)]
 

@@ -18,7 +18,9 @@ pytestmark = pytest.mark.timeout(180)
 
 def test_missing_gpus_fail_fast_with_ask_and_cluster(ray_session) -> None:
     start = time.monotonic()
-    with pytest.raises(ResourceUnavailableError, match=r"(?s)asked for 1 node\(s\) with \[2\] bundles of \{CPU=1, GPU=1\}.*GPU=0"):
+    with pytest.raises(
+        ResourceUnavailableError, match=r"(?s)asked for 1 node\(s\) with \[2\] bundles of \{CPU=1, GPU=1\}.*GPU=0"
+    ):
         ResourcePool([2], use_gpu=True).bundles()
     assert time.monotonic() - start < 5
 
@@ -55,7 +57,11 @@ def test_bundles_are_ranked_and_release_frees_them(ray_session) -> None:
     pool = ResourcePool([3], max_colocate_count=2)
     bundles = pool.bundles()
     assert _free_cpus_settled(ray_session, free_before - 0.75) == pytest.approx(free_before - 0.75)
-    assert [(b.rank, b.bundle_index, b.local_rank, b.local_world_size) for b in bundles] == [(0, 0, 0, 3), (1, 1, 1, 3), (2, 2, 2, 3)]
+    assert [(b.rank, b.bundle_index, b.local_rank, b.local_world_size) for b in bundles] == [
+        (0, 0, 0, 3),
+        (1, 1, 1, 3),
+        (2, 2, 2, 3),
+    ]
     assert pool.actor_resources() == {"num_cpus": 0.125, "num_gpus": 0.0}
     pool.release()
     assert _free_cpus_settled(ray_session, free_before) == pytest.approx(free_before)

@@ -13,10 +13,16 @@ def rollout(prompt_width, response_width, rows=2, pad=0):
     responses = torch.arange(1, rows * response_width + 1).view(rows, response_width) + 200
     mask = torch.ones(rows, response_width)
     return DataProto.from_dict(
-        {"prompts": prompts, "responses": responses, "response_mask": mask, "old_log_probs": -mask * 0.5,
-         "input_ids": torch.cat([prompts, responses], 1), "attention_mask": torch.ones(rows, prompt_width + response_width),
-         "position_ids": torch.arange(prompt_width + response_width).repeat(rows, 1),
-         "reward_baselines": torch.tensor([1.0] * rows)},
+        {
+            "prompts": prompts,
+            "responses": responses,
+            "response_mask": mask,
+            "old_log_probs": -mask * 0.5,
+            "input_ids": torch.cat([prompts, responses], 1),
+            "attention_mask": torch.ones(rows, prompt_width + response_width),
+            "position_ids": torch.arange(prompt_width + response_width).repeat(rows, 1),
+            "reward_baselines": torch.tensor([1.0] * rows),
+        },
         {"uid": np.array([f"p{prompt_width}"] * rows, dtype=object)},
     )
 
@@ -38,4 +44,6 @@ def test_narrow_parts_are_padded_prompt_left_response_right():
 
 def test_equal_widths_concatenate_as_they_are():
     a, b = rollout(3, 2), rollout(3, 2)
-    assert torch.equal(concat_rollouts([a, b], 0).batch["input_ids"], torch.cat([a.batch["input_ids"], b.batch["input_ids"]]))
+    assert torch.equal(
+        concat_rollouts([a, b], 0).batch["input_ids"], torch.cat([a.batch["input_ids"], b.batch["input_ids"]])
+    )

@@ -6,21 +6,26 @@ rank 0 broadcasts them to two rollout ranks that hold tensor-parallel blocks
 the gathered training weight, exactly, with the version sent.
 """
 
-
 import pytest
 import torch
 import torch.multiprocessing as mp
+from reshard_ranks import build_model
+from transfer_ranks import BUCKET, transfer_rank
 
 from hybridflow.core.weight_transfer import buckets, manifest_of
 from hybridflow.core.worker import free_ports
 from hybridflow.workers.rollout.tp_plan import rollout_slice
-from reshard_ranks import build_model
-from transfer_ranks import BUCKET, transfer_rank
 
 
 def test_buckets_cut_the_manifest_by_size_and_dtype():
-    manifest = [("a", (4, 4), "float32"), ("b", (4,), "float32"), ("c", (100,), "float32"), ("d", (2,), "bfloat16"),
-                ("e", (3,), "bfloat16"), ("f", (1,), "float32")]
+    manifest = [
+        ("a", (4, 4), "float32"),
+        ("b", (4,), "float32"),
+        ("c", (100,), "float32"),
+        ("d", (2,), "bfloat16"),
+        ("e", (3,), "bfloat16"),
+        ("f", (1,), "float32"),
+    ]
     # 64 + 16 bytes fit 100; c (400 bytes) is alone; d and e share a dtype; f starts a float32 bucket again
     assert buckets(manifest, 100) == [[0, 1], [2], [3, 4], [5]]
     assert buckets(manifest, 10_000) == [[0, 1, 2], [3, 4], [5]]

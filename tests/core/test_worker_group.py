@@ -221,7 +221,9 @@ def test_timeout_names_the_slow_ranks(mesh_group: RayWorkerGroup) -> None:
 
 
 def test_worker_exception_names_rank_and_cause(mesh_group: RayWorkerGroup) -> None:
-    with pytest.raises(WorkerError, match=r"(?s)MeshWorker.fail_on failed on rank 2 \(node .*pid \d+\).*bad input on rank 2") as info:
+    with pytest.raises(
+        WorkerError, match=r"(?s)MeshWorker.fail_on failed on rank 2 \(node .*pid \d+\).*bad input on rank 2"
+    ) as info:
         mesh_group.fail_on(2)
     assert info.value.rank == 2 and info.value.role == "MeshWorker"
 
@@ -231,7 +233,9 @@ def test_killed_worker_surfaces_fast_with_its_rank(ray_session) -> None:
     wg = ColocatedWorkerGroup(pool, {"victim": RoleSpec(MeshWorker, (2, 1))}, GroupOptions(call_timeout_s=60))
     try:
         start = time.monotonic()
-        with pytest.raises(WorkerError, match=r"(?s)victim.die_on failed on rank 1 \(node [\d.]+ \w+, pid \d+\)") as info:
+        with pytest.raises(
+            WorkerError, match=r"(?s)victim.die_on failed on rank 1 \(node [\d.]+ \w+, pid \d+\)"
+        ) as info:
             wg.victim.die_on(1)
         assert time.monotonic() - start < 20  # the other rank sleeps 60 s: no waiting for it
         assert info.value.rank == 1
@@ -244,7 +248,13 @@ def test_killed_worker_surfaces_fast_with_its_rank(ray_session) -> None:
 def test_constructor_error_names_rank(ray_session) -> None:
     pool = ResourcePool([2])
     try:
-        with pytest.raises(WorkerError, match=r"(?s)BrokenWorker.__init__ failed on rank 1 .*role 'BrokenWorker' \(BrokenWorker\) failed to start.*cannot load checkpoint"):
+        with pytest.raises(
+            WorkerError,
+            match=(
+                r"(?s)BrokenWorker.__init__ failed on rank 1 .*role 'BrokenWorker' \(BrokenWorker\) failed to start"
+                r".*cannot load checkpoint"
+            ),
+        ):
             RayWorkerGroup(pool, BrokenWorker)
     finally:
         pool.release()

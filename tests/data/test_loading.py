@@ -76,8 +76,11 @@ def test_missing_column(tmp_path):
     with pytest.raises(DatasetError, match=r"m.parquet: missing column\(s\) \['reward_model'\]"):
         load_rows(write(tmp_path / "m.parquet", rows))
     rows = [{k: v for k, v in row(0).items() if k != "prompt"}]
-    with pytest.raises(DatasetError, match=r"p.parquet: missing column\(s\) \['prompt'\] \(required: data_source, "
-                       r"prompt, reward_model\); it has \['data_source', 'reward_model', 'extra_info'\]"):
+    with pytest.raises(
+        DatasetError,
+        match=r"p.parquet: missing column\(s\) \['prompt'\] \(required: data_source, "
+        r"prompt, reward_model\); it has \['data_source', 'reward_model', 'extra_info'\]",
+    ):
         load_rows(write(tmp_path / "p.parquet", rows))
 
 

@@ -17,8 +17,10 @@ GSM8K_RECORDS = [
     {"question": "A shop sells 1,200 pens a day for 3 days. How many pens?", "answer": "1,200*3 = 3,600\n#### 3,600"},
 ]  # fmt: skip
 MATH_RECORDS = [
-    {"problem": "What is $1/2 + 1/4$?", "solution": "We get $\\frac{2}{4} + \\frac14 = \\boxed{\\frac{3}{4}}$.", "level": "Level 1", "type": "Algebra"},
-    {"problem": "Solve $x^2 = 4$, $x>0$.", "solution": "So $x = \\boxed{2}$.", "answer": "2", "level": "Level 2", "type": "Algebra"},
+    {"problem": "What is $1/2 + 1/4$?", "solution": "We get $\\frac{2}{4} + \\frac14 = \\boxed{\\frac{3}{4}}$.",
+     "level": "Level 1", "type": "Algebra"},
+    {"problem": "Solve $x^2 = 4$, $x>0$.", "solution": "So $x = \\boxed{2}$.", "answer": "2",
+     "level": "Level 2", "type": "Algebra"},
 ]  # fmt: skip
 
 

@@ -21,10 +21,15 @@ def advantage(token_level_rewards, response_mask):
 
 def test_an_unapplied_actor_default_is_refused_at_registration_naming_it():
     with pytest.raises(ValueError) as raised:
-        AdvantageEstimator(name="my_est", fn=advantage,
-                           actor_defaults={"loss_agg_mode": "token-mean", "entropy_coeff": 0.01, "clip_ratio": 0.2})
-    assert str(raised.value) == ("estimator 'my_est': actor_defaults sets ['clip_ratio', 'entropy_coeff'], which the "
-                                 "trainer does not apply; allowed: loss_agg_mode")
+        AdvantageEstimator(
+            name="my_est",
+            fn=advantage,
+            actor_defaults={"loss_agg_mode": "token-mean", "entropy_coeff": 0.01, "clip_ratio": 0.2},
+        )
+    assert str(raised.value) == (
+        "estimator 'my_est': actor_defaults sets ['clip_ratio', 'entropy_coeff'], which the "
+        "trainer does not apply; allowed: loss_agg_mode"
+    )
 
 
 def test_loss_scale_factor_is_not_an_estimator_default():
@@ -60,6 +65,7 @@ def test_dr_grpo_gets_its_mode_and_the_response_length_as_its_constant():
     assert get_estimator("dr_grpo").actor_defaults == {"loss_agg_mode": "seq-mean-token-sum-norm"}
     assert resolve_loss_agg_mode(config) == "seq-mean-token-sum-norm"
     assert resolve_loss_scale_factor(config) == 24
-    advantages, _ = get_estimator("dr_grpo").fn(torch.tensor([[1.0], [0.0]]), torch.ones(2, 1),
-                                               index=torch.tensor([0, 0]))
+    advantages, _ = get_estimator("dr_grpo").fn(
+        torch.tensor([[1.0], [0.0]]), torch.ones(2, 1), index=torch.tensor([0, 0])
+    )
     assert advantages.flatten().tolist() == [0.5, -0.5]  # no std division

@@ -147,7 +147,11 @@ def ref_opo(data):
     out = []
     for i, u in enumerate(uids):
         members = groups_of(uids)[u]
-        b = 0.0 if len(members) == 1 else sum(lengths[j] * scores[j] for j in members) / sum(lengths[j] for j in members)
+        b = (
+            0.0
+            if len(members) == 1
+            else sum(lengths[j] * scores[j] for j in members) / sum(lengths[j] for j in members)
+        )
         out.append([(scores[i] - b) * k for k in mask[i]])
     return out
 
@@ -257,7 +261,8 @@ def test_passk_rejects_a_group_of_one():
 
 
 def test_gdpo_hand_computed():
-    # two components, group g = rows 0, 1; h = rows 2, 3. Component 0: g (1, 0), h (1, 1); component 1: g (0, 2), h (3, 1)
+    # two components, group g = rows 0, 1; h = rows 2, 3. Component 0: g (1, 0), h (1, 1); component 1: g (0, 2),
+    # h (3, 1)
     data = make_batch([[0.0]] * 4, uids=["g", "g", "h", "h"], reward_components=[[1, 0], [0, 2], [1, 3], [1, 1]])
     a, _ = adv(data, "gdpo", reward_weights=[1.0, 0.5])
     s = math.sqrt(0.5)  # unbiased std of two values 1 apart
@@ -331,7 +336,10 @@ def test_against_references(seed, holes):
     assert_close(adv(data, "grpo_passk")[0], ref_passk(data))
     assert_close(adv(data, "grpo_passk", norm_by_std=False)[0], ref_passk(data, norm=False))
     assert_close(adv(data, "gdpo")[0], ref_gdpo(data))
-    assert_close(adv(data, "gdpo", reward_weights=[2.0, 0.0, -1.0], norm_by_std=False)[0], ref_gdpo(data, [2.0, 0.0, -1.0], False))
+    assert_close(
+        adv(data, "gdpo", reward_weights=[2.0, 0.0, -1.0], norm_by_std=False)[0],
+        ref_gdpo(data, [2.0, 0.0, -1.0], False),
+    )
     a, ret = adv(data, "remax")
     ref_a, ref_ret = ref_remax(data)
     assert_close(a, ref_a)
@@ -381,7 +389,8 @@ def test_groups_are_formed_by_uid_not_position():
 
 
 def test_grpo_std_is_unbiased_with_epsilon_added_to_the_std():
-    # scores 0 and 2e-6: unbiased std = sqrt(2) * 1e-6 (biased: 1e-6); epsilon 1e-6 is added to the std, not the variance
+    # scores 0 and 2e-6: unbiased std = sqrt(2) * 1e-6 (biased: 1e-6); epsilon 1e-6 is added to the std, not the
+    # variance
     a, _ = adv(make_batch([[0.0], [2e-6]], uids=["g", "g"]), "grpo")
     expected = 1e-6 / (math.sqrt(2) * 1e-6 + 1e-6)
     assert_close(a[:, 0], [-expected, expected], atol=1e-4)
@@ -419,7 +428,11 @@ def test_all_masked_rows_get_zero_and_do_not_move_the_others():
         assert (a[3] == 0).all(), name
     # tir: an empty row leaves its group, so it cannot make a group of two out of a single response
     solo = make_batch(
-        [[0, 2.0], [0, 0]], [[1, 1], [0, 0]], uids=["g", "g"], old_log_probs=[[-0.5] * 2] * 2, sum_pi_squared=[[0.4] * 2] * 2
+        [[0, 2.0], [0, 0]],
+        [[1, 1], [0, 0]],
+        uids=["g", "g"],
+        old_log_probs=[[-0.5] * 2] * 2,
+        sum_pi_squared=[[0.4] * 2] * 2,
     )
     assert_close(adv(solo, "tir_optimal_token_baseline")[0][0], [2.0, 2.0])
 
@@ -454,16 +467,26 @@ NEEDED_COLUMNS = {
 def test_each_estimator_declares_its_columns(name):
     est = get_estimator(name)
     assert [n.column for n in est.needs] == NEEDED_COLUMNS[name]
-    assert est.needs_groups == ("uid" in NEEDED_COLUMNS[name]) and est.needs_critic == ("values" in NEEDED_COLUMNS[name])
+    assert est.needs_groups == ("uid" in NEEDED_COLUMNS[name]) and est.needs_critic == (
+        "values" in NEEDED_COLUMNS[name]
+    )
     assert not set(est.options) & {n.arg for n in est.needs}  # needs are filled from the batch, not the config
 
 
 @pytest.mark.parametrize(
     "name,column,pattern",
     [
-        ("optimal_token_baseline", "sum_pi_squared", r"'optimal_token_baseline' needs batch\['sum_pi_squared'\] \(\(B, T\)"),
+        (
+            "optimal_token_baseline",
+            "sum_pi_squared",
+            r"'optimal_token_baseline' needs batch\['sum_pi_squared'\] \(\(B, T\)",
+        ),
         ("tir_optimal_token_baseline", "old_log_probs", r"'tir_optimal_token_baseline' needs batch\['old_log_probs'\]"),
-        ("remax", "reward_baselines", r"'remax' needs batch\['reward_baselines'\] \(\(B,\) outcome score of one greedy"),
+        (
+            "remax",
+            "reward_baselines",
+            r"'remax' needs batch\['reward_baselines'\] \(\(B,\) outcome score of one greedy",
+        ),
         ("gdpo", "reward_components", r"'gdpo' needs batch\['reward_components'\] \(\(B, K\)"),
     ],
 )

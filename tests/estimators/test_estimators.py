@@ -51,7 +51,7 @@ def random_batch(seed, rows=12, length=7, groups=4, with_holes=False):
 # ------------------------------------------------------------------ references
 def ref_group_stats(scores, uids):
     out = []
-    for i, u in enumerate(uids):
+    for u in uids:
         members = [scores[j] for j, v in enumerate(uids) if v == u]
         if len(members) == 1:
             out.append((0.0, 1.0, members))
@@ -258,7 +258,10 @@ def test_outputs_are_float32_and_added_to_batch():
 
 def test_integer_mask_and_bf16_rewards_are_accepted():
     data = DataProto.from_dict(
-        {"token_level_rewards": torch.tensor([[1.0], [0.0]], dtype=torch.bfloat16), "response_mask": torch.ones(2, 1, dtype=torch.long)},
+        {
+            "token_level_rewards": torch.tensor([[1.0], [0.0]], dtype=torch.bfloat16),
+            "response_mask": torch.ones(2, 1, dtype=torch.long),
+        },
         {"uid": ["a", "a"]},
     )
     a, _ = adv(data, "rloo")
@@ -295,7 +298,9 @@ def test_shape_mismatch_and_bad_rank():
     data.batch["response_mask"] = torch.ones(1, 3)
     with pytest.raises(ValueError, match=r"response_mask'\] has shape \(1, 3\), expected \(1, 2\)"):
         compute_advantage(data, "grpo")
-    flat = DataProto.from_dict({"token_level_rewards": torch.ones(2), "response_mask": torch.ones(2)}, {"uid": ["a", "b"]})
+    flat = DataProto.from_dict(
+        {"token_level_rewards": torch.ones(2), "response_mask": torch.ones(2)}, {"uid": ["a", "b"]}
+    )
     with pytest.raises(ValueError, match="must be 2-D"):
         compute_advantage(flat, "grpo")
 

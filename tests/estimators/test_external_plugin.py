@@ -47,9 +47,7 @@ def test_example_plugin_round_trip(installed_example):
     rewards[:, 1] = torch.tensor(scores)
     mask = torch.ones(7, 3)
     mask[4, 2] = 0
-    data = DataProto.from_dict(
-        {"token_level_rewards": rewards, "response_mask": mask}, {"uid": ["g"] * 4 + ["h"] * 3}
-    )
+    data = DataProto.from_dict({"token_level_rewards": rewards, "response_mask": mask}, {"uid": ["g"] * 4 + ["h"] * 3})
     out = compute_advantage(data, "group_median", scale=0.5)
     expected = torch.tensor([1.0, -2.0, -1.0, 8.0, -1.0, 1.0, 0.0]) * 0.5
     assert torch.allclose(out.batch["advantages"][:, 0], expected)

@@ -18,10 +18,10 @@ from omegaconf import OmegaConf
 from hybridflow.configs.schema import PPOConfig
 from hybridflow.core import DataProto
 from hybridflow.losses.bypass import bypass_policy_loss
+from hybridflow.plugins import get_estimator
 from hybridflow.trainer.config_checks import config_problems, config_warnings
 from hybridflow.trainer.estimator_inputs import input_problems, recompute_old_log_prob
 from hybridflow.trainer.ppo_trainer import PPOTrainer
-from hybridflow.plugins import get_estimator
 
 E = math.exp
 ROLLOUT = [[-1.0, -1.0, -1.0], [-2.0, -2.0, 0.0]]
@@ -64,16 +64,18 @@ def test_ppo_clip_is_the_clipped_ratio_against_the_rollout_and_takes_no_weights(
     assert metrics["ppo_kl"] == pytest.approx(-(0.1 - 0.8 + 1.0 + 0.5 + 0.0) / 5)
     assert metrics["pg_clipfrac"] == pytest.approx(1 / 5)  # only (0, 2): (0, 1) at 0.449 is -A r > -0.8 A for A > 0
     # truncated weights are computed (for the metrics) but never multiply the PPO clip: the ratio is the correction
-    weighted, _, with_corr = bypass_policy_loss(rollout, lp, adv, mask, loss_type="ppo_clip",
-                                                correction={"rollout_is": "token", "rollout_is_threshold": 2.0})
+    weighted, _, with_corr = bypass_policy_loss(
+        rollout, lp, adv, mask, loss_type="ppo_clip", correction={"rollout_is": "token", "rollout_is_threshold": 2.0}
+    )
     assert torch.equal(weighted, losses)
     assert with_corr["rollout_corr/rollout_is_max"] == pytest.approx(2.0)  # e^1 truncated at C
 
 
 def test_reinforce_is_minus_a_log_pi_times_the_truncated_weight():
     rollout, lp, adv, mask = tensors()
-    losses, kept, metrics = bypass_policy_loss(rollout, lp, adv, mask, loss_type="reinforce",
-                                               correction={"rollout_is": "token", "rollout_is_threshold": 2.0})
+    losses, kept, metrics = bypass_policy_loss(
+        rollout, lp, adv, mask, loss_type="reinforce", correction={"rollout_is": "token", "rollout_is_threshold": 2.0}
+    )
     w = [[E(0.1), E(-0.8), 2.0], [E(0.5), 1.0]]  # min(exp(delta), 2)
     expected = [[-1 * -0.9 * w[0][0], -1 * -1.8 * w[0][1], 0.0], [2 * -1.5 * w[1][0], 2 * -2.0 * w[1][1]]]
     assert losses[0].tolist() == pytest.approx(expected[0], abs=1e-12)
@@ -107,8 +109,14 @@ def test_mask_mode_drops_tokens_outside_the_bounds_from_the_policy_term():
 def test_sequence_level_mask_drops_a_whole_row():
     rollout, lp, adv, mask = tensors()
     # sequence weights: row 0 e^(0.1 - 0.8 + 1.0) = e^0.3 = 1.35, row 1 e^0.5 = 1.65; bounds [1/1.5, 1.5]
-    _, kept, _ = bypass_policy_loss(rollout, lp, adv, mask, loss_type="ppo_clip", correction={
-        "rollout_is": "sequence", "rollout_is_mode": "mask", "rollout_is_threshold": 1.5})
+    _, kept, _ = bypass_policy_loss(
+        rollout,
+        lp,
+        adv,
+        mask,
+        loss_type="ppo_clip",
+        correction={"rollout_is": "sequence", "rollout_is_mode": "mask", "rollout_is_threshold": 1.5},
+    )
     assert kept.tolist() == [[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]
 
 
@@ -136,10 +144,14 @@ def test_bypass_skips_the_recompute_pass_unless_the_estimator_or_the_config_asks
     corrected = {BYPASS: True, "algorithm.rollout_correction.rollout_is": "token"}
     assert not recompute_old_log_prob(cfg(**bf16, **corrected), needs_pass=False)
     assert recompute_old_log_prob(cfg(**{BYPASS: True}), needs_pass=True)  # sum_pi_squared needs the pass
-    assert recompute_old_log_prob(cfg(**{BYPASS: True, "actor_rollout_ref.actor.recompute_old_log_prob": "true"}),
-                                  needs_pass=False)
+    assert recompute_old_log_prob(
+        cfg(**{BYPASS: True, "actor_rollout_ref.actor.recompute_old_log_prob": "true"}), needs_pass=False
+    )
     # no pass and a correction: fine in bypass (the loss compares the two), refused in decoupled mode
-    off = {"actor_rollout_ref.actor.recompute_old_log_prob": "false", "algorithm.rollout_correction.rollout_is": "token"}
+    off = {
+        "actor_rollout_ref.actor.recompute_old_log_prob": "false",
+        "algorithm.rollout_correction.rollout_is": "token",
+    }
     assert input_problems(get_estimator("grpo"), cfg(**off, **{BYPASS: True})) == []
     assert input_problems(get_estimator("grpo"), cfg(**off)) != []
 
@@ -165,8 +177,9 @@ def test_the_driver_leaves_the_correction_to_the_loss_in_bypass_mode():
     """Decoupled: the driver weighs pi_old / pi_rollout before the update; bypass: nothing there (the loss does)."""
     rollout, lp, _, mask = tensors()
     for bypass, weighted in ((False, True), (True, False)):
-        batch = DataProto.from_dict({"old_log_probs": lp.detach().float(), "rollout_log_probs": rollout.float(),
-                                     "response_mask": mask.float()})
+        batch = DataProto.from_dict(
+            {"old_log_probs": lp.detach().float(), "rollout_log_probs": rollout.float(), "response_mask": mask.float()}
+        )
         config = cfg(**{BYPASS: bypass, "algorithm.rollout_correction.rollout_is": "token"})
         metrics = PPOTrainer.correct_for_rollout(SimpleNamespace(config=config), batch)
         assert ("rollout_is_weights" in batch.batch) is weighted and bool(metrics) is weighted

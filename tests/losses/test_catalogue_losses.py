@@ -46,7 +46,9 @@ def random_case(seed, rows=4, length=5):
 
 
 def per_token(fn, old, new, adv):
-    return [[fn(o, n, a) for o, n, a in zip(ro, rn, ra)] for ro, rn, ra in zip(old.tolist(), new.tolist(), adv.tolist())]
+    return [
+        [fn(o, n, a) for o, n, a in zip(ro, rn, ra)] for ro, rn, ra in zip(old.tolist(), new.tolist(), adv.tolist())
+    ]
 
 
 def assert_close(actual, expected, atol=1e-9):
@@ -264,12 +266,16 @@ def test_kl_cov_matches_reference():
     mean_a, mean_lp = sum(a) / len(a), sum(lp) / len(lp)
     cov = [(x - mean_a) * (y - mean_lp) for x, y in zip(a, lp)]
     top = sorted(range(len(cov)), key=lambda k: -cov[k])[: max(1, int(len(cov) * 0.1))]
-    expected = [[-adv[i, t].item() * math.exp(new[i, t].item() - old[i, t].item()) for t in range(10)] for i in range(6)]
+    expected = [
+        [-adv[i, t].item() * math.exp(new[i, t].item() - old[i, t].item()) for t in range(10)] for i in range(6)
+    ]
     for k in top:
         i, t = valid[k]
         expected[i][t] += 0.5 * abs(new[i, t].item() - old[i, t].item())
     assert_close(losses, expected)
-    assert metrics["ppo_kl"] == pytest.approx(sum(abs(new[i, t].item() - old[i, t].item()) for i, t in valid) / len(valid))
+    assert metrics["ppo_kl"] == pytest.approx(
+        sum(abs(new[i, t].item() - old[i, t].item()) for i, t in valid) / len(valid)
+    )
 
 
 # -------------------------------------------------------- every loss, the same way

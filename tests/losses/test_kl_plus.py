@@ -49,8 +49,11 @@ def test_the_base_gradients_differ_so_the_test_above_can_tell():
     """Without the straight-through swap the gradients would be 1 (kl), sign(d) (abs), 1 - exp(-d) (k3)."""
     lp = torch.tensor(LOG_PROBS, dtype=torch.float64, requires_grad=True)
     ref = torch.tensor(REF, dtype=torch.float64)
-    for kind, expected in (("kl", [1.0, 1.0, 1.0]), ("abs", [1.0, -1.0, 1.0]),
-                           ("low_var_kl", [1 - math.exp(-d) for d in D])):
+    for kind, expected in (
+        ("kl", [1.0, 1.0, 1.0]),
+        ("abs", [1.0, -1.0, 1.0]),
+        ("low_var_kl", [1 - math.exp(-d) for d in D]),
+    ):
         (grad,) = torch.autograd.grad(kl_penalty(lp, ref, kind).sum(), lp)
         assert grad.tolist() == pytest.approx(expected, abs=1e-12)
         assert grad.tolist() != pytest.approx(D)

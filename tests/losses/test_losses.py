@@ -51,11 +51,11 @@ def twelve_rows_one_fully_masked(seed=0):
 
 def verl_seq_mean(losses, mask, mode, norm_len=None):
     """veRL 0.9's seq-mean-* modes, one row at a time: only rows with a valid token are sequences."""
-    rows = [(l, m) for l, m in zip(losses.tolist(), mask.tolist()) if sum(m) > 0]
+    rows = [(row, m) for row, m in zip(losses.tolist(), mask.tolist()) if sum(m) > 0]
     if mode == "seq-mean-token-mean":
-        per_seq = [sum(a * b for a, b in zip(l, m)) / sum(m) for l, m in rows]
+        per_seq = [sum(a * b for a, b in zip(row, m)) / sum(m) for row, m in rows]
     else:
-        per_seq = [sum(a * b for a, b in zip(l, m)) / (norm_len or 1) for l, m in rows]
+        per_seq = [sum(a * b for a, b in zip(row, m)) / (norm_len or 1) for row, m in rows]
     return sum(per_seq) / len(rows)
 
 
@@ -92,7 +92,9 @@ def test_trl_dapo_is_our_token_mean():
     P, K = losses.shape[:2]
     n_global = mask.sum().item()
     trl = sum((losses[p, k] * mask[p, k]).sum() / (n_global / P) for p in range(P) for k in range(K)) / P
-    ours = sum(agg_loss(losses[p, k], mask[p, k], "token-mean", num_tokens=n_global) for p in range(P) for k in range(K))
+    ours = sum(
+        agg_loss(losses[p, k], mask[p, k], "token-mean", num_tokens=n_global) for p in range(P) for k in range(K)
+    )
     assert ours.item() == pytest.approx(trl.item())
 
 
@@ -102,7 +104,9 @@ def test_trl_bnpo_is_our_token_mean_local():
     P, K = losses.shape[:2]
     trl = sum((losses[p, k] * mask[p, k]).sum() / mask[p, k].sum() / K for p in range(P) for k in range(K)) / P
     _, num_seqs = global_counts(mask.reshape(-1, 5), None)
-    ours = sum(agg_loss(losses[p, k], mask[p, k], "token-mean-local", num_seqs=num_seqs) for p in range(P) for k in range(K))
+    ours = sum(
+        agg_loss(losses[p, k], mask[p, k], "token-mean-local", num_seqs=num_seqs) for p in range(P) for k in range(K)
+    )
     assert ours.item() == pytest.approx(trl.item())
     whole = agg_loss(losses.reshape(-1, 5), mask.reshape(-1, 5), "token-mean-local")
     assert whole.item() != pytest.approx(trl.item())  # unlike every other mode, it depends on the split
@@ -169,7 +173,9 @@ def test_ppo_gradient_inside_and_outside_the_clip():
 
 def test_ppo_rejects_bad_dual_clip():
     with pytest.raises(ValueError, match="clip_ratio_c must be > 1.0"):
-        get_policy_loss("vanilla").fn(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1), clip_ratio_c=0.5)
+        get_policy_loss("vanilla").fn(
+            torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1), clip_ratio_c=0.5
+        )
 
 
 def test_gspo_sequence_ratio_and_gradient():

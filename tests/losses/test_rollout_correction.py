@@ -8,7 +8,8 @@ import torch
 from hybridflow.losses import rollout_correction
 from hybridflow.plugins import get_policy_loss
 
-# two rows, T = 3; row 1's last token is padding. Token log-ratios old - rollout: row 0: 1.0, -0.5, 0.2; row 1: 0.1, -1.5
+# two rows, T = 3; row 1's last token is padding. Token log-ratios old - rollout: row 0: 1.0, -0.5, 0.2;
+# row 1: 0.1, -1.5
 OLD = torch.tensor([[-0.5, -1.5, -0.3], [-1.0, -2.5, -9.0]], dtype=torch.float64)
 ROLLOUT = torch.tensor([[-1.5, -1.0, -0.5], [-1.1, -1.0, 0.0]], dtype=torch.float64)
 MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]], dtype=torch.float64)
@@ -36,7 +37,9 @@ def test_token_truncated_is_min_of_the_ratio_and_the_threshold():
     assert metric(out, "rollout_rs_masked_fraction") == 0.0
     mean = sum(applied) / 5
     assert metric(out, "rollout_is_eff_sample_size") == pytest.approx(1 / (sum((w / mean) ** 2 for w in applied) / 5))
-    assert metric(out, "rollout_is_max") == pytest.approx(2.0) and metric(out, "rollout_is_min") == pytest.approx(raw[1][1])
+    assert metric(out, "rollout_is_max") == pytest.approx(2.0) and metric(out, "rollout_is_min") == pytest.approx(
+        raw[1][1]
+    )
 
 
 def test_token_masked_drops_tokens_outside_the_bounds():
@@ -46,7 +49,9 @@ def test_token_masked_drops_tokens_outside_the_bounds():
     assert_close(out.weights, [[0.0, math.exp(-0.5), math.exp(0.2)], [math.exp(0.1), 0.0, 0.0]])
     assert metric(out, "rollout_rs_masked_fraction") == pytest.approx(2 / 5)
     assert metric(out, "rollout_rs_seq_masked_fraction") == pytest.approx(1.0)  # both rows lost a token
-    custom = rollout_correction(OLD, ROLLOUT, MASK, rollout_is_mode="mask", rollout_is_threshold=3.0, rollout_is_threshold_lower=0.7)
+    custom = rollout_correction(
+        OLD, ROLLOUT, MASK, rollout_is_mode="mask", rollout_is_threshold=3.0, rollout_is_threshold_lower=0.7
+    )
     assert_close(custom.response_mask, [[1, 0, 1], [1, 0, 0]])  # e^-0.5 = 0.61 < 0.7 now dropped, e^1 < 3 kept
 
 
@@ -55,7 +60,9 @@ def test_sequence_level_weight_is_the_product_of_the_token_ratios():
     w0, w1 = math.exp(1.0 - 0.5 + 0.2), math.exp(0.1 - 1.5)  # the padding token (-9 vs 0) is not counted
     assert_close(out.weights, [[w0] * 3, [w1, w1, 0.0]])
     assert metric(out, "rollout_is_ratio_fraction_low") == 0.0  # w1 = e^-1.4 = 0.247 > 1/5
-    tight = rollout_correction(OLD, ROLLOUT, MASK, rollout_is="sequence", rollout_is_mode="mask", rollout_is_threshold=1.5)
+    tight = rollout_correction(
+        OLD, ROLLOUT, MASK, rollout_is="sequence", rollout_is_mode="mask", rollout_is_threshold=1.5
+    )
     assert_close(tight.response_mask, [[0, 0, 0], [0, 0, 0]])  # 2.01 > 1.5 and 0.247 < 1/1.5: both dropped whole
     assert metric(tight, "rollout_rs_seq_masked_fraction") == pytest.approx(1.0)
     assert metric(tight, "rollout_is_ratio_fraction_high") == pytest.approx(0.5)
@@ -68,7 +75,9 @@ def test_batch_normalize_gives_mean_one():
     raw_mean = sum(math.exp(x) for row in LOG_W for x in row) / 5
     assert metric(token, "rollout_is_batch_norm_factor") == pytest.approx(raw_mean)
     assert metric(token, "rollout_is_mean") == pytest.approx(raw_mean)  # statistics before normalization
-    seq = rollout_correction(OLD, ROLLOUT, MASK, rollout_is="sequence", rollout_is_batch_normalize=True, rollout_is_threshold=10.0)
+    seq = rollout_correction(
+        OLD, ROLLOUT, MASK, rollout_is="sequence", rollout_is_batch_normalize=True, rollout_is_threshold=10.0
+    )
     # one weight per sequence: the mean over the two sequences is 1 (a token mean would weigh row 0 by 3/5)
     assert (seq.weights[0, 0] + seq.weights[1, 0]).item() / 2 == pytest.approx(1.0)
 
@@ -96,7 +105,9 @@ def test_errors():
     with pytest.raises(ValueError, match="rollout_is_mode='clip'; allowed: truncate, mask"):
         rollout_correction(OLD, ROLLOUT, MASK, rollout_is_mode="clip")
     with pytest.raises(ValueError, match="needs 0 < lower <= upper"):
-        rollout_correction(OLD, ROLLOUT, MASK, rollout_is_mode="mask", rollout_is_threshold=2.0, rollout_is_threshold_lower=3.0)
+        rollout_correction(
+            OLD, ROLLOUT, MASK, rollout_is_mode="mask", rollout_is_threshold=2.0, rollout_is_threshold_lower=3.0
+        )
     with pytest.raises(ValueError, match="must have one"):
         rollout_correction(OLD, ROLLOUT[:, :2], MASK)
 

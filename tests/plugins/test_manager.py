@@ -20,8 +20,8 @@ from hybridflow.plugins import (
     get_reward_verifier,
     reset_plugin_manager,
 )
-from hybridflow.plugins.manager import ESTIMATORS, PluginManager
 from hybridflow.plugins.listing import format_plugin_table
+from hybridflow.plugins.manager import ESTIMATORS, PluginManager
 
 BUILTINS = {
     "gae", "grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline",
@@ -80,9 +80,12 @@ def test_builtins_are_discovered_through_entry_points(fresh):
 
 def test_third_party_plugin_is_found_and_attributed(fresh, tmp_path):
     install_fake(
-        fresh, tmp_path, "fakeplug-one",
+        fresh,
+        tmp_path,
+        "fakeplug-one",
         {"fakeplug_one": ESTIMATOR_PLUGIN.format(fn="zero", name="zero_adv")},
-        {"zero_adv": "fakeplug_one"}, version="2.5",
+        {"zero_adv": "fakeplug_one"},
+        version="2.5",
     )
     assert get_estimator("zero_adv").summary == "Zero advantage, for tests."
     [reg] = get_plugin_manager().registry(ESTIMATORS).by_name["zero_adv"]
@@ -91,7 +94,9 @@ def test_third_party_plugin_is_found_and_attributed(fresh, tmp_path):
 
 
 def test_two_plugins_claiming_one_name_names_both_distributions(fresh, tmp_path):
-    install_fake(fresh, tmp_path, "fakeplug-a", {"fakeplug_a": ESTIMATOR_PLUGIN.format(fn="f", name="grpo")}, {"a": "fakeplug_a"})
+    install_fake(
+        fresh, tmp_path, "fakeplug-a", {"fakeplug_a": ESTIMATOR_PLUGIN.format(fn="f", name="grpo")}, {"a": "fakeplug_a"}
+    )
     with pytest.raises(PluginConflictError) as err:
         get_estimator("grpo")
     assert "hybridflow" in str(err.value) and "fakeplug-a" in str(err.value)
@@ -104,7 +109,9 @@ def test_two_plugins_claiming_one_name_names_both_distributions(fresh, tmp_path)
 
 def test_plugin_that_fails_to_import_is_reported_and_others_work(fresh, tmp_path):
     install_fake(
-        fresh, tmp_path, "fakeplug-broken",
+        fresh,
+        tmp_path,
+        "fakeplug-broken",
         {"fakeplug_broken": "import a_module_that_does_not_exist\n"},
         {"broken": "fakeplug_broken"},
     )
@@ -132,7 +139,13 @@ def test_plugin_whose_register_hook_raises_is_isolated(fresh, tmp_path):
 
 
 def test_autoload_disabled_keeps_builtins_only(fresh, tmp_path):
-    install_fake(fresh, tmp_path, "fakeplug-off", {"fakeplug_off": ESTIMATOR_PLUGIN.format(fn="g", name="off_adv")}, {"off": "fakeplug_off"})
+    install_fake(
+        fresh,
+        tmp_path,
+        "fakeplug-off",
+        {"fakeplug_off": ESTIMATOR_PLUGIN.format(fn="g", name="off_adv")},
+        {"off": "fakeplug_off"},
+    )
     fresh.setenv("HYBRIDFLOW_DISABLE_PLUGIN_AUTOLOAD", "1")
     reset_plugin_manager()
     assert get_estimator("grpo").name == "grpo"
@@ -158,11 +171,14 @@ def test_unknown_reward_verifier_is_an_error(fresh):
 
 
 def test_same_plugin_registering_a_name_twice_is_reported(fresh, tmp_path):
-    source = ESTIMATOR_PLUGIN.format(fn="h", name="twice") + """
+    source = (
+        ESTIMATOR_PLUGIN.format(fn="h", name="twice")
+        + """
 @hookimpl(specname="hybridflow_register_estimators")
 def again(register):
     register(AdvantageEstimator(name="twice", fn=h))
 """
+    )
     install_fake(fresh, tmp_path, "fakeplug-twice", {"fakeplug_twice": source}, {"twice": "fakeplug_twice"})
     get_estimator("grpo")
     assert any("registered estimator 'twice' twice" in f.error for f in get_plugin_manager().failures)
@@ -182,13 +198,16 @@ def test_manager_without_autoload_argument(fresh):
 
 def rows(listing):
     """The compact table's rows, by name: the words after it (distribution, version, what it declares)."""
-    return {line.split()[0]: line.split(maxsplit=1)[1].replace(",", "").split()
-            for line in listing.splitlines() if line.startswith("  ")}
+    return {
+        line.split()[0]: line.split(maxsplit=1)[1].replace(",", "").split()
+        for line in listing.splitlines()
+        if line.startswith("  ")
+    }
 
 
 def sections(listing):
     """The compact table's kinds, in order, each with its row names."""
-    out = {}
+    out, kind = {}, None
     for line in listing.splitlines():
         if line.startswith("  "):
             out[kind].append(line.split()[0])
@@ -212,8 +231,13 @@ def test_cli_lists_one_row_per_name_grouped_by_kind_with_what_an_estimator_needs
     assert table["reinforce_plus_plus"] == ["hybridflow", "0.1.0", "-"]  # needs nothing beyond the rewards
     assert table["remax"] == ["hybridflow", "0.1.0", "reward_baselines"]
     assert table["gdpo"] == ["hybridflow", "0.1.0", "groups", "reward_components"]
-    assert table["optimal_token_baseline"][2:] == ["groups", "old_log_probs", "sum_pi_squared", "rollout_is_weights",
-                                                   "(optional)"]
+    assert table["optimal_token_baseline"][2:] == [
+        "groups",
+        "old_log_probs",
+        "sum_pi_squared",
+        "rollout_is_weights",
+        "(optional)",
+    ]
     assert " ".join(table["dr_grpo"][2:]) == "groups; actor defaults: loss_agg_mode=seq-mean-token-sum-norm"
     assert table["dynamic_sampling"] == ["hybridflow", "0.1.0", "after_reward"]
     assert table["tool_calling"] == ["hybridflow", "0.1.0", "multi-turn"]
@@ -226,7 +250,10 @@ def test_cli_lists_one_row_per_name_grouped_by_kind_with_what_an_estimator_needs
 
 def test_cli_verbose_lists_each_plugin_with_its_hooks_and_each_name_with_its_options():
     out = subprocess.run(
-        [sys.executable, "-m", "hybridflow", "plugins", "--verbose"], capture_output=True, text=True, timeout=120,
+        [sys.executable, "-m", "hybridflow", "plugins", "--verbose"],
+        capture_output=True,
+        text=True,
+        timeout=120,
         check=True,
     ).stdout
     lines = out.splitlines()

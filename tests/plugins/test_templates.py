@@ -61,7 +61,9 @@ def installed(request, tmp_path, monkeypatch):
     monkeypatch.delenv("HYBRIDFLOW_DISABLE_PLUGIN_AUTOLOAD", raising=False)
     source = tmp_path / template.folder
     shutil.copytree(TEMPLATES / template.folder, source)  # as an author would: a copy, then edit
-    result = run("-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--no-index", "-e", str(source))
+    result = run(
+        "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--no-index", "-e", str(source)
+    )
     assert result.returncode == 0, result.stderr
     reset_plugin_manager()
     try:

@@ -12,8 +12,10 @@ from hybridflow.recipes.dynamic_sampling import drop_uniform_groups
 def scored(scores, uids):
     t = torch.zeros(len(scores), 3)
     t[:, -1] = torch.tensor(scores)
-    return DataProto.from_dict({"token_level_scores": t, "token_level_rewards": t - 0.5 * torch.arange(len(scores))[:, None]},
-                               {"uid": np.array(uids, dtype=object)})
+    return DataProto.from_dict(
+        {"token_level_scores": t, "token_level_rewards": t - 0.5 * torch.arange(len(scores))[:, None]},
+        {"uid": np.array(uids, dtype=object)},
+    )
 
 
 def test_groups_of_equal_scores_are_dropped_and_the_rest_kept_whole_in_order():

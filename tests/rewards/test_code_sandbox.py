@@ -11,11 +11,14 @@ import time
 import pytest
 
 import hybridflow
-from hybridflow.sandbox import memory as sandbox_memory
 from hybridflow.rewards.code import code_score, extract_code
+from hybridflow.sandbox import memory as sandbox_memory
 from hybridflow.sandbox.runner import RESULT_FD, SandboxLimits, run_python
 
-pytestmark = [pytest.mark.timeout(60), pytest.mark.serial]  # serial: it counts and measures the sandbox users' processes
+pytestmark = [
+    pytest.mark.timeout(60),
+    pytest.mark.serial,
+]  # serial: it counts and measures the sandbox users' processes
 
 LIMITS = {"timeout_s": 2.0, "cpu_s": 1, "memory_mb": 256}
 SUM_TESTS = json.dumps({"inputs": ["1 2\n", "10 -3\n"], "outputs": ["3\n", "7\n"]})
@@ -78,7 +81,14 @@ def test_environment_is_scrubbed(monkeypatch, sandbox_tmp):
     steal = fenced("import os\nprint(os.environ.get('HYBRIDFLOW_TEST_SECRET'))")
     assert code_score("code", steal, json.dumps({"inputs": [""], "outputs": ["hunter2"]}), None, **LIMITS) == 0.0
     result = run_python("import os\nprint(sorted(os.environ))")
-    assert ast.literal_eval(result.stdout) == ["HOME", "LANG", "PATH", "PYTHONDONTWRITEBYTECODE", "PYTHONHASHSEED", "TMPDIR"]
+    assert ast.literal_eval(result.stdout) == [
+        "HOME",
+        "LANG",
+        "PATH",
+        "PYTHONDONTWRITEBYTECODE",
+        "PYTHONHASHSEED",
+        "TMPDIR",
+    ]
 
 
 def test_no_network(sandbox_tmp):
@@ -99,19 +109,27 @@ def test_no_network(sandbox_tmp):
 
 
 def test_writes_outside_its_directory_fail(tmp_path, sandbox_tmp):
-    targets = [str(tmp_path / "escaped.txt"), os.path.join(os.path.dirname(hybridflow.__file__), "escaped_by_sandbox.txt")]
+    targets = [
+        str(tmp_path / "escaped.txt"),
+        os.path.join(os.path.dirname(hybridflow.__file__), "escaped_by_sandbox.txt"),
+    ]
     for target in targets:
         code = fenced(f"open({target!r}, 'w').write('x')\nprint(4)")
         assert code_score("code", code, FOUR, None, **LIMITS) == 0.0
         assert not os.path.exists(target)
     # writing inside its own directory works
-    assert code_score("code", fenced("open('f.txt', 'w').write('4')\nprint(open('f.txt').read())"), FOUR, None, **LIMITS) == 1.0
+    assert (
+        code_score("code", fenced("open('f.txt', 'w').write('4')\nprint(open('f.txt').read())"), FOUR, None, **LIMITS)
+        == 1.0
+    )
 
 
 HOSTILE = {
     "infinite loop": "print(4, flush=True)\nwhile True:\n    pass",
     "sleep forever": "import time\nprint(4, flush=True)\ntime.sleep(10**6)",
-    "fork bomb": "import os\nprint(4, flush=True)\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
+    "fork bomb": (
+        "import os\nprint(4, flush=True)\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
+    ),
     "huge allocation": "x = bytearray(8 * 1024**3)\nprint(4)",
     "huge file": "open('big', 'wb').write(b'x' * (64 * 1024**2))\nprint(4)",
     "background child": "import os, time\nif os.fork() == 0:\n    time.sleep(10**6)\nprint(4)\nos._exit(1)",
@@ -236,7 +254,8 @@ def test_aggregate_memory_bound(guard, monkeypatch, sandbox_tmp):
         assert result.memory_guard == "watchdog" and result.wall_s < limits.wall_s, result  # killed, not timed out
     # a program within the bound is left alone
     fits = run_python(  # it holds its block a moment, so the watchdog's 20 ms readings see it
-        "import time\nblock = bytearray(200 << 20)\nblock[::4096] = b'x' * len(block[::4096])\ntime.sleep(0.2)\nprint('ok')",
+        "import time\nblock = bytearray(200 << 20)\nblock[::4096] = b'x' * len(block[::4096])\n"
+        "time.sleep(0.2)\nprint('ok')",
         limits=limits,
     )
     assert fits.ok and fits.stdout == "ok\n" and not fits.memory_exceeded and fits.memory_peak_mb >= 200, fits
@@ -260,7 +279,9 @@ def test_code_through_the_reward_pool(sandbox_tmp):
     from hybridflow.rewards.manager import RewardManager
 
     responses = [fenced("print(2 + 2)"), fenced(HOSTILE["infinite loop"]), fenced(HOSTILE["fork bomb"])]
-    with RewardManager(route={"c": "code"}, verifier_kwargs={"code": LIMITS}, num_workers=1, timeout_s=20, worker_preload=()) as manager:
+    with RewardManager(
+        route={"c": "code"}, verifier_kwargs={"code": LIMITS}, num_workers=1, timeout_s=20, worker_preload=()
+    ) as manager:
         scores, _, outcomes = manager.score_texts(["c"] * 3, responses, [FOUR] * 3)
     assert scores == [1.0, 0.0, 0.0]
     assert [o.status for o in outcomes] == ["ok"] * 3
@@ -271,7 +292,9 @@ def test_killing_the_pool_worker_takes_the_sandbox_down(sandbox_tmp):
     from hybridflow.rewards.manager import RewardManager
 
     slow = {**LIMITS, "timeout_s": 30.0}
-    with RewardManager(route={"c": "code"}, verifier_kwargs={"code": slow}, num_workers=1, timeout_s=1.5, worker_preload=()) as manager:
+    with RewardManager(
+        route={"c": "code"}, verifier_kwargs={"code": slow}, num_workers=1, timeout_s=1.5, worker_preload=()
+    ) as manager:
         manager.score_texts(["c"], [fenced("print(4)")], [FOUR])  # warm the worker
         scores, _, outcomes = manager.score_texts(["c"], [fenced(HOSTILE["sleep forever"])], [FOUR])
     assert scores == [0.0] and outcomes[0].status == "timeout"
@@ -298,7 +321,8 @@ def test_launcher_refuses_without_namespaces(monkeypatch, capsys):
 
 
 def test_run_python_raises_when_the_launcher_refuses(tmp_path, monkeypatch, sandbox_tmp):
-    from hybridflow.sandbox import launcher as sandbox_launcher, runner as sandbox
+    from hybridflow.sandbox import launcher as sandbox_launcher
+    from hybridflow.sandbox import runner as sandbox
     from hybridflow.sandbox.runner import SandboxUnavailableError
 
     refusing = tmp_path / "refusing_launcher.py"
@@ -324,7 +348,8 @@ def test_a_program_cannot_forge_the_launchers_word(sandbox_tmp):
         "import sys\n"
         f"sys.stderr.write({sandbox_launcher.UNISOLATED_MARK!r} + '\\n')\n"
         f"sys.stderr.write({sandbox_launcher.UNAVAILABLE_MARK!r} + ': cannot create namespaces\\n')\n"
-        f"sys.exit({sandbox_launcher.EXIT_UNAVAILABLE})\n")
+        f"sys.exit({sandbox_launcher.EXIT_UNAVAILABLE})\n"
+    )
     assert forged.returncode == sandbox_launcher.EXIT_UNAVAILABLE and forged.isolated
     assert forged.stderr.startswith(sandbox_launcher.UNISOLATED_MARK)  # kept as the program wrote it
     assert list(sandbox_tmp.iterdir()) == []

@@ -69,12 +69,12 @@ def test_verifier_kwargs_reach_calls():
     assert router.resolve("c")[0].kwargs == {"timeout_s": 2.0}
 
 
-USER_FILE = '''
+USER_FILE = """
 def my_score(data_source, solution_str, ground_truth, extra_info, bonus=0.0):
     return {"score": float(solution_str == ground_truth) + bonus, "length": len(solution_str)}
 
 helper = 3
-'''
+"""
 
 
 def test_custom_function_from_file(tmp_path):

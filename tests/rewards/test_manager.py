@@ -18,7 +18,7 @@ TIMEOUT_S = 2.0
 
 # A user's reward file with a verifier that hangs, one that raises and one that
 # kills its own process, mixed with an exact-match verifier.
-HOSTILE_REWARD = '''
+HOSTILE_REWARD = """
 import os, time
 
 def compute_score(data_source, solution_str, ground_truth, extra_info):
@@ -29,7 +29,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info):
     if solution_str == "die":
         os._exit(3)
     return {"score": float(solution_str == ground_truth), "length": float(len(solution_str))}
-'''
+"""
 
 
 def char_tokenizer():
@@ -71,7 +71,11 @@ def hostile_manager(tmp_path_factory):
     path = tmp_path_factory.mktemp("reward") / "hostile_reward.py"
     path.write_text(HOSTILE_REWARD)
     manager = RewardManager(
-        num_workers=2, timeout_s=TIMEOUT_S, timeout_score=-1.0, custom_reward_function={"path": str(path)}, worker_preload=()
+        num_workers=2,
+        timeout_s=TIMEOUT_S,
+        timeout_score=-1.0,
+        custom_reward_function={"path": str(path)},
+        worker_preload=(),
     )
     manager.score_texts(["warm"] * 2, ["a", "b"], ["a", "a"])  # start the workers outside the timed part
     yield manager
@@ -161,7 +165,9 @@ def test_builtin_verifiers_through_the_pool():
 def test_a_missing_ground_truth_scores_the_failure_score_and_is_counted():
     """``None`` must not become the text "None": ``\\boxed{None}`` would then be right."""
     with RewardManager(num_workers=1, timeout_s=20) as manager:
-        scores, _, outcomes = manager.score_texts(["lighteval/MATH", "lighteval/MATH"], [r"\boxed{None}", r"\boxed{2}"], [None, "2"])
+        scores, _, outcomes = manager.score_texts(
+            ["lighteval/MATH", "lighteval/MATH"], [r"\boxed{None}", r"\boxed{2}"], [None, "2"]
+        )
     assert scores == [0.0, 1.0]
     assert outcomes[0].status == "error" and "ground truth must be text or a number" in outcomes[0].error
 
@@ -177,7 +183,9 @@ def test_math_verify_directly_in_a_thread():
     from hybridflow.rewards.math_answer import math_answer_score
 
     results = []
-    thread = threading.Thread(target=lambda: results.append(math_answer_score("m", r"\boxed{0.5}", r"\frac{1}{2}", None)))
+    thread = threading.Thread(
+        target=lambda: results.append(math_answer_score("m", r"\boxed{0.5}", r"\frac{1}{2}", None))
+    )
     thread.start()
     thread.join(60)
     assert results == [{"score": 1.0, "too_complex": 0.0}]

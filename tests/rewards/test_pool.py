@@ -17,9 +17,9 @@ def test_results_in_order_with_timeouts_and_errors():
     with ScoringPool(num_workers=2, timeout_s=1.0) as pool:
         pool.run(math.sqrt, [(1.0,)])  # workers up
         start = time.monotonic()
-        outcomes = pool.run(
-            operator.truediv, [(1, 2), (1, 0), (9, 3)]
-        ) + pool.run(time.sleep, [(0.01,), (30,), (0.01,), (0.01,)])
+        outcomes = pool.run(operator.truediv, [(1, 2), (1, 0), (9, 3)]) + pool.run(
+            time.sleep, [(0.01,), (30,), (0.01,), (0.01,)]
+        )
         elapsed = time.monotonic() - start
     assert [o.status for o in outcomes] == ["ok", "error", "ok", "ok", "timeout", "ok", "ok"]
     assert [o.value for o in outcomes[:3]] == [0.5, None, 3.0]

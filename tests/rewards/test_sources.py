@@ -54,15 +54,17 @@ def test_undeclared_sources_are_the_verifier_or_else_the_reward_model_alone():
     assert only_rm.sources == (Source(REWARD_MODEL),)
     scores, _ = only_rm.scores(None, None, RM)
     torch.testing.assert_close(scores, RM)
-    declared = RewardConfig(sources={"reward_model": RewardSourceConfig(0.5, "batch"), "verifier": RewardSourceConfig()},
-                            combine="fallback")
+    declared = RewardConfig(
+        sources={"reward_model": RewardSourceConfig(0.5, "batch"), "verifier": RewardSourceConfig()}, combine="fallback"
+    )
     assert RewardSources.from_config(declared, True).sources == (Source(VERIFIER), Source(REWARD_MODEL, 0.5, "batch"))
 
 
 def test_combine_puts_the_score_at_the_last_response_token_and_keeps_the_fields():
     mask = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 0], [1, 1, 1]])
-    verified = RewardOutput(torch.zeros(4, 3), {"reward/errors": 0.0},
-                            [{"score": s, "acc": s} for s in V.tolist()], [True] * 4)
+    verified = RewardOutput(
+        torch.zeros(4, 3), {"reward/errors": 0.0}, [{"score": s, "acc": s} for s in V.tolist()], [True] * 4
+    )
     sources = RewardSources((Source(VERIFIER, 1.0), Source(REWARD_MODEL, 1.0)), "sum")
     out = sources.combine(verified, RM, mask)
     total = (V + RM).tolist()
@@ -86,9 +88,12 @@ def test_the_manager_counts_verifiers_that_abstain_and_unrouted_sources_when_all
     path = tmp_path / "abstainer.py"
     path.write_text(ABSTAINER)
     custom = {"path": str(path), "name": "compute_score"}
-    with RewardManager(route={"a": "custom"}, num_workers=1, custom_reward_function=custom,
-                       abstain_unrouted=True) as manager:
-        scores, _, outcomes = manager.score_texts(["a", "a", "a", "elsewhere"], ["1", "x1", "2", "1"], ["1", "1", "1", "1"])
+    with RewardManager(
+        route={"a": "custom"}, num_workers=1, custom_reward_function=custom, abstain_unrouted=True
+    ) as manager:
+        scores, _, outcomes = manager.score_texts(
+            ["a", "a", "a", "elsewhere"], ["1", "x1", "2", "1"], ["1", "1", "1", "1"]
+        )
     assert scores == [1.0, 0.0, 0.0, 0.0]
     assert [o.status for o in outcomes] == ["ok", "abstained", "ok", "abstained"]
     with RewardManager(route={"a": "custom"}, num_workers=1, custom_reward_function=custom) as manager:
@@ -98,9 +103,10 @@ def test_the_manager_counts_verifiers_that_abstain_and_unrouted_sources_when_all
 
 def test_score_batch_reports_which_samples_were_decided():
     tok_ids = torch.tensor([[5, 6], [7, 0]])
-    batch = DataProto.from_dict({RESPONSES: tok_ids, RESPONSE_MASK: torch.tensor([[1, 1], [1, 0]])},
-                                {DATA_SOURCE: ["synthetic/arithmetic", "chat"], GROUND_TRUTH: ["7", None],
-                                 EXTRA_INFO: [{}, {}]})
+    batch = DataProto.from_dict(
+        {RESPONSES: tok_ids, RESPONSE_MASK: torch.tensor([[1, 1], [1, 0]])},
+        {DATA_SOURCE: ["synthetic/arithmetic", "chat"], GROUND_TRUTH: ["7", None], EXTRA_INFO: [{}, {}]},
+    )
 
     class Chars:
         def decode(self, ids, skip_special_tokens=True):
@@ -122,15 +128,29 @@ def problems(**overrides) -> list[str]:
 def test_config_rules_name_the_keys(tmp_path):
     assert any("reward.sources has 'judge'" in p for p in problems(**{"reward.sources": {"judge": {"weight": 1.0}}}))
     assert any("reward_model.enable=false" in p for p in problems(**{"reward.sources": {"reward_model": {}}}))
-    assert any("combine=fallback needs both sources" in p
-               for p in problems(**{"reward.combine": "fallback", "reward.sources": {"verifier": {}}}))
-    assert any("sources.verifier.normalize='zscore'" in p
-               for p in problems(**{"reward.sources": {"verifier": {"normalize": "zscore"}}}))
+    assert any(
+        "combine=fallback needs both sources" in p
+        for p in problems(**{"reward.combine": "fallback", "reward.sources": {"verifier": {}}})
+    )
+    assert any(
+        "sources.verifier.normalize='zscore'" in p
+        for p in problems(**{"reward.sources": {"verifier": {"normalize": "zscore"}}})
+    )
     assert any("reward_model.model.path is not set" in p for p in problems(**{"reward_model.enable": True}))
     missing = str(tmp_path / "nowhere")
-    assert any("is not a directory" in p for p in problems(**{"reward_model.enable": True,
-                                                              "reward_model.model.path": missing}))
-    assert any("does not use it" in p for p in problems(**{
-        "reward_model.enable": True, "reward_model.model.path": str(tmp_path), "reward.sources": {"verifier": {}}}))
-    assert not [p for p in problems(**{"reward_model.enable": True, "reward_model.model.path": str(tmp_path)})
-                if "reward" in p]
+    assert any(
+        "is not a directory" in p for p in problems(**{"reward_model.enable": True, "reward_model.model.path": missing})
+    )
+    assert any(
+        "does not use it" in p
+        for p in problems(
+            **{
+                "reward_model.enable": True,
+                "reward_model.model.path": str(tmp_path),
+                "reward.sources": {"verifier": {}},
+            }
+        )
+    )
+    assert not [
+        p for p in problems(**{"reward_model.enable": True, "reward_model.model.path": str(tmp_path)}) if "reward" in p
+    ]

@@ -217,8 +217,8 @@ def test_a_loss_with_tensor_metrics_fails(broken):
 def test_a_loss_refusing_rollout_weights_fails(broken):
     message = failure_of(check_policy_loss, loss(broken.no_weights_loss))
     assert (
-        "- unit rollout weights change nothing: on a batch of 5 responses (seed 0), rollout_is_weights all 1: raised TypeError"
-        in message
+        "- unit rollout weights change nothing: on a batch of 5 responses (seed 0), rollout_is_weights all 1: "
+        "raised TypeError" in message
     )
 
 
@@ -230,8 +230,8 @@ def test_a_verifier_returning_nan_fails(broken_verifiers):
     message = failure_of(check_reward_verifier, verifier(broken_verifiers.nan_on_empty), cases=[("42", "42", 1.0)])
     assert message.startswith("reward verifier 'broken' breaks 1 contract property:\n")
     assert (
-        "- a finite score or an ordinary exception: on an empty response (vs '42'): verifier 'broken' returned score nan"
-        in message
+        "- a finite score or an ordinary exception: on an empty response (vs '42'): "
+        "verifier 'broken' returned score nan" in message
     )
 
 

@@ -19,7 +19,10 @@ import pytest
 
 from hybridflow.plugins import reset_plugin_manager
 
-pytestmark = [pytest.mark.timeout(180), pytest.mark.serial]  # serial: it pip-installs into the venv every other test reads
+pytestmark = [
+    pytest.mark.timeout(180),
+    pytest.mark.serial,
+]  # serial: it pip-installs into the venv every other test reads
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "contract-kit-example"
 DISTRIBUTION = "hybridflow-kit-example"

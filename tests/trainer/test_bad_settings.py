@@ -23,9 +23,9 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from hybridflow.configs import CONFIG_DIR
+from hybridflow.configs.overrides import override_problems
 from hybridflow.configs.schema import register_configs
 from hybridflow.trainer.config_checks import ConfigError, check_datasets, config_problems, dataset_rows
-from hybridflow.configs.overrides import override_problems
 
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("bad_settings", ROOT / "bench" / "bad_settings.py")
@@ -72,18 +72,26 @@ def test_refused_before_ray_naming_the_key(label, overrides, tmp_path):
         args = bad_settings.filled(bad_settings.BASE + overrides, tmp_path, port)
         problems = refusal(args, tmp_path)
     assert problems, f"{label}: nothing refused {overrides}"
-    named = [k for k in keys(args[len(bad_settings.BASE):]) if any(k in p or k.split(".")[-1] in p for p in problems)]
+    named = [k for k in keys(args[len(bad_settings.BASE) :]) if any(k in p or k.split(".")[-1] in p for p in problems)]
     assert named, (label, problems)
 
 
-@pytest.mark.parametrize("override,expected", [
-    ("actor_rollout_ref.actor.optim.lr=-0.001", "actor_rollout_ref.actor.optim.lr=-0.001 must be > 0"),
-    ("trainer.total_trainig_steps=3", "did you mean trainer.total_training_steps?"),
-])
+@pytest.mark.parametrize(
+    "override,expected",
+    [
+        ("actor_rollout_ref.actor.optim.lr=-0.001", "actor_rollout_ref.actor.optim.lr=-0.001 must be > 0"),
+        ("trainer.total_trainig_steps=3", "did you mean trainer.total_training_steps?"),
+    ],
+)
 def test_the_command_exits_2_in_a_few_lines_without_a_traceback(override, expected, tmp_path):
     start = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "hybridflow.trainer.main", override], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "hybridflow.trainer.main", override],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     seconds = time.perf_counter() - start
     text = (out.stdout + out.stderr).strip()
     assert out.returncode == 2, text
@@ -94,29 +102,41 @@ def test_the_command_exits_2_in_a_few_lines_without_a_traceback(override, expect
 
 # What the message of each case of issue 27 says (the key first; the file's name for a data file)
 ISSUE_27_MESSAGES = {
-    "typo in a policy loss option":
-        ["actor_rollout_ref.actor.policy_loss_options has ['clip_ratio_hgh']; policy loss 'vanilla' takes {"],
-    "text for a policy loss option":
-        ["actor_rollout_ref.actor.policy_loss_options.clip_ratio_high='high' is text; policy loss 'vanilla' takes a "
-         "number there (default 0.2)"],
-    "true for an estimator option":
-        ["algorithm.estimator_options.epsilon=True is true or false; estimator 'grpo' takes a number there"],
-    "text for an agent loop option":
-        ["actor_rollout_ref.rollout.agent.options.max_turns='two' is text; agent loop 'tool_calling' takes an integer"],
-    "a number for a batch hook option":
-        ["algorithm.batch_hook_options['dynamic_sampling'].metric=1 is an integer; hook 'dynamic_sampling' takes text"],
+    "typo in a policy loss option": [
+        "actor_rollout_ref.actor.policy_loss_options has ['clip_ratio_hgh']; policy loss 'vanilla' takes {"
+    ],
+    "text for a policy loss option": [
+        "actor_rollout_ref.actor.policy_loss_options.clip_ratio_high='high' is text; policy loss 'vanilla' takes a "
+        "number there (default 0.2)"
+    ],
+    "true for an estimator option": [
+        "algorithm.estimator_options.epsilon=True is true or false; estimator 'grpo' takes a number there"
+    ],
+    "text for an agent loop option": [
+        "actor_rollout_ref.rollout.agent.options.max_turns='two' is text; agent loop 'tool_calling' takes an integer"
+    ],
+    "a number for a batch hook option": [
+        "algorithm.batch_hook_options['dynamic_sampling'].metric=1 is an integer; hook 'dynamic_sampling' takes text"
+    ],
     "missing train file": ["  - data.train_files: ", "missing.parquet: no such file; allowed: parquet files"],
     "zero-byte train file": ["  - data.train_files: ", "zero.parquet: the file is empty (0 bytes)"],
     "train file of no rows": ["  - data.train_files: ", "no_rows.parquet: the file has no rows"],
     "train file without a prompt column": ["  - data.train_files: ", "no_prompt.parquet: missing column(s) ['prompt']"],
     "text file named .parquet": ["  - data.train_files: ", "text.parquet: not a readable parquet file"],
-    "validation file without a prompt column":
-        ["  - data.val_files: ", "no_prompt.parquet: missing column(s) ['prompt']"],
-    "more rollout ranks than the machine holds":
-        ["trainer.rollout_ranks=1024 with trainer.placement=split", "but this machine has", "lower trainer.rollout_ranks"],
+    "validation file without a prompt column": [
+        "  - data.val_files: ",
+        "no_prompt.parquet: missing column(s) ['prompt']",
+    ],
+    "more rollout ranks than the machine holds": [
+        "trainer.rollout_ranks=1024 with trainer.placement=split",
+        "but this machine has",
+        "lower trainer.rollout_ranks",
+    ],
     "server on a busy port": ["actor_rollout_ref.rollout.server.port=", "is in use", "or 0 to let the server pick one"],
-    "server on an address not of this machine":
-        ["actor_rollout_ref.rollout.server.host='192.0.2.1' is not an address of this machine", "use a local address"],
+    "server on an address not of this machine": [
+        "actor_rollout_ref.rollout.server.host='192.0.2.1' is not an address of this machine",
+        "use a local address",
+    ],
 }
 
 
@@ -131,8 +151,13 @@ def run_command(label: str, overrides: list[str], tmp_path: Path) -> dict:
         cmd = [str(Path(sys.executable).parent / "hybridflow-train"), *args, f"data.synthetic_dir={case_dir}/data"]
         start = time.perf_counter()
         out = subprocess.run(cmd, cwd=case_dir, env=env, capture_output=True, text=True, timeout=120)
-    return {"label": label, "rc": out.returncode, "seconds": time.perf_counter() - start, "stderr": out.stderr,
-            "text": out.stdout + out.stderr}
+    return {
+        "label": label,
+        "rc": out.returncode,
+        "seconds": time.perf_counter() - start,
+        "stderr": out.stderr,
+        "text": out.stdout + out.stderr,
+    }
 
 
 def test_each_setting_of_issue_27_exits_2_within_20_s_naming_the_key(tmp_path):
@@ -143,8 +168,12 @@ def test_each_setting_of_issue_27_exits_2_within_20_s_naming_the_key(tmp_path):
     for r in results:  # shown with -s: the wall time of each case
         print(f"{r['label']}: exit {r['rc']} in {r['seconds']:.1f} s")
     failures = [
-        (r["label"], r["rc"], round(r["seconds"], 1), r["text"][-1500:]) for r in results
-        if r["rc"] != 2 or r["seconds"] >= 20 or "Traceback" in r["text"] or len(r["text"].strip().splitlines()) > 6
+        (r["label"], r["rc"], round(r["seconds"], 1), r["text"][-1500:])
+        for r in results
+        if r["rc"] != 2
+        or r["seconds"] >= 20
+        or "Traceback" in r["text"]
+        or len(r["text"].strip().splitlines()) > 6
         or not all(m in r["stderr"] for m in ISSUE_27_MESSAGES[r["label"]])
     ]
     assert failures == []

@@ -13,7 +13,9 @@ from hybridflow.trainer.batch_hooks import BatchHooks, hook_problems
 
 
 def batch():
-    return DataProto.from_dict({"advantages": torch.arange(6.0)[:, None]}, {"uid": np.array(list("aabbcc"), dtype=object)})
+    return DataProto.from_dict(
+        {"advantages": torch.arange(6.0)[:, None]}, {"uid": np.array(list("aabbcc"), dtype=object)}
+    )
 
 
 def cut_one_row(batch, *, keep: int = 5):
@@ -48,7 +50,9 @@ def test_hooks():
 def test_names_and_options_are_checked_before_anything_runs(test_hooks):
     assert hook_problems(["scale"], {"scale": {"factor": 3.0}}) == []
     problems = hook_problems(["scale", "nosuch"], {"scale": {"factr": 3.0}, "cut": {"keep": 2}})
-    assert "algorithm.batch_hooks: unknown batch hook 'nosuch'" in problems[1] or "unknown batch hook 'nosuch'" in " ".join(problems)
+    assert "algorithm.batch_hooks: unknown batch hook 'nosuch'" in problems[
+        1
+    ] or "unknown batch hook 'nosuch'" in " ".join(problems)
     assert "algorithm.batch_hook_options['scale'] has ['factr']; hook 'scale' takes {'factor': 2.0}" in problems
     assert "algorithm.batch_hook_options has options for ['cut'], which algorithm.batch_hooks does not run" in problems
 

@@ -33,15 +33,20 @@ def test_a_rollout_pool_the_cluster_cannot_hold_names_rollout_ranks(ray_session)
     finally:
         pool.release()
     message = str(err.value)
-    assert message.startswith("invalid config:\n  - trainer.rollout_ranks=32 rollout ranks (trainer.placement=split) "
-                              "with trainer.device='cpu', beside the training ranks, do not fit the Ray cluster: lower "
-                              "trainer.rollout_ranks")
+    assert message.startswith(
+        "invalid config:\n  - trainer.rollout_ranks=32 rollout ranks (trainer.placement=split) "
+        "with trainer.device='cpu', beside the training ranks, do not fit the Ray cluster: lower "
+        "trainer.rollout_ranks"
+    )
     assert "(the cluster: " in message and "CPU=4" in message and "Traceback" not in message
 
 
 def test_training_ranks_the_cluster_cannot_hold_name_their_keys(ray_session):
     conf = OmegaConf.structured(PPOConfig)
     OmegaConf.update(conf, "trainer.n_gpus_per_node", 32)
-    with pytest.raises(ConfigError, match=r"trainer.nnodes=1 x trainer.n_gpus_per_node=32 ranks with "
-                                          r"trainer.device='cpu' do not fit the Ray cluster"):
+    with pytest.raises(
+        ConfigError,
+        match=r"trainer.nnodes=1 x trainer.n_gpus_per_node=32 ranks with "
+        r"trainer.device='cpu' do not fit the Ray cluster",
+    ):
         _resource_pool(OmegaConf.to_object(conf))

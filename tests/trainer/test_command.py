@@ -13,8 +13,12 @@ import pytest
 pytestmark = pytest.mark.slow
 
 TRAIN = [sys.executable, "-m", "hybridflow.trainer.main"]
-SMALL = ["data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.rollout.n=4",
-         "trainer.test_freq=0"]
+SMALL = [
+    "data.train_batch_size=4",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+    "actor_rollout_ref.rollout.n=4",
+    "trainer.test_freq=0",
+]
 
 
 def clean_env():
@@ -41,10 +45,16 @@ def wait_for_steps(metrics: Path, steps: int, proc: subprocess.Popen, timeout_s:
 def test_ctrl_c_stops_with_the_step_and_the_checkpoint_and_a_log_gets_plain_progress_lines(tmp_path):
     run = tmp_path / "run"
     log = (tmp_path / "log.txt").open("w")
-    args = [*SMALL, "trainer.total_training_steps=500", "trainer.save_freq=2", f"hydra.run.dir={run}",
-            f"data.synthetic_dir={tmp_path}/data"]
-    proc = subprocess.Popen([*TRAIN, *args], cwd=tmp_path, env=clean_env(), stdout=log, stderr=subprocess.STDOUT,
-                            preexec_fn=interruptible)
+    args = [
+        *SMALL,
+        "trainer.total_training_steps=500",
+        "trainer.save_freq=2",
+        f"hydra.run.dir={run}",
+        f"data.synthetic_dir={tmp_path}/data",
+    ]
+    proc = subprocess.Popen(
+        [*TRAIN, *args], cwd=tmp_path, env=clean_env(), stdout=log, stderr=subprocess.STDOUT, preexec_fn=interruptible
+    )
     try:
         wait_for_steps(run / "metrics.jsonl", 3, proc)
         proc.send_signal(signal.SIGINT)
@@ -61,20 +71,45 @@ def test_ctrl_c_stops_with_the_step_and_the_checkpoint_and_a_log_gets_plain_prog
     assert text.count("training: step ") == 0
 
 
-@pytest.mark.skipif(shutil.which("ray") is None and not (Path(sys.executable).parent / "ray").exists(),
-                    reason="needs the ray command")
+@pytest.mark.skipif(
+    shutil.which("ray") is None and not (Path(sys.executable).parent / "ray").exists(), reason="needs the ray command"
+)
 def test_a_run_without_an_address_starts_its_own_ray_beside_another_cluster(tmp_path):
     """Another user's ``ray start --head`` on the machine: the run must not join it."""
     ray_cmd = str(Path(sys.executable).parent / "ray")
     port = 26379 + os.getpid() % 1000  # above the worker port range (10002-19999)
     env = clean_env()  # as another user would start it: Ray's defaults
-    head = subprocess.run([ray_cmd, "start", "--head", f"--port={port}", "--num-cpus=1", "--include-dashboard=false",
-                           "--disable-usage-stats"], env=env, capture_output=True, text=True, timeout=120)
+    head = subprocess.run(
+        [
+            ray_cmd,
+            "start",
+            "--head",
+            f"--port={port}",
+            "--num-cpus=1",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert head.returncode == 0, head.stderr[-2000:]
     try:
-        out = subprocess.run([*TRAIN, *SMALL, "trainer.total_training_steps=1", f"hydra.run.dir={tmp_path}/run",
-                              f"data.synthetic_dir={tmp_path}/data"], cwd=tmp_path, env=clean_env(),
-                             capture_output=True, text=True, timeout=300)
+        out = subprocess.run(
+            [
+                *TRAIN,
+                *SMALL,
+                "trainer.total_training_steps=1",
+                f"hydra.run.dir={tmp_path}/run",
+                f"data.synthetic_dir={tmp_path}/data",
+            ],
+            cwd=tmp_path,
+            env=clean_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     finally:
         _stop_cluster(port)
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]

@@ -30,7 +30,9 @@ def write_run(root, overrides, val, score=0.5, timing=1.0, rows=None):
         (root / ".hydra" / "config.yaml").write_text(json.dumps(config))  # JSON is YAML
     lines = []
     for step, acc in enumerate(val, start=1):
-        lines.append({"step": step, "score/mean": score, "val/accuracy": acc, "timing_s/gen": timing, "perf/tokens_per_s": 100.0})
+        lines.append(
+            {"step": step, "score/mean": score, "val/accuracy": acc, "timing_s/gen": timing, "perf/tokens_per_s": 100.0}
+        )
     (root / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
 
 
@@ -72,8 +74,11 @@ def test_runs_group_by_overrides_without_the_seed(sweep):
 
 def test_an_ignored_key_that_follows_the_seed_keeps_the_seeds_one_setting(tmp_path):
     for seed in (0, 1):  # each seed trained its own reward model
-        write_run(tmp_path / f"g{seed}", ["experiment=rlhf", f"reward_model.model.path=/rm_s{seed}", f"trainer.seed={seed}"],
-                  [0.1, 0.5 + seed / 10])
+        write_run(
+            tmp_path / f"g{seed}",
+            ["experiment=rlhf", f"reward_model.model.path=/rm_s{seed}", f"trainer.seed={seed}"],
+            [0.1, 0.5 + seed / 10],
+        )
     write_run(tmp_path / "p0", ["experiment=rlhf_ppo", "reward_model.model.path=/rm_s0", "trainer.seed=0"], [0.2, 0.7])
     _, table = compare([tmp_path], tmp_path / "out", ignore=["reward_model.model.path"])
     assert set(_rows(table.read_text())) == {"experiment=rlhf", "experiment=rlhf_ppo"}
@@ -188,9 +193,25 @@ def test_x_samples_without_the_sizes_is_refused(sweep, tmp_path, capsys):
 def test_compare_writes_png_and_table_and_cli_prints_it(sweep, tmp_path):
     png, table = compare([sweep], tmp_path / "out")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
-    out = subprocess.run([sys.executable, "-m", "hybridflow", "compare", str(sweep), "--out", str(tmp_path / "cli"),
-                          "--label", "rloo=RLOO", "--title", "t"],
-                         capture_output=True, text=True, timeout=120, check=True).stdout
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hybridflow",
+            "compare",
+            str(sweep),
+            "--out",
+            str(tmp_path / "cli"),
+            "--label",
+            "rloo=RLOO",
+            "--title",
+            "t",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
     assert "| RLOO | 1 |" in out and (tmp_path / "cli" / "compare.png").exists()
 
 

@@ -26,7 +26,10 @@ def test_defaults_are_valid():
     [
         ({"algorithm.adv_estimator": "grpoo"}, "algorithm.adv_estimator: unknown estimator 'grpoo'"),
         ({"actor_rollout_ref.rollout.n": 1}, "rollout.n=1: estimator 'grpo' compares the responses"),
-        ({"algorithm.adv_estimator": "gae", "critic.enable": False}, "critic.enable=False but estimator 'gae' needs a critic"),
+        (
+            {"algorithm.adv_estimator": "gae", "critic.enable": False},
+            "critic.enable=False but estimator 'gae' needs a critic",
+        ),
         ({"actor_rollout_ref.model.path": "/no/such/model"}, "model.path='/no/such/model' is not a directory"),
         ({"data.train_batch_size": 12}, "data.train_batch_size=12 must be a multiple of 8"),
         ({"trainer.n_gpus_per_node": 3}, "ppo_mini_batch_size x rollout.n=64 must be a multiple of 3"),
@@ -34,13 +37,22 @@ def test_defaults_are_valid():
         ({"actor_rollout_ref.rollout.tensor_model_parallel_size": 4}, "n_gpus_per_node=2 must be a multiple of 4"),
         ({"actor_rollout_ref.actor.tensor_model_parallel_size": 3}, "n_gpus_per_node=2 must be a multiple of 3 (actor"),
         # 4 ranks, rollout tp 4: one rollout dp rank, so any batch divides; the built-in tiny model has 4 heads
-        ({"trainer.n_gpus_per_node": 8, "actor_rollout_ref.rollout.tensor_model_parallel_size": 8},
-         "rollout.tensor_model_parallel_size=8: rollout tensor parallelism cannot split this model: "
-         "num_attention_heads=4 is not divisible by 8"),
-        ({"trainer.n_gpus_per_node": 8, "actor_rollout_ref.actor.tensor_model_parallel_size": 2,
-          "data.train_batch_size": 16, "actor_rollout_ref.actor.ppo_mini_batch_size": 1, "actor_rollout_ref.rollout.n": 2},
-         "ppo_mini_batch_size x rollout.n=2 must be a multiple of 4 (each mini-batch's rows are split evenly over the 4 "
-         "training data-parallel ranks: trainer.nnodes x trainer.n_gpus_per_node=8 / actor tp 2)"),
+        (
+            {"trainer.n_gpus_per_node": 8, "actor_rollout_ref.rollout.tensor_model_parallel_size": 8},
+            "rollout.tensor_model_parallel_size=8: rollout tensor parallelism cannot split this model: "
+            "num_attention_heads=4 is not divisible by 8",
+        ),
+        (
+            {
+                "trainer.n_gpus_per_node": 8,
+                "actor_rollout_ref.actor.tensor_model_parallel_size": 2,
+                "data.train_batch_size": 16,
+                "actor_rollout_ref.actor.ppo_mini_batch_size": 1,
+                "actor_rollout_ref.rollout.n": 2,
+            },
+            "ppo_mini_batch_size x rollout.n=2 must be a multiple of 4 (each mini-batch's rows are split evenly over "
+            "the 4 training data-parallel ranks: trainer.nnodes x trainer.n_gpus_per_node=8 / actor tp 2)",
+        ),
         ({"actor_rollout_ref.actor.loss_agg_mode": "mean"}, "loss_agg_mode='mean'; allowed: token-mean"),
         ({"actor_rollout_ref.actor.kl_loss_type": "k9"}, "kl_loss_type='k9'; allowed: k1"),
         ({"actor_rollout_ref.rollout.name": "sglang"}, "rollout.name='sglang'; allowed: builtin, vllm"),
@@ -50,57 +62,114 @@ def test_defaults_are_valid():
         ({"actor_rollout_ref.rollout.top_p": 0.0}, "top_p=0.0 must be in (0, 1]"),
         ({"algorithm.kl_ctrl.type": "pid"}, "algorithm.kl_ctrl.type='pid'; allowed: fixed, adaptive"),
         ({"trainer.logger": ["console", "mlflow"]}, "trainer.logger has ['mlflow']; allowed: console, jsonl, wandb"),
-        ({"trainer.rollout_mode": "async"}, "trainer.rollout_mode='async' overlaps generation with training and needs "
-         "the rollout on ranks of its own: set trainer.placement=split"),
+        (
+            {"trainer.rollout_mode": "async"},
+            "trainer.rollout_mode='async' overlaps generation with training and needs "
+            "the rollout on ranks of its own: set trainer.placement=split",
+        ),
         ({"trainer.rollout_mode": "later"}, "trainer.rollout_mode='later'; allowed: sync, one_step_off, async"),
-        ({"trainer.placement": "split", "trainer.rollout_ranks": 3},
-         "data.train_batch_size=16 must be a multiple of 3 (each step's prompts are split evenly over the 3 rollout "
-         "data-parallel ranks: trainer.rollout_ranks=3 / rollout tp 1)"),
-        ({"trainer.placement": "split", "actor_rollout_ref.rollout.tensor_model_parallel_size": 2},
-         "trainer.rollout_ranks=1 must be a multiple of 2 (rollout tensor-parallel groups"),
-        ({"trainer.placement": "split", "trainer.rollout_mode": "one_step_off", "actor_rollout_ref.rollout.agent_loop":
-          "tool_calling"}, "the agent loop 'tool_calling' runs with trainer.rollout_mode=sync"),
+        (
+            {"trainer.placement": "split", "trainer.rollout_ranks": 3},
+            "data.train_batch_size=16 must be a multiple of 3 (each step's prompts are split evenly over the 3 rollout "
+            "data-parallel ranks: trainer.rollout_ranks=3 / rollout tp 1)",
+        ),
+        (
+            {"trainer.placement": "split", "actor_rollout_ref.rollout.tensor_model_parallel_size": 2},
+            "trainer.rollout_ranks=1 must be a multiple of 2 (rollout tensor-parallel groups",
+        ),
+        (
+            {
+                "trainer.placement": "split",
+                "trainer.rollout_mode": "one_step_off",
+                "actor_rollout_ref.rollout.agent_loop": "tool_calling",
+            },
+            "the agent loop 'tool_calling' runs with trainer.rollout_mode=sync",
+        ),
         # options: names and types against the plugin's defaults
-        ({"actor_rollout_ref.actor.policy_loss_options": {"clip_ratio_hgh": 0.28}},
-         "actor_rollout_ref.actor.policy_loss_options has ['clip_ratio_hgh']; policy loss 'vanilla' takes "
-         "{'clip_ratio_low': 0.2, 'clip_ratio_high': 0.2, 'clip_ratio_c': 3.0}"),
-        ({"actor_rollout_ref.actor.policy_loss_options": {"clip_ratio_high": "0.28"}},
-         "actor_rollout_ref.actor.policy_loss_options.clip_ratio_high='0.28' is text; policy loss 'vanilla' takes a "
-         "number there (default 0.2)"),
-        ({"algorithm.estimator_options": {"norm_by_std": 1}},
-         "algorithm.estimator_options.norm_by_std=1 is an integer; estimator 'grpo' takes true or false there (default True)"),
-        ({"algorithm.estimator_options": {"epsilon": True}},
-         "algorithm.estimator_options.epsilon=True is true or false; estimator 'grpo' takes a number there"),
-        ({"actor_rollout_ref.rollout.agent_loop": "tool_calling", "actor_rollout_ref.rollout.agent.options": {"max_turns": 2.5}},
-         "actor_rollout_ref.rollout.agent.options.max_turns=2.5 is a number; agent loop 'tool_calling' takes an integer "
-         "there (default 4)"),
-        ({"algorithm.batch_hooks": ["dynamic_sampling"], "algorithm.batch_hook_options": {"dynamic_sampling": {"metric": 1}}},
-         "algorithm.batch_hook_options['dynamic_sampling'].metric=1 is an integer; hook 'dynamic_sampling' takes text"),
+        (
+            {"actor_rollout_ref.actor.policy_loss_options": {"clip_ratio_hgh": 0.28}},
+            "actor_rollout_ref.actor.policy_loss_options has ['clip_ratio_hgh']; policy loss 'vanilla' takes "
+            "{'clip_ratio_low': 0.2, 'clip_ratio_high': 0.2, 'clip_ratio_c': 3.0}",
+        ),
+        (
+            {"actor_rollout_ref.actor.policy_loss_options": {"clip_ratio_high": "0.28"}},
+            "actor_rollout_ref.actor.policy_loss_options.clip_ratio_high='0.28' is text; policy loss 'vanilla' takes a "
+            "number there (default 0.2)",
+        ),
+        (
+            {"algorithm.estimator_options": {"norm_by_std": 1}},
+            "algorithm.estimator_options.norm_by_std=1 is an integer; estimator 'grpo' takes true or false there "
+            "(default True)",
+        ),
+        (
+            {"algorithm.estimator_options": {"epsilon": True}},
+            "algorithm.estimator_options.epsilon=True is true or false; estimator 'grpo' takes a number there",
+        ),
+        (
+            {
+                "actor_rollout_ref.rollout.agent_loop": "tool_calling",
+                "actor_rollout_ref.rollout.agent.options": {"max_turns": 2.5},
+            },
+            "actor_rollout_ref.rollout.agent.options.max_turns=2.5 is a number; agent loop 'tool_calling' takes an "
+            "integer there (default 4)",
+        ),
+        (
+            {
+                "algorithm.batch_hooks": ["dynamic_sampling"],
+                "algorithm.batch_hook_options": {"dynamic_sampling": {"metric": 1}},
+            },
+            "algorithm.batch_hook_options['dynamic_sampling'].metric=1 is an integer; "
+            "hook 'dynamic_sampling' takes text",
+        ),
         # ranks against the CPUs of the local Ray instance (a quarter CPU per CPU rank): no machine of < 257 cores
-        ({"trainer.placement": "split", "trainer.rollout_ranks": 1024, "data.train_batch_size": 1024},
-         "trainer.rollout_ranks=1024 with trainer.placement=split beside trainer.n_gpus_per_node=2 training ranks asks "
-         "for 1026 ranks of 0.25 CPU each (trainer.device='cpu'), but this machine has"),
-        ({"trainer.n_gpus_per_node": 2048}, "trainer.n_gpus_per_node=2048 training ranks ask for 2048 ranks of 0.25 CPU "
-         "each (trainer.device='cpu'), but this machine has"),
+        (
+            {"trainer.placement": "split", "trainer.rollout_ranks": 1024, "data.train_batch_size": 1024},
+            "trainer.rollout_ranks=1024 with trainer.placement=split beside trainer.n_gpus_per_node=2 training ranks "
+            "asks for 1026 ranks of 0.25 CPU each (trainer.device='cpu'), but this machine has",
+        ),
+        (
+            {"trainer.n_gpus_per_node": 2048},
+            "trainer.n_gpus_per_node=2048 training ranks ask for 2048 ranks of 0.25 CPU "
+            "each (trainer.device='cpu'), but this machine has",
+        ),
         # the server's address
-        ({"actor_rollout_ref.rollout.agent_loop": "tool_calling", "actor_rollout_ref.rollout.mode": "server",
-          "actor_rollout_ref.rollout.server.host": "192.0.2.1"},
-         "actor_rollout_ref.rollout.server.host='192.0.2.1' is not an address of this machine"),
-        ({"actor_rollout_ref.rollout.agent_loop": "tool_calling", "actor_rollout_ref.rollout.mode": "server",
-          "actor_rollout_ref.rollout.server.host": "no-such-host.invalid"},
-         "actor_rollout_ref.rollout.server.host='no-such-host.invalid' is not an address this machine resolves"),
+        (
+            {
+                "actor_rollout_ref.rollout.agent_loop": "tool_calling",
+                "actor_rollout_ref.rollout.mode": "server",
+                "actor_rollout_ref.rollout.server.host": "192.0.2.1",
+            },
+            "actor_rollout_ref.rollout.server.host='192.0.2.1' is not an address of this machine",
+        ),
+        (
+            {
+                "actor_rollout_ref.rollout.agent_loop": "tool_calling",
+                "actor_rollout_ref.rollout.mode": "server",
+                "actor_rollout_ref.rollout.server.host": "no-such-host.invalid",
+            },
+            "actor_rollout_ref.rollout.server.host='no-such-host.invalid' is not an address this machine resolves",
+        ),
         ({"trainer.save_freq": -1}, "trainer.save_freq=-1 must be >= 0 (0 turns it off, as veRL's -1 does)"),
         # LoRA
         ({"actor_rollout_ref.model.lora_rank": -1}, "actor_rollout_ref.model.lora_rank=-1 must be >= 0"),
-        ({"actor_rollout_ref.model.lora_rank": 8, "actor_rollout_ref.model.lora_alpha": 0},
-         "actor_rollout_ref.model.lora_alpha=0.0 must be > 0"),
+        (
+            {"actor_rollout_ref.model.lora_rank": 8, "actor_rollout_ref.model.lora_alpha": 0},
+            "actor_rollout_ref.model.lora_alpha=0.0 must be > 0",
+        ),
         ({"critic.lora_rank": -2}, "critic.lora_rank=-2 must be >= 0"),
         ({"critic.lora_rank": 4, "critic.target_modules": []}, "critic.target_modules is empty: name the modules"),
-        ({"actor_rollout_ref.model.lora_rank": 8, "actor_rollout_ref.actor.tensor_model_parallel_size": 2},
-         "actor_rollout_ref.model.lora_rank=8 with actor.tensor_model_parallel_size=2: LoRA trains under FSDP2 data "
-         "parallelism only"),
-        ({"actor_rollout_ref.model.lora_rank": 8, "actor_rollout_ref.model.lora_adapter_path": "/nonexistent/adapter"},
-         "actor_rollout_ref.model.lora_adapter_path='/nonexistent/adapter' holds no adapter_config.json"),
+        (
+            {"actor_rollout_ref.model.lora_rank": 8, "actor_rollout_ref.actor.tensor_model_parallel_size": 2},
+            "actor_rollout_ref.model.lora_rank=8 with actor.tensor_model_parallel_size=2: LoRA trains under FSDP2 data "
+            "parallelism only",
+        ),
+        (
+            {
+                "actor_rollout_ref.model.lora_rank": 8,
+                "actor_rollout_ref.model.lora_adapter_path": "/nonexistent/adapter",
+            },
+            "actor_rollout_ref.model.lora_adapter_path='/nonexistent/adapter' holds no adapter_config.json",
+        ),
     ],
 )
 def test_each_invalid_setting_names_key_value_and_allowed(overrides, message):
@@ -110,8 +179,15 @@ def test_each_invalid_setting_names_key_value_and_allowed(overrides, message):
 
 
 def test_tensor_parallel_sizes_that_split_the_model_pass():
-    check_config(cfg(**{"trainer.n_gpus_per_node": 4, "actor_rollout_ref.rollout.tensor_model_parallel_size": 4,
-                        "actor_rollout_ref.actor.tensor_model_parallel_size": 2}))
+    check_config(
+        cfg(
+            **{
+                "trainer.n_gpus_per_node": 4,
+                "actor_rollout_ref.rollout.tensor_model_parallel_size": 4,
+                "actor_rollout_ref.actor.tensor_model_parallel_size": 2,
+            }
+        )
+    )
 
 
 def test_all_problems_are_reported_at_once():
@@ -152,8 +228,10 @@ def test_a_busy_server_port_is_refused_and_a_free_one_passes():
         sock.listen()
         port = sock.getsockname()[1]
         problems = config_problems(cfg(**SERVER, **{"actor_rollout_ref.rollout.server.port": port}))
-        assert (f"actor_rollout_ref.rollout.server.port={port}: port {port} on 127.0.0.1 is in use (Address already in "
-                "use); use a free port, or 0 to let the server pick one (the URL is logged)") in problems
+        assert (
+            f"actor_rollout_ref.rollout.server.port={port}: port {port} on 127.0.0.1 is in use (Address already in "
+            "use); use a free port, or 0 to let the server pick one (the URL is logged)"
+        ) in problems
     for free in ({}, {"actor_rollout_ref.rollout.server.port": port}):  # port 0 (any free one), the port let go
         assert not any("rollout.server" in p for p in config_problems(cfg(**SERVER, **free)))
 

@@ -9,9 +9,9 @@ import json
 import pytest
 import torch
 
+from hybridflow.data.synthetic import generate_synthetic
 from hybridflow.trainer.checkpoint import list_checkpoints
 from hybridflow.trainer.main import build_and_fit
-from hybridflow.data.synthetic import generate_synthetic
 from hybridflow.workers import lora
 from hybridflow.workers.checkpointing import read_model_state
 from hybridflow.workers.critic.worker import build_value_model
@@ -29,7 +29,7 @@ def test_critic_lora_trains_its_adapters_and_head_and_leaves_the_backbone(ray_se
     cfg.actor_rollout_ref.model.dtype = str(dtype).removeprefix("torch.")
     summary = build_and_fit(cfg, tmp_path / "run")
     assert summary.steps == 2
-    (_, checkpoint), = list_checkpoints(tmp_path / "run" / "checkpoints")
+    ((_, checkpoint),) = list_checkpoints(tmp_path / "run" / "checkpoints")
     state = read_model_state(checkpoint, "critic")
     start = build_value_model(cfg.actor_rollout_ref.model.path, torch.float32, cfg.trainer.seed).state_dict()
     adapters = {k: v for k, v in state.items() if lora.is_adapter_parameter(k)}

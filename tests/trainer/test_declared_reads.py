@@ -50,8 +50,15 @@ STEP_READS = {
     ("ref", "compute_ref_log_prob"): LOG_PROBS,
     ("critic", "compute_values"): {*LOG_PROBS, RESPONSE_MASK},  # values are zeroed outside the response
     ("critic", "update_critic"): {*LOG_PROBS, RESPONSE_MASK, VALUES, RETURNS},
-    ("actor", "update_actor"): {*LOG_PROBS, RESPONSE_MASK, OLD_LOG_PROBS, ADVANTAGES, REF_LOG_PROBS,
-                                ROLLOUT_IS_WEIGHTS, ROLLOUT_LOG_PROBS},  # KL loss, correction, the log-prob gap
+    ("actor", "update_actor"): {
+        *LOG_PROBS,
+        RESPONSE_MASK,
+        OLD_LOG_PROBS,
+        ADVANTAGES,
+        REF_LOG_PROBS,
+        ROLLOUT_IS_WEIGHTS,
+        ROLLOUT_LOG_PROBS,
+    },  # KL loss, correction, the log-prob gap
 }
 
 
@@ -84,7 +91,7 @@ def test_every_registered_method_in_the_tree_declares_reads():
 
 
 def test_the_source_check_finds_a_register_without_reads():
-    source = '''
+    source = """
 class W(Worker):
     @register(dispatch=DP_COMPUTE_PROTO, reads=FORWARD_INPUTS)
     def fine(self, data): ...
@@ -101,9 +108,12 @@ class W(Worker):
     @torch.no_grad()
     @dispatch.register(dispatch=DP_COMPUTE_METRIC)
     def qualified(self, data): ...
-'''
-    assert undeclared_registrations(source, "w.py") == ["w.py:10: W.ships_everything", "w.py:13: W.bare",
-                                                        "w.py:17: W.qualified"]
+"""
+    assert undeclared_registrations(source, "w.py") == [
+        "w.py:10: W.ships_everything",
+        "w.py:13: W.bare",
+        "w.py:17: W.qualified",
+    ]
 
 
 def worker_classes() -> list[type]:
@@ -119,13 +129,18 @@ def worker_classes() -> list[type]:
 
 def registrations(cls: type) -> dict[str, Registration]:
     """What the worker group reads of ``cls``: each registered method's :class:`Registration` (RoleGroup's lookup)."""
-    return {name: attr.registration for name in dir(cls)
-            if isinstance(attr := getattr(cls, name, None), RegisteredMethod)}
+    return {
+        name: attr.registration for name in dir(cls) if isinstance(attr := getattr(cls, name, None), RegisteredMethod)
+    }
 
 
 def test_every_worker_class_method_the_driver_can_call_declares_reads():
-    undeclared = [f"{cls.__name__}.{name}" for cls in worker_classes()
-                  for name, reg in registrations(cls).items() if reg.reads is None]
+    undeclared = [
+        f"{cls.__name__}.{name}"
+        for cls in worker_classes()
+        for name, reg in registrations(cls).items()
+        if reg.reads is None
+    ]
     assert undeclared == []
     assert len([r for cls in worker_classes() for r in registrations(cls).values()]) >= 25
 
@@ -204,16 +219,26 @@ def recorded(monkeypatch) -> list[Call]:
 def test_one_step_ships_each_call_exactly_its_declared_columns(ray_session, tmp_path, recorded):
     from hybridflow.trainer.main import build_and_fit
 
-    config = small_config(tmp_path, **{
-        "actor_rollout_ref.actor.use_kl_loss": True, "algorithm.adv_estimator": "gae",
-        "trainer.total_training_steps": 1, "data.train_batch_size": 2, "actor_rollout_ref.rollout.n": 2,
-        "actor_rollout_ref.actor.ppo_mini_batch_size": 2, "algorithm.rollout_correction.rollout_is": "token",
-    })
+    config = small_config(
+        tmp_path,
+        **{
+            "actor_rollout_ref.actor.use_kl_loss": True,
+            "algorithm.adv_estimator": "gae",
+            "trainer.total_training_steps": 1,
+            "data.train_batch_size": 2,
+            "actor_rollout_ref.rollout.n": 2,
+            "actor_rollout_ref.actor.ppo_mini_batch_size": 2,
+            "algorithm.rollout_correction.rollout_is": "token",
+        },
+    )
     assert build_and_fit(config, tmp_path / "run").steps == 1
     called = {(c.role, c.method) for c in recorded}
     assert {(c.role, c.method) for c in recorded if c.given} == set(STEP_READS), called
     assert {("actor", "init_model"), ("ref", "init_model"), ("critic", "init_model")} <= called
     assert shipped_problems(recorded) == []
-    wrong = {(c.role, c.method): sorted(set(c.reads) ^ STEP_READS[c.role, c.method]) for c in recorded
-             if c.given and set(c.reads) != STEP_READS[c.role, c.method]}
+    wrong = {
+        (c.role, c.method): sorted(set(c.reads) ^ STEP_READS[c.role, c.method])
+        for c in recorded
+        if c.given and set(c.reads) != STEP_READS[c.role, c.method]
+    }
     assert wrong == {}, "declared reads differ from what the code reads (columns in one only)"

@@ -8,9 +8,9 @@ import json
 import math
 
 import pytest
+from support import read_metrics, small_config
 
 from hybridflow.trainer.main import build_and_fit
-from support import read_metrics, small_config
 
 pytestmark = pytest.mark.slow
 
@@ -32,20 +32,34 @@ def test_estimator_trains_end_to_end(ray_session, tmp_path, estimator, monkeypat
     # a dense reward, so that an untrained policy's samples differ in score from the first step (the task's
     # own 0/1 reward is mostly 0 for all of them, and zero advantages leave nothing to check)
     reward = tmp_path / "digit_share.py"
-    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
-                      "    return sum(c.isdigit() for c in solution_str) / max(len(solution_str), 1)\n")
-    config = small_config(tmp_path, **{
-        "reward.custom_reward_function.path": str(reward),
-        "algorithm.adv_estimator": estimator, "trainer.logger": ["jsonl", "wandb"],
-        "data.train_batch_size": 2, "actor_rollout_ref.actor.ppo_epochs": 2,
-    })
+    reward.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
+        "    return sum(c.isdigit() for c in solution_str) / max(len(solution_str), 1)\n"
+    )
+    config = small_config(
+        tmp_path,
+        **{
+            "reward.custom_reward_function.path": str(reward),
+            "algorithm.adv_estimator": estimator,
+            "trainer.logger": ["jsonl", "wandb"],
+            "data.train_batch_size": 2,
+            "actor_rollout_ref.actor.ppo_epochs": 2,
+        },
+    )
     summary = build_and_fit(config, tmp_path / "run")
     assert summary.steps == 3
     steps = read_metrics(tmp_path / "run")
     assert [m["step"] for m in steps] == [1, 2, 3]
     for m in steps:
-        for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "score/mean", "timing_s/gen", "timing_s/update",
-                    "perf/tokens_per_s"):
+        for key in (
+            "actor/pg_loss",
+            "actor/grad_norm",
+            "actor/entropy",
+            "score/mean",
+            "timing_s/gen",
+            "timing_s/update",
+            "perf/tokens_per_s",
+        ):
             assert math.isfinite(m[key]), (key, m[key])
         assert m["actor/surrogate_gain"] > 1e-6, m["actor/surrogate_gain"]
     assert all(math.isfinite(m["critic/vf_loss"]) for m in steps)
@@ -55,16 +69,19 @@ def test_estimator_trains_end_to_end(ray_session, tmp_path, estimator, monkeypat
 
 
 def test_kl_terms_build_a_reference_and_are_logged(ray_session, tmp_path):
-    config = small_config(tmp_path, **{
-        "actor_rollout_ref.actor.use_kl_loss": True,
-        "actor_rollout_ref.actor.kl_loss_type": "low_var_kl",
-        "algorithm.use_kl_in_reward": True,
-        "algorithm.kl_ctrl.type": "adaptive",
-        "actor_rollout_ref.actor.policy_loss": "gspo",
-        # one mini-batch a step, so step 1's KL is measured before any update (a second mini-batch would see
-        # weights AdamW moved by a full lr on gradients of float noise)
-        "actor_rollout_ref.actor.ppo_mini_batch_size": 4,
-    })
+    config = small_config(
+        tmp_path,
+        **{
+            "actor_rollout_ref.actor.use_kl_loss": True,
+            "actor_rollout_ref.actor.kl_loss_type": "low_var_kl",
+            "algorithm.use_kl_in_reward": True,
+            "algorithm.kl_ctrl.type": "adaptive",
+            "actor_rollout_ref.actor.policy_loss": "gspo",
+            # one mini-batch a step, so step 1's KL is measured before any update (a second mini-batch would see
+            # weights AdamW moved by a full lr on gradients of float noise)
+            "actor_rollout_ref.actor.ppo_mini_batch_size": 4,
+        },
+    )
     build_and_fit(config, tmp_path / "run")
     steps = read_metrics(tmp_path / "run")
     # the reference is the initial policy: before the first update the KL to it is zero
@@ -116,8 +133,14 @@ def test_two_node_cluster_runs_two_steps(tmp_path):
 
 def test_rollout_tensor_parallel_job_samples_with_the_trained_weights(ray_session, tmp_path):
     """The main job with rollout TP 2: the weights move into the TP blocks after every update."""
-    config = small_config(tmp_path, **{"actor_rollout_ref.rollout.tensor_model_parallel_size": 2,
-                                       "trainer.n_gpus_per_node": 2, "trainer.total_training_steps": 4})
+    config = small_config(
+        tmp_path,
+        **{
+            "actor_rollout_ref.rollout.tensor_model_parallel_size": 2,
+            "trainer.n_gpus_per_node": 2,
+            "trainer.total_training_steps": 4,
+        },
+    )
     build_and_fit(config, tmp_path / "run")
     steps = read_metrics(tmp_path / "run")
     assert len({m["actor/param_norm"] for m in steps}) == 4  # the policy moves every step
@@ -147,12 +170,19 @@ def test_four_ranks_train_on_dp_x_tp_generate_on_another_tp_and_the_critic_steps
     """Training mesh (2 dp x 2 tp) to rollout TP 4 (fatter groups); the critic (FSDP over 4) and the actor each
     take train_batch / mini_batch optimizer steps a step, on the same global mini-batches
     (``ParallelDims.arrange_for_update``; its rows are checked in tests/core/test_parallel_dims.py)."""
-    config = small_config(tmp_path, **{
-        "trainer.n_gpus_per_node": 4, "actor_rollout_ref.actor.tensor_model_parallel_size": 2,
-        "actor_rollout_ref.rollout.tensor_model_parallel_size": 4, "algorithm.adv_estimator": "gae",
-        "data.train_batch_size": 8, "actor_rollout_ref.actor.ppo_mini_batch_size": 4, "actor_rollout_ref.rollout.n": 2,
-        "trainer.total_training_steps": 2,
-    })
+    config = small_config(
+        tmp_path,
+        **{
+            "trainer.n_gpus_per_node": 4,
+            "actor_rollout_ref.actor.tensor_model_parallel_size": 2,
+            "actor_rollout_ref.rollout.tensor_model_parallel_size": 4,
+            "algorithm.adv_estimator": "gae",
+            "data.train_batch_size": 8,
+            "actor_rollout_ref.actor.ppo_mini_batch_size": 4,
+            "actor_rollout_ref.rollout.n": 2,
+            "trainer.total_training_steps": 2,
+        },
+    )
     build_and_fit(config, tmp_path / "run")
     steps = read_metrics(tmp_path / "run")
     assert len({m["actor/param_norm"] for m in steps}) == 2

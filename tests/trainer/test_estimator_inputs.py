@@ -21,12 +21,15 @@ def config(estimator, **reward):
 
 
 # the default config's built-in engine in fp32 reuses the rollout's log-probs, unless the estimator needs the pass
-@pytest.mark.parametrize("name,plan", [
-    ("grpo", InputPlan(recompute_old_log_prob=False)),
-    ("remax", InputPlan(greedy_baseline=True, recompute_old_log_prob=False)),
-    ("optimal_token_baseline", InputPlan(sum_pi_squared=True, recompute_old_log_prob=True)),
-    ("gdpo", InputPlan(reward_components=("a/score", "b/score"), recompute_old_log_prob=False)),
-])
+@pytest.mark.parametrize(
+    "name,plan",
+    [
+        ("grpo", InputPlan(recompute_old_log_prob=False)),
+        ("remax", InputPlan(greedy_baseline=True, recompute_old_log_prob=False)),
+        ("optimal_token_baseline", InputPlan(sum_pi_squared=True, recompute_old_log_prob=True)),
+        ("gdpo", InputPlan(reward_components=("a/score", "b/score"), recompute_old_log_prob=False)),
+    ],
+)
 def test_the_plan_follows_the_declaration(name, plan):
     cfg = config(name, component_keys=["a/score", "b/score"])
     assert InputPlan.for_estimator(get_estimator(name), cfg) == plan
@@ -34,12 +37,16 @@ def test_the_plan_follows_the_declaration(name, plan):
 
 def test_gdpo_without_component_keys_is_refused_before_ray():
     problems = config_problems(config("gdpo"))
-    assert any("algorithm.adv_estimator='gdpo' needs reward components: set reward.component_keys" in p for p in problems)
+    assert any(
+        "algorithm.adv_estimator='gdpo' needs reward components: set reward.component_keys" in p for p in problems
+    )
 
 
 def test_a_column_no_provider_fills_is_refused():
     need = EstimatorInput("judge_scores", "judge_scores", ("B",), "a learned judge's score")
-    estimator = AdvantageEstimator(name="judged", fn=lambda token_level_rewards, response_mask, judge_scores: None, needs=(need,))
+    estimator = AdvantageEstimator(
+        name="judged", fn=lambda token_level_rewards, response_mask, judge_scores: None, needs=(need,)
+    )
     [problem] = input_problems(estimator, config("judged"))
     assert "needs batch['judge_scores'] (a learned judge's score), which the driver does not provide" in problem
 

@@ -20,8 +20,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from hybridflow.cli import main
 from hybridflow.configs.schema import PPOConfig
 from hybridflow.data.synthetic import generate_synthetic
-from hybridflow.trainer.checkpoint import DRIVER_STATE, latest_checkpoint
 from hybridflow.tools.export import ExportError, export_checkpoint
+from hybridflow.trainer.checkpoint import DRIVER_STATE, latest_checkpoint
 from hybridflow.trainer.main import build_and_fit
 from hybridflow.workers.checkpointing import HF_FILES, save_hf_files, save_role
 from hybridflow.workers.models import load_model_and_tokenizer
@@ -95,7 +95,9 @@ def test_an_older_checkpoint_exports_through_the_run_config(tmp_path):
 def test_export_of_something_else_says_what_it_expected(tmp_path, capsys):
     (tmp_path / "global_step_2").mkdir()
     assert main(["export", str(tmp_path / "global_step_2"), str(tmp_path / "out")]) == 2
-    assert "is not a checkpoint (expected a .../global_step_<N> directory holding driver.json)" in capsys.readouterr().err
+    assert (
+        "is not a checkpoint (expected a .../global_step_<N> directory holding driver.json)" in capsys.readouterr().err
+    )
     (tmp_path / "global_step_2" / DRIVER_STATE).write_text("{}")
     assert main(["export", str(tmp_path / "global_step_2"), str(tmp_path / "out")]) == 2
     assert "has no 'actor' model shards" in capsys.readouterr().err
@@ -106,11 +108,19 @@ def train_config(files, **overrides):
     """3 steps of 4 prompts x 4 samples on 2 ranks; validation (logging all 8 rows) and a checkpoint at step 3."""
     cfg = OmegaConf.structured(PPOConfig)
     for key, value in {
-        "data.train_files": [files["train"]], "data.val_files": [files["val"]], "data.train_batch_size": 4,
-        "actor_rollout_ref.actor.ppo_mini_batch_size": 2, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
-        "actor_rollout_ref.rollout.n": 4, "actor_rollout_ref.rollout.response_length": RESPONSE_LENGTH,
-        "trainer.total_training_steps": 3, "trainer.test_freq": 3, "trainer.save_freq": 3,
-        "trainer.log_val_generations": 8, "trainer.save_hf_on_end": True, **overrides,
+        "data.train_files": [files["train"]],
+        "data.val_files": [files["val"]],
+        "data.train_batch_size": 4,
+        "actor_rollout_ref.actor.ppo_mini_batch_size": 2,
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
+        "actor_rollout_ref.rollout.n": 4,
+        "actor_rollout_ref.rollout.response_length": RESPONSE_LENGTH,
+        "trainer.total_training_steps": 3,
+        "trainer.test_freq": 3,
+        "trainer.save_freq": 3,
+        "trainer.log_val_generations": 8,
+        "trainer.save_hf_on_end": True,
+        **overrides,
     }.items():
         OmegaConf.update(cfg, key, value)
     return OmegaConf.to_object(cfg)
@@ -129,9 +139,15 @@ def token_ids(text, tokenizer):
 def greedy_ids(model, tokenizer, prompt):
     """The response tokens of HF greedy decoding, up to and including EOS, as the rollout engine stops."""
     ids = torch.tensor([tokenizer(prompt, add_special_tokens=False)["input_ids"]])
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=RESPONSE_LENGTH,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    return out[0, ids.shape[1]:].tolist()
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        do_sample=False,
+        max_new_tokens=RESPONSE_LENGTH,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return out[0, ids.shape[1] :].tolist()
 
 
 @pytest.mark.slow
@@ -156,10 +172,13 @@ def test_exported_model_generates_what_the_trainer_validated(ray_session, tmp_pa
     assert (checkpoint / "actor" / HF_FILES / "config.json").is_file()
 
     out = tmp_path / "exported"
-    script = ("import sys; from hybridflow.cli import main; code = main(sys.argv[1:]); "
-              "assert 'ray' not in sys.modules, 'export imported Ray'; sys.exit(code)")
-    done = subprocess.run([sys.executable, "-c", script, "export", str(checkpoint), str(out)],
-                          capture_output=True, text=True, timeout=300)
+    script = (
+        "import sys; from hybridflow.cli import main; code = main(sys.argv[1:]); "
+        "assert 'ray' not in sys.modules, 'export imported Ray'; sys.exit(code)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, "export", str(checkpoint), str(out)], capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr
 
     model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()

@@ -27,8 +27,14 @@ def loop(tmp_path, error):
     def _fit(summary):
         raise error
 
-    return SimpleNamespace(_fit=_fit, tracking=Recorder(), global_step=7, total_steps=400,
-                           checkpoint_root=tmp_path / "checkpoints", agents=None)
+    return SimpleNamespace(
+        _fit=_fit,
+        tracking=Recorder(),
+        global_step=7,
+        total_steps=400,
+        checkpoint_root=tmp_path / "checkpoints",
+        agents=None,
+    )
 
 
 def test_loggers_are_closed_when_a_step_raises(tmp_path):
@@ -49,14 +55,17 @@ def test_ctrl_c_says_where_it_stopped_and_which_checkpoint_is_left(tmp_path, cap
 
 def test_a_workers_failure_says_where_it_stopped_and_which_checkpoint_is_left(tmp_path, caplog):
     (tmp_path / "checkpoints" / "global_step_5").mkdir(parents=True)
-    stall = WorkerStalledError("actor.update_actor: rank 1 (...) stopped answering the heartbeat\nmore", "actor",
-                               "update_actor", 1, None)
+    stall = WorkerStalledError(
+        "actor.update_actor: rank 1 (...) stopped answering the heartbeat\nmore", "actor", "update_actor", 1, None
+    )
     trainer = loop(tmp_path, stall)
     with caplog.at_level(logging.ERROR), pytest.raises(WorkerStalledError):
         PPOTrainer.fit(trainer)
     assert trainer.tracking.closed == 1
-    assert ("stopped at step 8 of 400 by a worker: actor.update_actor: rank 1 (...) stopped answering the heartbeat\n"
-            "last checkpoint: ") in caplog.text and "global_step_5" in caplog.text
+    assert (
+        "stopped at step 8 of 400 by a worker: actor.update_actor: rank 1 (...) stopped answering the heartbeat\n"
+        "last checkpoint: "
+    ) in caplog.text and "global_step_5" in caplog.text
 
 
 class FakeActor:
@@ -68,8 +77,9 @@ class FakeActor:
     def generate_sequences(self, prompts):
         self.calls.append(dict(prompts.meta_info))
         rows = len(prompts)
-        return DataProto.from_dict({"responses": torch.ones(rows, 1, dtype=torch.long)},
-                                   {DATA_SOURCE: np.array(["s"] * rows, dtype=object)})
+        return DataProto.from_dict(
+            {"responses": torch.ones(rows, 1, dtype=torch.long)}, {DATA_SOURCE: np.array(["s"] * rows, dtype=object)}
+        )
 
 
 class FakePrompts:
@@ -83,19 +93,32 @@ class FakePrompts:
 @pytest.mark.parametrize("val_greedy", [True, False])
 def test_validation_decodes_as_rollout_val_greedy_says(val_greedy):
     rollout = SimpleNamespace(val_greedy=val_greedy)
-    config = SimpleNamespace(actor_rollout_ref=SimpleNamespace(rollout=rollout), data=SimpleNamespace(val_batch_size=2),
-                             trainer=SimpleNamespace(seed=3, log_val_generations=0))
+    config = SimpleNamespace(
+        actor_rollout_ref=SimpleNamespace(rollout=rollout),
+        data=SimpleNamespace(val_batch_size=2),
+        trainer=SimpleNamespace(seed=3, log_val_generations=0),
+    )
     actor = FakeActor()
     scores = iter([torch.tensor([[1.0], [0.0]]), torch.tensor([[1.0], [1.0]]), torch.tensor([[0.0]])])
 
-
     def rewards(out):  # the verifiers' scores are the reward: (reward, verified) as PPOTrainer.rewards returns them
         token_scores = next(scores)
-        verified = RewardOutput(token_scores, {}, [{"score": float(s)} for s in token_scores.sum(-1)], [True] * len(out))
+        verified = RewardOutput(
+            token_scores, {}, [{"score": float(s)} for s in token_scores.sum(-1)], [True] * len(out)
+        )
         return verified, verified
 
-    trainer = SimpleNamespace(config=config, rollout_group=actor, val_prompts=FakePrompts(), pad_id=0, tokenizer=None, agents=None,
-                              rewards=rewards, global_step=4, _seed=lambda: 3 * 100_003 + 4)
+    trainer = SimpleNamespace(
+        config=config,
+        rollout_group=actor,
+        val_prompts=FakePrompts(),
+        pad_id=0,
+        tokenizer=None,
+        agents=None,
+        rewards=rewards,
+        global_step=4,
+        _seed=lambda: 3 * 100_003 + 4,
+    )
     trainer.generate = lambda prompts: PPOTrainer.generate(trainer, prompts)
     metrics = PPOTrainer.validate(trainer)
     assert [c["greedy"] for c in actor.calls] == [val_greedy] * 3

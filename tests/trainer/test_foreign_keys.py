@@ -21,12 +21,20 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from hybridflow.configs import CONFIG_DIR
+from hybridflow.configs.foreign_keys import (
+    TABLE,
+    TRL_NAMES,
+    VERL_KEYS,
+    VERL_VALUES,
+    ForeignKey,
+    explain,
+    lookup,
+    suggestion,
+)
+from hybridflow.configs.overrides import group_options, override_problems, schema_keys
 from hybridflow.configs.schema import register_configs
 from hybridflow.plugins import get_policy_loss
 from hybridflow.trainer.config_checks import config_problems
-from hybridflow.configs.foreign_keys import (TABLE, TRL_NAMES, VERL_KEYS, VERL_VALUES, ForeignKey, explain, lookup,
-                                              suggestion)
-from hybridflow.configs.overrides import group_options, override_problems, schema_keys
 
 ROOT = Path(__file__).resolve().parents[2]
 KEYS, GROUPS = schema_keys(), group_options()
@@ -106,54 +114,95 @@ def test_a_suggestion_composes_and_passes_the_config_check(name, overrides, cont
     assert problems == [] and not unknown, (name, args, problems, unknown)
 
 
-@pytest.mark.parametrize("args,expected", [
-    (["data.max_response_length=512"],
-     "data.max_response_length is veRL's name; here: actor_rollout_ref.rollout.response_length=512"),
-    (["learning_rate=1e-6"], "learning_rate is TRL's GRPOConfig name; here: actor_rollout_ref.actor.optim.lr=1e-6"),
-    (["--learning_rate", "1e-6"], "learning_rate is TRL's GRPOConfig name; here: actor_rollout_ref.actor.optim.lr=1e-6"),
-    (["algorithm.gamma=0.99"], "algorithm.gamma is veRL's name; here: +algorithm.estimator_options.gamma=0.99; "
-                               "an option of the estimators that discount (gae, reinforce_plus_plus)"),
-    (["loss_type=bnpo"], "loss_type is TRL's GRPOConfig name; here: actor_rollout_ref.actor.loss_agg_mode=token-mean-local; "
-                         "a TRL loss type is a policy loss and an aggregation mode here (losses/aggregation.py)"),
-    (["critic.model.use_remove_padding=false"],
-     "critic.model.use_remove_padding is veRL's name; here: actor_rollout_ref.model.use_remove_padding=false; "
-     "one switch for the actor, the reference and the critic"),
-    (["actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=32768"],
-     "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu is veRL's name; here: "
-     "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=32768; "
-     "the reference's forward passes are micro-batched as the actor's old-log-prob pass"),
-    (["+custom_reward_function.reward_kwargs.alpha=2"],
-     "custom_reward_function.reward_kwargs.alpha is veRL's name; here: +reward.custom_reward_function.kwargs.alpha=2"),
-    (["reward_model.micro_batch_size=32"], "reward_model.micro_batch_size is veRL's name; here: "
-     "reward_model.micro_batch_size_per_gpu; veRL's global micro-batch (deprecated there); here per rank: divide by the "
-     "data-parallel ranks"),
-    (["trainer.total_trainig_steps=3"], "trainer.total_trainig_steps: no such key; did you mean trainer.total_training_steps?"),
-])
+@pytest.mark.parametrize(
+    "args,expected",
+    [
+        (
+            ["data.max_response_length=512"],
+            "data.max_response_length is veRL's name; here: actor_rollout_ref.rollout.response_length=512",
+        ),
+        (["learning_rate=1e-6"], "learning_rate is TRL's GRPOConfig name; here: actor_rollout_ref.actor.optim.lr=1e-6"),
+        (
+            ["--learning_rate", "1e-6"],
+            "learning_rate is TRL's GRPOConfig name; here: actor_rollout_ref.actor.optim.lr=1e-6",
+        ),
+        (
+            ["algorithm.gamma=0.99"],
+            "algorithm.gamma is veRL's name; here: +algorithm.estimator_options.gamma=0.99; "
+            "an option of the estimators that discount (gae, reinforce_plus_plus)",
+        ),
+        (
+            ["loss_type=bnpo"],
+            "loss_type is TRL's GRPOConfig name; here: actor_rollout_ref.actor.loss_agg_mode=token-mean-local; "
+            "a TRL loss type is a policy loss and an aggregation mode here (losses/aggregation.py)",
+        ),
+        (
+            ["critic.model.use_remove_padding=false"],
+            "critic.model.use_remove_padding is veRL's name; here: actor_rollout_ref.model.use_remove_padding=false; "
+            "one switch for the actor, the reference and the critic",
+        ),
+        (
+            ["actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=32768"],
+            "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu is veRL's name; here: "
+            "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=32768; "
+            "the reference's forward passes are micro-batched as the actor's old-log-prob pass",
+        ),
+        (
+            ["+custom_reward_function.reward_kwargs.alpha=2"],
+            "custom_reward_function.reward_kwargs.alpha is veRL's name; "
+            "here: +reward.custom_reward_function.kwargs.alpha=2",
+        ),
+        (
+            ["reward_model.micro_batch_size=32"],
+            "reward_model.micro_batch_size is veRL's name; here: "
+            "reward_model.micro_batch_size_per_gpu; veRL's global micro-batch (deprecated there); here per rank: "
+            "divide by the data-parallel ranks",
+        ),
+        (
+            ["trainer.total_trainig_steps=3"],
+            "trainer.total_trainig_steps: no such key; did you mean trainer.total_training_steps?",
+        ),
+    ],
+)
 def test_messages(args, expected):
     assert override_problems(args) == [expected]
 
 
 def test_verl_keys_that_are_ours_now_just_work():
-    keys = ["actor_rollout_ref.model.use_remove_padding=false", "actor_rollout_ref.actor.use_dynamic_bsz=true",
-            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096",
-            "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",
-            "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=8192", "critic.use_dynamic_bsz=true",
-            "critic.ppo_max_token_len_per_gpu=4096", "critic.forward_max_token_len_per_gpu=8192",
-            "reward_model.enable=false", "reward_model.model.path=/models/rm", "reward_model.micro_batch_size_per_gpu=8",
-            "reward_model.max_length=2048", "reward_model.use_dynamic_bsz=true",
-            "reward_model.forward_max_token_len_per_gpu=8192", "reward_model.model.fsdp_config.param_offload=true"]
+    keys = [
+        "actor_rollout_ref.model.use_remove_padding=false",
+        "actor_rollout_ref.actor.use_dynamic_bsz=true",
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096",
+        "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",
+        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=8192",
+        "critic.use_dynamic_bsz=true",
+        "critic.ppo_max_token_len_per_gpu=4096",
+        "critic.forward_max_token_len_per_gpu=8192",
+        "reward_model.enable=false",
+        "reward_model.model.path=/models/rm",
+        "reward_model.micro_batch_size_per_gpu=8",
+        "reward_model.max_length=2048",
+        "reward_model.use_dynamic_bsz=true",
+        "reward_model.forward_max_token_len_per_gpu=8192",
+        "reward_model.model.fsdp_config.param_offload=true",
+    ]
     assert override_problems(keys) == []
     assert all(lookup(k.partition("=")[0]) is None for k in keys)
 
 
 def test_each_foreign_override_gets_its_own_line_beside_valid_ones():
     problems = override_problems(["trainer.seed=1", "num_generations=4", "trainer.project_name=x", "top_p=0.9"])
-    assert problems == ["num_generations is TRL's GRPOConfig name; here: actor_rollout_ref.rollout.n=4",
-                        "top_p is TRL's GRPOConfig name; here: actor_rollout_ref.rollout.top_p=0.9"]
+    assert problems == [
+        "num_generations is TRL's GRPOConfig name; here: actor_rollout_ref.rollout.n=4",
+        "top_p is TRL's GRPOConfig name; here: actor_rollout_ref.rollout.top_p=0.9",
+    ]
 
 
 def test_the_value_picks_the_suggestion():
-    assert explain("use_vllm", "False") == "use_vllm is TRL's GRPOConfig name; here: actor_rollout_ref.rollout.name=builtin"
+    assert (
+        explain("use_vllm", "False")
+        == "use_vllm is TRL's GRPOConfig name; here: actor_rollout_ref.rollout.name=builtin"
+    )
     assert explain("beta", "0.0").endswith("here: nothing to set; no KL term and no reference is the default here")
     assert "luspo" in explain("loss_type", "vespo")
     assert explain("actor_rollout_ref.rollout.val_kwargs.do_sample", "maybe").endswith("and maybe is none of those")
@@ -166,21 +215,35 @@ def test_hydra_flags_are_still_left_to_hydra_but_foreign_names_beside_them_are_a
         "learning_rate is TRL's GRPOConfig name; here: actor_rollout_ref.actor.optim.lr=1e-6",
         "num_generations is TRL's GRPOConfig name; here: actor_rollout_ref.rollout.n=4",
         "use_vllm is TRL's GRPOConfig name; here: rollout@actor_rollout_ref.rollout=vllm trainer=gpu; "
-        "colocated on the training GPUs (on CPUs: trainer=cpu with vLLM's CPU build, docs/vllm.md)"]
+        "colocated on the training GPUs (on CPUs: trainer=cpu with vLLM's CPU build, docs/vllm.md)",
+    ]
 
 
 def test_the_command_answers_a_verl_key_it_cannot_translate_and_exits_2(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "hybridflow.trainer.main", "data.max_response_length=512",
-                          "actor_rollout_ref.actor.ppo_micro_batch_size=64"], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hybridflow.trainer.main",
+            "data.max_response_length=512",
+            "actor_rollout_ref.actor.ppo_micro_batch_size=64",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2, out.stderr
     assert "veRL's data.max_response_length=512 -> actor_rollout_ref.rollout.response_length=512" in out.stderr
     assert "here: actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu; veRL's global micro-batch" in out.stderr
     assert "Traceback" not in out.stderr
 
 
-@pytest.mark.parametrize("entry", [e for e in ENTRIES if e.exact] + list(VERL_VALUES),
-                         ids=[e.name for e in ENTRIES if e.exact] + [e.name for e in VERL_VALUES])
+@pytest.mark.parametrize(
+    "entry",
+    [e for e in ENTRIES if e.exact] + list(VERL_VALUES),
+    ids=[e.name for e in ENTRIES if e.exact] + [e.name for e in VERL_VALUES],
+)
 def test_an_exact_entry_rewrites_to_settings(entry):
     """``exact`` applies the suggestion: each must set a value (a bare key would be dropped)."""
     for overrides in suggestions(entry):
@@ -199,8 +262,17 @@ def test_a_verl_value_is_for_one_of_our_keys_and_its_translation_passes_the_chec
 
 
 # The first words of the dotted names the "coming from" pages talk about: ours, and veRL's sections we lack.
-SECTIONS = ("algorithm.", "actor_rollout_ref.", "critic.", "reward.", "data.", "trainer.", "reward_model.",
-            "custom_reward_function.", "reward_manager.")
+SECTIONS = (
+    "algorithm.",
+    "actor_rollout_ref.",
+    "critic.",
+    "reward.",
+    "data.",
+    "trainer.",
+    "reward_model.",
+    "custom_reward_function.",
+    "reward_manager.",
+)
 
 
 @pytest.mark.parametrize("page", ["coming-from-verl.md", "coming-from-trl.md"])

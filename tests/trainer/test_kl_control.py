@@ -1,4 +1,3 @@
-
 import math
 
 import pytest
@@ -31,12 +30,14 @@ def test_bad_controller_type():
 def batch_for_penalty():
     # row 0: two valid tokens, d = log pi - log pi_ref = 0.5, 0.25; row 1: one valid token (d = 0.5) and a
     # masked one whose d = -2 must count for nothing
-    return DataProto.from_dict({
-        "token_level_scores": torch.tensor([[0.0, 1.0], [0.0, 0.0]]),
-        "old_log_probs": torch.tensor([[-1.0, -1.0], [-2.0, -3.0]]),
-        "ref_log_probs": torch.tensor([[-1.5, -1.25], [-2.5, -1.0]]),
-        "response_mask": torch.tensor([[1.0, 1.0], [1.0, 0.0]]),
-    })
+    return DataProto.from_dict(
+        {
+            "token_level_scores": torch.tensor([[0.0, 1.0], [0.0, 0.0]]),
+            "old_log_probs": torch.tensor([[-1.0, -1.0], [-2.0, -3.0]]),
+            "ref_log_probs": torch.tensor([[-1.5, -1.25], [-2.5, -1.0]]),
+            "response_mask": torch.tensor([[1.0, 1.0], [1.0, 0.0]]),
+        }
+    )
 
 
 def test_penalty_subtracts_beta_times_kl_on_valid_tokens():

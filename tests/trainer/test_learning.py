@@ -81,4 +81,6 @@ def test_the_default_job_learns_and_a_sign_flipped_update_does_not(ray_session, 
     before, after = learned.val_before["val/accuracy"], learned.val_after["val/accuracy"]
     assert after - before >= 0.5, (before, after)
     assert flipped.val_after["val/accuracy"] <= flipped.val_before["val/accuracy"] + 0.05, (
-        flipped.val_before, flipped.val_after)
+        flipped.val_before,
+        flipped.val_after,
+    )

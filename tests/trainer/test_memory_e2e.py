@@ -18,22 +18,38 @@ from hybridflow.trainer.main import build_and_fit
 
 pytestmark = pytest.mark.slow
 
-COMPARED = ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/param_norm", "critic/vf_loss",
-            "critic/grad_norm", "score/mean")
-OFFLOAD = {f"{role}.fsdp_config.{what}": True for role in ("actor_rollout_ref.actor", "critic")
-           for what in ("param_offload", "optimizer_offload")} | {"actor_rollout_ref.ref.fsdp_config.param_offload": True,
-                                                                "actor_rollout_ref.rollout.offload_weights": True}
+COMPARED = (
+    "actor/pg_loss",
+    "actor/kl_loss",
+    "actor/grad_norm",
+    "actor/param_norm",
+    "critic/vf_loss",
+    "critic/grad_norm",
+    "score/mean",
+)
+OFFLOAD = {
+    f"{role}.fsdp_config.{what}": True
+    for role in ("actor_rollout_ref.actor", "critic")
+    for what in ("param_offload", "optimizer_offload")
+} | {"actor_rollout_ref.ref.fsdp_config.param_offload": True, "actor_rollout_ref.rollout.offload_weights": True}
 
 
 def run(tmp_path, name, **overrides):
     cfg = OmegaConf.structured(PPOConfig)
-    for key, value in {"data.synthetic_dir": str(tmp_path / "data"), "data.train_batch_size": 4,
-                       "actor_rollout_ref.actor.ppo_mini_batch_size": 2, "actor_rollout_ref.rollout.n": 4,
-                       "actor_rollout_ref.rollout.response_length": 4, "trainer.total_training_steps": 5,
-                       "trainer.test_freq": 0, "algorithm.adv_estimator": "gae",
-                       "actor_rollout_ref.actor.use_kl_loss": True,
-                       # the old-log-prob pass runs (and offloads) only when it recomputes
-                       "actor_rollout_ref.actor.recompute_old_log_prob": "true", **overrides}.items():
+    for key, value in {
+        "data.synthetic_dir": str(tmp_path / "data"),
+        "data.train_batch_size": 4,
+        "actor_rollout_ref.actor.ppo_mini_batch_size": 2,
+        "actor_rollout_ref.rollout.n": 4,
+        "actor_rollout_ref.rollout.response_length": 4,
+        "trainer.total_training_steps": 5,
+        "trainer.test_freq": 0,
+        "algorithm.adv_estimator": "gae",
+        "actor_rollout_ref.actor.use_kl_loss": True,
+        # the old-log-prob pass runs (and offloads) only when it recomputes
+        "actor_rollout_ref.actor.recompute_old_log_prob": "true",
+        **overrides,
+    }.items():
         OmegaConf.update(cfg, key, value)
     config = OmegaConf.to_object(cfg)
     check_config(config)
@@ -53,8 +69,14 @@ def test_offload_on_and_off_give_identical_losses_and_every_stage_reports_its_pe
 # only that both run through the trainer (critic included); the dtypes held, computed, reduced and stepped, and the
 # update losses' gap to fp32's, are tests/trainer/test_mixed_precision.py's
 def test_mixed_precision_and_activation_checkpointing_train(ray_session, tmp_path):
-    steps = run(tmp_path, "bf16", **{"actor_rollout_ref.actor.fsdp_config.param_dtype": "bfloat16",
-                                     "critic.fsdp_config.param_dtype": "bfloat16",
-                                     "actor_rollout_ref.model.enable_gradient_checkpointing": True})
+    steps = run(
+        tmp_path,
+        "bf16",
+        **{
+            "actor_rollout_ref.actor.fsdp_config.param_dtype": "bfloat16",
+            "critic.fsdp_config.param_dtype": "bfloat16",
+            "actor_rollout_ref.model.enable_gradient_checkpointing": True,
+        },
+    )
     assert all(math.isfinite(m["actor/pg_loss"]) and math.isfinite(m["critic/vf_loss"]) for m in steps)
     assert len({m["actor/param_norm"] for m in steps}) == 5  # fp32 master weights move every step

@@ -10,12 +10,14 @@ from hybridflow.trainer.tracking import RunInfo, Tracking
 
 
 def finished_batch():
-    return DataProto.from_dict({
-        "response_mask": torch.tensor([[1, 1, 1], [1, 0, 0]]),
-        "attention_mask": torch.tensor([[0, 1, 1, 1, 1], [1, 1, 1, 0, 0]]),
-        "token_level_scores": torch.tensor([[0.0, 0.0, 1.0], [0.2, 0.0, 0.0]]),
-        "advantages": torch.tensor([[1.0, 1.0, 1.0], [-3.0, 9.0, 9.0]]),
-    })
+    return DataProto.from_dict(
+        {
+            "response_mask": torch.tensor([[1, 1, 1], [1, 0, 0]]),
+            "attention_mask": torch.tensor([[0, 1, 1, 1, 1], [1, 1, 1, 0, 0]]),
+            "token_level_scores": torch.tensor([[0.0, 0.0, 1.0], [0.2, 0.0, 0.0]]),
+            "advantages": torch.tensor([[1.0, 1.0, 1.0], [-3.0, 9.0, 9.0]]),
+        }
+    )
 
 
 def test_data_metrics_hand_computed():

@@ -43,10 +43,16 @@ FIRST_NORM_BOUND, LATER_NORM_BOUND = 2e-3, 0.1
 FP32, BF16 = str(torch.float32), str(torch.bfloat16)
 # what each probe sees under param_dtype=bfloat16, at every update on both ranks
 BF16_SEEN = {
-    "linear_input": BF16, "linear_weight": BF16,  # the gathered copy of its weight the layer computes with
-    "linear_output": BF16, "logits": BF16, "activation_grad": BF16,  # forward and backward in bf16
+    "linear_input": BF16,
+    "linear_weight": BF16,  # the gathered copy of its weight the layer computes with
+    "linear_output": BF16,
+    "logits": BF16,
+    "activation_grad": BF16,  # forward and backward in bf16
     "reduce_scatter": FP32,  # reduce_dtype (default float32): the gradients go up to fp32 before ranks sum them
-    "sharded_grad": FP32, "param": FP32, "exp_avg": FP32, "exp_avg_sq": FP32,  # the master weights and AdamW's state
+    "sharded_grad": FP32,
+    "param": FP32,
+    "exp_avg": FP32,
+    "exp_avg_sq": FP32,  # the master weights and AdamW's state
 }
 FP32_SEEN = dict.fromkeys(BF16_SEEN, FP32)  # the fp32 run: the probes see what they say
 SHARDED = {"param_type": ["DTensor"], "sharded_grad_type": ["DTensor"]}
@@ -54,6 +60,7 @@ SHARDED = {"param_type": ["DTensor"], "sharded_grad_type": ["DTensor"]}
 
 def expected(dtypes: dict[str, str]) -> dict[str, list[str]]:
     return {key: [dtype] for key, dtype in dtypes.items()} | SHARDED
+
 
 class ProbedActor(ActorRolloutWorker):
     """The actor worker, with one more method: :meth:`update_actor` watched from inside the rank."""
@@ -87,8 +94,11 @@ class ProbedActor(ActorRolloutWorker):
             seen["reduce_scatter"].add(str(tensor.dtype))
             return reduce_scatter(*args, **kwargs)
 
-        handles = [layer.register_forward_hook(linear_hook), self.model.lm_head.register_forward_hook(head_hook),
-                   self.optimizer.register_step_pre_hook(step_pre_hook)]
+        handles = [
+            layer.register_forward_hook(linear_hook),
+            self.model.lm_head.register_forward_hook(head_hook),
+            self.optimizer.register_step_pre_hook(step_pre_hook),
+        ]
         dist.reduce_scatter_single = recording  # FSDP2's default reduce-scatter calls it through the module
         try:
             metrics = self.update_actor(data)
@@ -138,10 +148,12 @@ def train(cfg: PPOConfig, batch: DataProto | None) -> tuple[DataProto, list[list
             actor.init_model()
             if batch is None:
                 tokenizer = load_tokenizer(cfg.actor_rollout_ref.model.path)
-                ids, mask, _ = left_pad([tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS],
-                                        tokenizer.pad_token_id)
-                prompts = DataProto.from_dict({INPUT_IDS: ids, ATTENTION_MASK: mask},
-                                              meta_info={"n": 2, "greedy": False, "seed": 0})
+                ids, mask, _ = left_pad(
+                    [tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS], tokenizer.pad_token_id
+                )
+                prompts = DataProto.from_dict(
+                    {INPUT_IDS: ids, ATTENTION_MASK: mask}, meta_info={"n": 2, "greedy": False, "seed": 0}
+                )
                 batch = columns(actor.generate_sequences(prompts))
                 batch.union(columns(actor.compute_log_prob(batch)))
                 gen = torch.Generator().manual_seed(0)
@@ -170,12 +182,21 @@ def test_bf16_compute_over_fp32_master_weights_in_the_actor_worker(ray_session):
     # sharded: each of the 2 ranks holds half of the weights' elements
     assert all(rank["local_share"] == 0.5 for run in (fp32, bf16) for update in run for rank in update)
     for u, (f_update, b_update) in enumerate(zip(fp32, bf16, strict=True)):
-        loss_bound, norm_bound = (FIRST_LOSS_BOUND, FIRST_NORM_BOUND) if u == 0 else (LATER_LOSS_BOUND, LATER_NORM_BOUND)
+        loss_bound, norm_bound = (
+            (FIRST_LOSS_BOUND, FIRST_NORM_BOUND) if u == 0 else (LATER_LOSS_BOUND, LATER_NORM_BOUND)
+        )
         for f, b in zip(f_update, b_update, strict=True):  # each rank's mini-batch loss; the global grad norm
             f, b = f["metrics"], b["metrics"]
-            assert abs(b["actor/pg_loss"] - f["actor/pg_loss"]) <= loss_bound, (u, f["actor/pg_loss"], b["actor/pg_loss"])
+            assert abs(b["actor/pg_loss"] - f["actor/pg_loss"]) <= loss_bound, (
+                u,
+                f["actor/pg_loss"],
+                b["actor/pg_loss"],
+            )
             assert abs(b["actor/grad_norm"] / f["actor/grad_norm"] - 1) <= norm_bound, (
-                u, f["actor/grad_norm"], b["actor/grad_norm"])
+                u,
+                f["actor/grad_norm"],
+                b["actor/grad_norm"],
+            )
             if u == 0:  # bf16 did reach the loss
                 assert b["actor/pg_loss"] != f["actor/pg_loss"]
     # and the bounds are far below what training moved the losses (by 0.15 and 0.14 here)

@@ -5,17 +5,14 @@ built-in engine in the training dtype); the e2e test checks that a 3-step run
 with the rollout's log-probs trains like one that recomputes them.
 """
 
-import dataclasses
-import math
-
 import pytest
+from support import read_metrics, small_config
 
 from hybridflow.configs.schema import PPOConfig
 from hybridflow.core.keys import SUM_PI_SQUARED
 from hybridflow.plugins import get_estimator
 from hybridflow.trainer.estimator_inputs import InputPlan, input_problems, recompute_old_log_prob
 from hybridflow.trainer.main import build_and_fit
-from support import read_metrics, small_config
 
 
 def config_with(**changes) -> PPOConfig:
@@ -29,16 +26,19 @@ def config_with(**changes) -> PPOConfig:
     return config
 
 
-@pytest.mark.parametrize("changes, recompute", [
-    ({}, False),  # built-in engine, fp32 everywhere: the same numbers
-    ({"actor_rollout_ref.rollout.name": "vllm"}, True),  # other kernels
-    ({"actor_rollout_ref.actor.fsdp_config.param_dtype": "bfloat16"}, True),  # training computes in bf16
-    ({"actor_rollout_ref.model.dtype": "bfloat16"}, True),  # both compute in bf16: their roundings differ
-    ({"actor_rollout_ref.actor.fsdp_config.param_dtype": "float32"}, False),  # the model's own dtype
-    ({"algorithm.rollout_correction.rollout_is": "token"}, True),  # the correction compares the two
-    ({"actor_rollout_ref.actor.recompute_old_log_prob": "True"}, True),  # Hydra's true, as a string
-    ({"actor_rollout_ref.actor.recompute_old_log_prob": "false", "actor_rollout_ref.rollout.name": "vllm"}, False),
-])
+@pytest.mark.parametrize(
+    "changes, recompute",
+    [
+        ({}, False),  # built-in engine, fp32 everywhere: the same numbers
+        ({"actor_rollout_ref.rollout.name": "vllm"}, True),  # other kernels
+        ({"actor_rollout_ref.actor.fsdp_config.param_dtype": "bfloat16"}, True),  # training computes in bf16
+        ({"actor_rollout_ref.model.dtype": "bfloat16"}, True),  # both compute in bf16: their roundings differ
+        ({"actor_rollout_ref.actor.fsdp_config.param_dtype": "float32"}, False),  # the model's own dtype
+        ({"algorithm.rollout_correction.rollout_is": "token"}, True),  # the correction compares the two
+        ({"actor_rollout_ref.actor.recompute_old_log_prob": "True"}, True),  # Hydra's true, as a string
+        ({"actor_rollout_ref.actor.recompute_old_log_prob": "false", "actor_rollout_ref.rollout.name": "vllm"}, False),
+    ],
+)
 def test_auto_reuses_only_the_same_numbers(changes, recompute):
     assert recompute_old_log_prob(config_with(**changes), needs_pass=False) is recompute
 
@@ -62,9 +62,13 @@ def test_a_bad_value_names_the_key():
 def test_rollout_log_probs_train_like_a_recompute(ray_session, tmp_path):
     runs = {}
     for setting in ("true", "auto"):
-        config = small_config(tmp_path / setting, **{
-            "actor_rollout_ref.actor.recompute_old_log_prob": setting, "trainer.logger": ["jsonl"],
-        })
+        config = small_config(
+            tmp_path / setting,
+            **{
+                "actor_rollout_ref.actor.recompute_old_log_prob": setting,
+                "trainer.logger": ["jsonl"],
+            },
+        )
         build_and_fit(config, tmp_path / setting / "run")
         runs[setting] = read_metrics(tmp_path / setting / "run")
     for true, auto in zip(runs["true"], runs["auto"]):

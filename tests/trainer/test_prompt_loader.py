@@ -1,5 +1,4 @@
 import pytest
-import torch
 
 from hybridflow.core.rollout_batch import left_pad
 from hybridflow.trainer.prompt_loader import PromptLoader, PromptSet, render_prompt
@@ -16,8 +15,12 @@ class CharTokenizer:
 
 def rows(n):
     return [
-        {"data_source": "toy", "prompt": [{"role": "user", "content": "q" * (1 + i % 3)}],
-         "reward_model": {"ground_truth": str(i)}, "extra_info": {"index": i}}
+        {
+            "data_source": "toy",
+            "prompt": [{"role": "user", "content": "q" * (1 + i % 3)}],
+            "reward_model": {"ground_truth": str(i)},
+            "extra_info": {"index": i},
+        }
         for i in range(n)
     ]
 
@@ -31,7 +34,9 @@ def test_left_pad_hand_computed():
 
 def test_render_prompt_plain_text_and_messages():
     assert render_prompt("2+2=", CharTokenizer()) == "2+2="
-    assert render_prompt([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}], CharTokenizer()) == "a\nb"
+    assert (
+        render_prompt([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}], CharTokenizer()) == "a\nb"
+    )
 
 
 def test_prompt_set_filters_long_prompts_and_counts_them():

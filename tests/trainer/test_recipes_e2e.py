@@ -22,9 +22,14 @@ pytestmark = pytest.mark.slow
 
 def run(tmp_path, *overrides, steps=3):
     register_configs()
-    base = [f"data.synthetic_dir={tmp_path}/data", f"trainer.total_training_steps={steps}", "trainer.test_freq=0",
-            "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-            "trainer.n_gpus_per_node=1"]  # one rank: the recipes, not the layout, are under test
+    base = [
+        f"data.synthetic_dir={tmp_path}/data",
+        f"trainer.total_training_steps={steps}",
+        "trainer.test_freq=0",
+        "data.train_batch_size=8",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "trainer.n_gpus_per_node=1",
+    ]  # one rank: the recipes, not the layout, are under test
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
         config = OmegaConf.to_object(compose("ppo_trainer", overrides=[*base, *overrides]))
     check_config(config)
@@ -39,21 +44,35 @@ def test_dapo_is_an_experiment_and_a_hook_with_dynamic_sampling_active(ray_sessi
     assert max(m["batch_hooks/rollout_batches"] for m in steps) >= 2  # so the step rolled out more prompts
     for m in steps:
         kept, rolled = m["batch_hooks/dynamic_sampling/kept_groups"], m["batch_hooks/rollout_batches"]
-        assert kept + m["batch_hooks/topped_up"] >= 8 and rolled * 8 == kept + m["batch_hooks/dynamic_sampling/dropped_groups"]
+        assert (
+            kept + m["batch_hooks/topped_up"] >= 8
+            and rolled * 8 == kept + m["batch_hooks/dynamic_sampling/dropped_groups"]
+        )
         assert m["reward/overlong/frac"] >= 0  # overlong shaping on
     # fit() and the train step know no recipe: DAPO lives in a YAML and a plugin
     source = inspect.getsource(ppo_trainer).lower()
     assert "dapo" not in source and "dynamic_sampling" not in source
 
 
-@pytest.mark.parametrize("overrides,metrics", [
-    # a greedy baseline (remax) and rollout correction in one job: two declared inputs, one run
-    (["algorithm.adv_estimator=remax", "algorithm.rollout_correction.rollout_is=token"],
-     ["reward/greedy_baseline/mean", "rollout_corr/rollout_is_mean"]),
-    (["algorithm.adv_estimator=optimal_token_baseline"], ["advantages/mean"]),
-    (["algorithm.adv_estimator=gdpo", "+reward.route={synthetic/arithmetic:{arithmetic:0.9,format:0.1}}",
-      "reward.component_keys=[arithmetic/score,format/score]"], ["advantages/mean"]),
-])
+@pytest.mark.parametrize(
+    "overrides,metrics",
+    [
+        # a greedy baseline (remax) and rollout correction in one job: two declared inputs, one run
+        (
+            ["algorithm.adv_estimator=remax", "algorithm.rollout_correction.rollout_is=token"],
+            ["reward/greedy_baseline/mean", "rollout_corr/rollout_is_mean"],
+        ),
+        (["algorithm.adv_estimator=optimal_token_baseline"], ["advantages/mean"]),
+        (
+            [
+                "algorithm.adv_estimator=gdpo",
+                "+reward.route={synthetic/arithmetic:{arithmetic:0.9,format:0.1}}",
+                "reward.component_keys=[arithmetic/score,format/score]",
+            ],
+            ["advantages/mean"],
+        ),
+    ],
+)
 def test_declared_inputs_are_provided(ray_session, tmp_path, overrides, metrics):
     steps = run(tmp_path, *overrides, steps=2)
     for metric in metrics:

@@ -85,18 +85,30 @@ def test_resumed_run_equals_uninterrupted_run(ray_session, tmp_path, stop_at=2, 
 # With offload (and dynamic batch sizes) the actor's state sits in host memory between stages: the checkpoint must
 # bring it back to save it and to load into it (without, saving the empty storages crashed the worker and loading
 # into them failed).
-@pytest.mark.parametrize("extra", [{}, {"actor_rollout_ref.actor.use_dynamic_bsz": True,
-                                        "actor_rollout_ref.actor.fsdp_config.param_offload": True,
-                                        "actor_rollout_ref.actor.fsdp_config.optimizer_offload": True}],
-                         ids=["plain", "dynamic-bsz-offload"])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},
+        {
+            "actor_rollout_ref.actor.use_dynamic_bsz": True,
+            "actor_rollout_ref.actor.fsdp_config.param_offload": True,
+            "actor_rollout_ref.actor.fsdp_config.optimizer_offload": True,
+        },
+    ],
+    ids=["plain", "dynamic-bsz-offload"],
+)
 def test_a_lora_run_resumed_equals_the_uninterrupted_one(ray_session, tmp_path, extra):
     files = generate_synthetic(str(tmp_path / "data"), train_size=12, val_size=8, seed=0)
 
     def lora(steps, resume):
         cfg = OmegaConf.structured(config(files, steps, resume))
-        for key, value in {"actor_rollout_ref.model.lora_rank": 4, "actor_rollout_ref.model.lora_alpha": 8.0,
-                           "actor_rollout_ref.actor.optim.lr": 1e-2, "actor_rollout_ref.actor.use_kl_loss": True,
-                           **extra}.items():
+        for key, value in {
+            "actor_rollout_ref.model.lora_rank": 4,
+            "actor_rollout_ref.model.lora_alpha": 8.0,
+            "actor_rollout_ref.actor.optim.lr": 1e-2,
+            "actor_rollout_ref.actor.use_kl_loss": True,
+            **extra,
+        }.items():
             OmegaConf.update(cfg, key, value)
         return OmegaConf.to_object(cfg)
 

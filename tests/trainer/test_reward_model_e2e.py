@@ -40,11 +40,19 @@ def by_hand(path: str, prompt_text: str, response: str) -> float:
 
 
 def test_the_reward_model_alone_is_the_reward(ray_session, tmp_path, rm_path):
-    config = small_config(tmp_path, **{
-        "reward_model.enable": True, "reward_model.model.path": rm_path, "reward_model.micro_batch_size_per_gpu": 5,
-        "trainer.total_training_steps": 2, "trainer.test_freq": 2, "trainer.log_val_generations": 4,
-        "trainer.logger": ["jsonl"], "trainer.n_gpus_per_node": 2,
-    })
+    config = small_config(
+        tmp_path,
+        **{
+            "reward_model.enable": True,
+            "reward_model.model.path": rm_path,
+            "reward_model.micro_batch_size_per_gpu": 5,
+            "trainer.total_training_steps": 2,
+            "trainer.test_freq": 2,
+            "trainer.log_val_generations": 4,
+            "trainer.logger": ["jsonl"],
+            "trainer.n_gpus_per_node": 2,
+        },
+    )
     run = tmp_path / "run"
     build_and_fit(config, run)
     steps = [m for m in read_metrics(run) if "score/mean" in m]
@@ -63,12 +71,18 @@ def test_the_reward_model_alone_is_the_reward(ray_session, tmp_path, rm_path):
 
 
 def test_declared_sources_sum_the_verifier_and_the_normalized_reward_model(ray_session, tmp_path, rm_path):
-    config = small_config(tmp_path, **{
-        "reward_model.enable": True, "reward_model.model.path": rm_path,
-        "reward.sources": {"verifier": {"weight": 1.0}, "reward_model": {"weight": 0.5, "normalize": "sigmoid"}},
-        "trainer.total_training_steps": 1, "trainer.test_freq": 1, "trainer.log_val_generations": 4,
-        "trainer.logger": ["jsonl"],
-    })
+    config = small_config(
+        tmp_path,
+        **{
+            "reward_model.enable": True,
+            "reward_model.model.path": rm_path,
+            "reward.sources": {"verifier": {"weight": 1.0}, "reward_model": {"weight": 0.5, "normalize": "sigmoid"}},
+            "trainer.total_training_steps": 1,
+            "trainer.test_freq": 1,
+            "trainer.log_val_generations": 4,
+            "trainer.logger": ["jsonl"],
+        },
+    )
     run = tmp_path / "run"
     build_and_fit(config, run)
     step = read_metrics(run)[-1]

@@ -14,8 +14,12 @@ import pytest
 from hybridflow.trainer import ppo_trainer
 
 TRAIN = [sys.executable, "-m", "hybridflow.trainer.main"]
-SMALL = ["data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.rollout.n=4",
-         "trainer.test_freq=0"]
+SMALL = [
+    "data.train_batch_size=4",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+    "actor_rollout_ref.rollout.n=4",
+    "trainer.test_freq=0",
+]
 
 
 def clean_env():
@@ -30,9 +34,16 @@ def summary_rows(stdout: str) -> dict[str, str]:
 
 # veRL's spellings of its example scripts (sized for the tiny model), which the run must take as written
 # (tests/trainer/test_verl_command_line.py has each key's translation on its own, trainer.save_freq=-1 included)
-VERL = ["data.max_response_length=4", "data.filter_overlong_prompts=True", "data.truncation='error'",
-        "trainer.critic_warmup=0", "critic.model.path=builtin:tiny-qwen2", "actor_rollout_ref.rollout.mode=async",
-        "critic.model.fsdp_config.param_offload=False", "+trainer.val_before_train=False"]
+VERL = [
+    "data.max_response_length=4",
+    "data.filter_overlong_prompts=True",
+    "data.truncation='error'",
+    "trainer.critic_warmup=0",
+    "critic.model.path=builtin:tiny-qwen2",
+    "actor_rollout_ref.rollout.mode=async",
+    "critic.model.fsdp_config.param_offload=False",
+    "+trainer.val_before_train=False",
+]
 
 
 @pytest.mark.slow
@@ -44,10 +55,26 @@ def test_a_run_prints_its_directory_and_each_checkpoint_and_writes_metrics_with_
     files = SYNTHETIC_GENERATORS["arithmetic"][1](str(tmp_path / "data"), seed=0)
     verl = [f"data.train_files={files['train']}", f"data.val_files={files['val']}", *VERL]
     # validation after the last step only (test_freq past the run): val_before_train=False is seen to act
-    small = [a for a in SMALL if not a.startswith("trainer.test_freq=")] + ["trainer.test_freq=5", "data.val_batch_size=8"]
-    out = subprocess.run([*TRAIN, *small, "trainer.total_training_steps=2", "trainer.save_freq=1",
-                          "trainer.logger=[console]", "actor_rollout_ref.model.path=builtin:tiny-qwen2", *verl],
-                         cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=300)
+    small = [a for a in SMALL if not a.startswith("trainer.test_freq=")] + [
+        "trainer.test_freq=5",
+        "data.val_batch_size=8",
+    ]
+    out = subprocess.run(
+        [
+            *TRAIN,
+            *small,
+            "trainer.total_training_steps=2",
+            "trainer.save_freq=1",
+            "trainer.logger=[console]",
+            "actor_rollout_ref.model.path=builtin:tiny-qwen2",
+            *verl,
+        ],
+        cwd=tmp_path,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     said = [line for line in out.stderr.splitlines() if line.startswith("hybridflow-train: ")]
     assert len(said) == len(verl), said  # one line per veRL spelling, none refused
@@ -74,8 +101,14 @@ BAD = ["actor_rollout_ref.rollout.n=0", "trainer.total_training_steps=1", "train
 
 
 def test_a_config_error_leaves_no_run_directory(tmp_path):
-    out = subprocess.run([*TRAIN, *BAD, f"data.synthetic_dir={tmp_path}/data"], cwd=tmp_path, env=clean_env(),
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [*TRAIN, *BAD, f"data.synthetic_dir={tmp_path}/data"],
+        cwd=tmp_path,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2, out.stderr[-3000:]
     assert "actor_rollout_ref.rollout.n=0 must be >= 1" in out.stderr
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == []  # not even outputs/<date>/
@@ -86,8 +119,14 @@ def test_a_config_error_keeps_a_run_directory_that_holds_anything_else(tmp_path)
     run_dir = tmp_path / "runs" / "mine"
     run_dir.mkdir(parents=True)
     (run_dir / "notes.txt").write_text("mine")
-    out = subprocess.run([*TRAIN, *BAD, f"data.synthetic_dir={tmp_path}/data", f"hydra.run.dir={run_dir}"],
-                         cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [*TRAIN, *BAD, f"data.synthetic_dir={tmp_path}/data", f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2, out.stderr[-3000:]
     assert (run_dir / "notes.txt").read_text() == "mine" and (run_dir / ".hydra" / "config.yaml").is_file()
 
@@ -135,8 +174,15 @@ def test_the_summary_says_what_is_true_of_a_resumed_run_and_where_the_export_wen
 
     config = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PPOConfig), {"trainer": {"test_freq": 50}}))
     last = tmp_path / "checkpoints" / "global_step_40"
-    summary = RunSummary(steps=40, run_dir=tmp_path, resumed_at=30, checkpoints=[tmp_path / "x", last],
-                         checkpoints_kept=2, hf_export=tmp_path / "hf_model", val_after={"val/accuracy": 0.5})
+    summary = RunSummary(
+        steps=40,
+        run_dir=tmp_path,
+        resumed_at=30,
+        checkpoints=[tmp_path / "x", last],
+        checkpoints_kept=2,
+        hf_export=tmp_path / "hf_model",
+        val_after={"val/accuracy": 0.5},
+    )
     rows = summary_rows(format_summary(summary, config))
     assert rows["validation accuracy before"] == "not run (resumed at step 30)"
     assert rows["validation accuracy after"] == "0.500"
@@ -150,5 +196,6 @@ def test_the_summary_says_what_is_true_of_a_resumed_run_and_where_the_export_wen
     assert rows["trained"] == "all parameters"
     config.actor_rollout_ref.model.lora_rank = 8
     rows = summary_rows(format_summary(RunSummary(steps=3, run_dir=tmp_path), config))
-    assert rows["trained"] == ("LoRA adapters (rank 8, alpha 16); no reference group: the reference is the model "
-                               "with its adapters off")
+    assert rows["trained"] == (
+        "LoRA adapters (rank 8, alpha 16); no reference group: the reference is the model with its adapters off"
+    )

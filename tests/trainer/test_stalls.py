@@ -115,9 +115,11 @@ def resume_finishes(tmp_path, files, placement="colocated") -> None:
 
 
 def test_a_training_rank_stopped_in_its_update_is_named_within_the_heartbeats_bound(
-        ray_session, monkeypatch, tmp_path, files):
-    err, waited, pid = stalled_run(monkeypatch, tmp_path, files, actor_module, "ActorRolloutWorker",
-                                   "update_actor", 1, 2, "stop")
+    ray_session, monkeypatch, tmp_path, files
+):
+    err, waited, pid = stalled_run(
+        monkeypatch, tmp_path, files, actor_module, "ActorRolloutWorker", "update_actor", 1, 2, "stop"
+    )
     assert isinstance(err, WorkerStalledError), err
     assert re.match(rf"actor\.update_actor: rank 1 \(node [\d.]+ \w+, pid {pid}\) stopped answering", str(err)), err
     assert waited < HEARTBEAT_S + STALL_S + 4.0, waited
@@ -125,25 +127,43 @@ def test_a_training_rank_stopped_in_its_update_is_named_within_the_heartbeats_bo
 
 
 def test_the_rollout_rank_stopped_during_a_weight_sync_is_named_within_the_heartbeats_bound(
-        ray_session, monkeypatch, tmp_path, files):
+    ray_session, monkeypatch, tmp_path, files
+):
     # receive_weights calls: 1 at start, 2 after step 1's update, 3 after step 2's
-    err, waited, pid = stalled_run(monkeypatch, tmp_path, files, rollout_module, "RolloutWorker",
-                                   "receive_weights", 0, 3, "stop", placement="split")
+    err, waited, pid = stalled_run(
+        monkeypatch,
+        tmp_path,
+        files,
+        rollout_module,
+        "RolloutWorker",
+        "receive_weights",
+        0,
+        3,
+        "stop",
+        placement="split",
+    )
     assert isinstance(err, WorkerStalledError), err
-    assert re.match(rf"rollout\.receive_weights: rank 0 \(node [\d.]+ \w+, pid {pid}\) stopped answering", str(err)), err
+    assert re.match(rf"rollout\.receive_weights: rank 0 \(node [\d.]+ \w+, pid {pid}\) stopped answering", str(err)), (
+        err
+    )
     assert waited < HEARTBEAT_S + STALL_S + 4.0, waited  # not the sender's weight_sync_s (600 s)
     resume_finishes(tmp_path, files, placement="split")
 
 
 def test_a_training_rank_that_never_reaches_its_collectives_is_named_when_its_peers_time_out(
-        ray_session, monkeypatch, tmp_path, files):
-    err, waited, pid = stalled_run(monkeypatch, tmp_path, files, actor_module, "ActorRolloutWorker",
-                                   "update_actor", 1, 2, "sleep")
+    ray_session, monkeypatch, tmp_path, files
+):
+    err, waited, pid = stalled_run(
+        monkeypatch, tmp_path, files, actor_module, "ActorRolloutWorker", "update_actor", 1, 2, "sleep"
+    )
     message = str(err)
     assert not isinstance(err, WorkerStalledError) and err.rank == 0, message  # alive, so the collective's bound
     assert message.startswith("actor.update_actor failed on rank 0") and "Timed out" in message, message
-    assert re.search(rf"still in the call when it failed.*\n  rank 1 \(node [\d.]+ \w+, pid {pid}\): in "
-                     r"actor\.update_actor for [\d.]+ s", message), message
+    assert re.search(
+        rf"still in the call when it failed.*\n  rank 1 \(node [\d.]+ \w+, pid {pid}\): in "
+        r"actor\.update_actor for [\d.]+ s",
+        message,
+    ), message
     assert waited < COLLECTIVE_S + 6.0, waited
     # step 1's checkpoint is the last on disk; resuming from it is the first test's (same layout, same loader)
     assert [step for step, _ in list_checkpoints(tmp_path / "run" / "checkpoints")] == [1]

@@ -11,8 +11,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from hybridflow.configs import CONFIG_DIR
-from hybridflow.trainer.config_checks import ConfigError
 from hybridflow.tools.sweep import SUMMARY_FILE, SweepSummary, read_statuses
+from hybridflow.trainer.config_checks import ConfigError
 from hybridflow.trainer.multirun import ERROR_FILE, STATUS_FILE, SweepJob, error_line, run_sweep_job
 
 # A few-step job of the real trainer (see tests/trainer/test_e2e.py); the
@@ -28,15 +28,22 @@ TINY_RUN = [
 
 
 def job(tmp_path, num, overrides):
-    return SweepJob(sweep_dir=tmp_path, job_dir=tmp_path / str(num), num=num, overrides=overrides,
-                    swept_keys=frozenset({"algorithm.adv_estimator"}))
+    return SweepJob(
+        sweep_dir=tmp_path,
+        job_dir=tmp_path / str(num),
+        num=num,
+        overrides=overrides,
+        swept_keys=frozenset({"algorithm.adv_estimator"}),
+    )
 
 
 def test_a_failing_job_is_recorded_not_raised(tmp_path):
     def broken() -> float:
         raise ValueError("first line\nunknown estimator 'x'")
 
-    score = run_sweep_job(broken, job(tmp_path, 1, ["algorithm.adv_estimator=x", "trainer.seed=3"]), {"ray_node_id": "n1"})
+    score = run_sweep_job(
+        broken, job(tmp_path, 1, ["algorithm.adv_estimator=x", "trainer.seed=3"]), {"ray_node_id": "n1"}
+    )
     assert math.isnan(score)
     status = json.loads((tmp_path / "1" / STATUS_FILE).read_text())
     assert status["status"] == "failed" and status["num"] == 1
@@ -122,9 +129,15 @@ def test_failing_jobs_do_not_stop_a_real_sweep(tmp_path):
     """4 jobs: two fail their config check, one fails after its Ray started, the last one trains."""
     env = {k: v for k, v in os.environ.items() if k not in ("WANDB_API_KEY", "WANDB_MODE", "RAY_ADDRESS")}
     sweep_dir = tmp_path / "sweep"
-    cmd = [str(Path(sys.executable).parent / "hybridflow-train"), "--multirun",
-           "algorithm.adv_estimator=not_an_estimator,grpo", "trainer.nnodes=2,1", *TINY_RUN,
-           f"data.synthetic_dir={tmp_path / 'data'}", f"hydra.sweep.dir={sweep_dir}"]
+    cmd = [
+        str(Path(sys.executable).parent / "hybridflow-train"),
+        "--multirun",
+        "algorithm.adv_estimator=not_an_estimator,grpo",
+        "trainer.nnodes=2,1",
+        *TINY_RUN,
+        f"data.synthetic_dir={tmp_path / 'data'}",
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
     out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=280)
     assert out.returncode == 1, out.stderr[-3000:]
     assert "3 of 4 sweep jobs failed (jobs 0, 1, 2)" in out.stderr
@@ -137,7 +150,9 @@ def test_failing_jobs_do_not_stop_a_real_sweep(tmp_path):
         3: ("adv_estimator=grpo,nnodes=1", "ok"),
     }
     for num in (0, 1):
-        assert statuses[num]["error"].startswith("ConfigError: - algorithm.adv_estimator: unknown estimator 'not_an_estimator'")
+        assert statuses[num]["error"].startswith(
+            "ConfigError: - algorithm.adv_estimator: unknown estimator 'not_an_estimator'"
+        )
         assert "ray_node_id" not in statuses[num]  # failed before Ray
     # two nodes asked of a one-node local Ray: fails after Ray started, naming the keys
     assert statuses[2]["error"].startswith("ConfigError: - trainer.nnodes=2 x trainer.n_gpus_per_node=")

@@ -41,10 +41,17 @@ def test_joblib_launcher_runs_two_jobs_side_by_side(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     env = {k: v for k, v in os.environ.items() if k not in ("WANDB_API_KEY", "WANDB_MODE", "RAY_ADDRESS")}
-    cmd = [str(Path(sys.executable).parent / "hybridflow-train"), "--multirun",
-           "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "trainer.seed=0,1", *TINY_RUN,
-           "trainer.n_gpus_per_node=1",  # one rank per job: two jobs already share the 2 cores
-           f"data.synthetic_dir={tmp_path / 'data'}", "trainer.logger=[jsonl,wandb,tensorboard]"]
+    cmd = [
+        str(Path(sys.executable).parent / "hybridflow-train"),
+        "--multirun",
+        "hydra/launcher=joblib",
+        "hydra.launcher.n_jobs=2",
+        "trainer.seed=0,1",
+        *TINY_RUN,
+        "trainer.n_gpus_per_node=1",  # one rank per job: two jobs already share the 2 cores
+        f"data.synthetic_dir={tmp_path / 'data'}",
+        "trainer.logger=[jsonl,wandb,tensorboard]",
+    ]
     out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=280)
     assert out.returncode == 0, out.stderr[-3000:]
 
@@ -69,11 +76,13 @@ def test_joblib_launcher_runs_two_jobs_side_by_side(tmp_path):
         events = EventAccumulator(str(job_dir / "tensorboard"), size_guidance={"scalars": 0})
         events.Reload()
         assert [(e.step, e.value) for e in events.Scalars("score/mean")] == [
-            (step, pytest.approx(value)) for step, value in train_steps]
+            (step, pytest.approx(value)) for step, value in train_steps
+        ]
 
         run, history = tracking.wandb_run_record(job_dir)
         assert (run.display_name, run.run_group) == (status["name"], sweep_dir.name)
         assert tracking.history_of(history, "score/mean") == [
-            (step, pytest.approx(value)) for step, value in train_steps]
+            (step, pytest.approx(value)) for step, value in train_steps
+        ]
         plugins = {item.key: json.loads(item.value_json) for item in run.config.update}["installed_plugins"]
         assert plugins["grpo"].startswith("hybridflow ")

@@ -46,11 +46,11 @@ def read_wandb_records(path):
         if left < 7:  # a block's tail too short for a chunk header is padding
             pos += left
             continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
         if length == 0 and kind == 0:
             pos += left
             continue
-        pending += data[pos + 7:pos + 7 + length]
+        pending += data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):
             record = wandb_internal_pb2.Record()
@@ -81,8 +81,12 @@ def history_of(history, key):
 def test_tensorboard_sink_writes_scalars_per_step_and_the_config(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    info = RunInfo(run_dir=tmp_path, name="adv_estimator=rloo,seed=1", group="sweep-a",
-                   config={"algorithm": {"adv_estimator": "rloo"}, "installed_plugins": {"rloo": "hybridflow 0.1.0"}})
+    info = RunInfo(
+        run_dir=tmp_path,
+        name="adv_estimator=rloo,seed=1",
+        group="sweep-a",
+        config={"algorithm": {"adv_estimator": "rloo"}, "installed_plugins": {"rloo": "hybridflow 0.1.0"}},
+    )
     tracking = Tracking(["jsonl", "tensorboard"], info)
     for step, metrics in enumerate(STEPS, start=1):
         tracking.log(metrics, step)
@@ -117,15 +121,22 @@ def test_config_checks_accept_every_sink_name_and_reject_others():
     OmegaConf.update(cfg, "trainer.logger", ["console", "tensorboard"])
     check_config(OmegaConf.to_object(cfg))
     OmegaConf.update(cfg, "trainer.logger", ["tensorbord"])
-    with pytest.raises(ConfigError, match=r"trainer.logger has \['tensorbord'\]; allowed: console, jsonl, wandb, tensorboard"):
+    with pytest.raises(
+        ConfigError, match=r"trainer.logger has \['tensorbord'\]; allowed: console, jsonl, wandb, tensorboard"
+    ):
         check_config(OmegaConf.to_object(cfg))
 
 
 def test_wandb_offline_run_has_the_configured_group_and_name(tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.delenv("WANDB_MODE", raising=False)
-    info = RunInfo(run_dir=tmp_path, project="proj-x", name="lr=0.001,seed=2", group="my-sweep",
-                   config={"trainer": {"seed": 2}, "installed_plugins": {"grpo": "hybridflow 0.1.0"}})
+    info = RunInfo(
+        run_dir=tmp_path,
+        project="proj-x",
+        name="lr=0.001,seed=2",
+        group="my-sweep",
+        config={"trainer": {"seed": 2}, "installed_plugins": {"grpo": "hybridflow 0.1.0"}},
+    )
     tracking = Tracking(["wandb"], info)
     [sink] = [s for s in tracking.sinks if isinstance(s, WandbSink)]
     assert (sink.run.name, sink.run.group, sink.run.project) == ("lr=0.001,seed=2", "my-sweep", "proj-x")
@@ -148,7 +159,10 @@ def test_single_run_names_outside_a_sweep():
 def test_short_keys_keep_just_enough_of_each_key():
     assert short_keys(["algorithm.adv_estimator", "trainer.seed"]) == ["adv_estimator", "seed"]
     assert short_keys(["actor_rollout_ref.actor.optim.lr", "critic.optim.lr", "trainer.seed"]) == [
-        "actor.optim.lr", "critic.optim.lr", "seed"]
+        "actor.optim.lr",
+        "critic.optim.lr",
+        "seed",
+    ]
 
 
 def test_job_run_name_keeps_swept_overrides_and_the_seed():
@@ -204,8 +218,10 @@ def test_every_sink_records_a_table(tmp_path, monkeypatch, caplog):
     [text] = events.Tensors("val/generations/text_summary")
     assert text.step == 3
     assert text.tensor_proto.string_val[0].decode().splitlines() == [
-        "| prompt | response | ground_truth | score |", "|---|---|---|---|",
-        "| <bos><\\|user\\|>1+2=<\\|assistant\\|> | 3<eos> | 3 | 1.0 |", "| a \\| b c | x | y | 0.0 |",
+        "| prompt | response | ground_truth | score |",
+        "|---|---|---|---|",
+        "| <bos><\\|user\\|>1+2=<\\|assistant\\|> | 3<eos> | 3 | 1.0 |",
+        "| a \\| b c | x | y | 0.0 |",
     ]
 
 
@@ -266,8 +282,16 @@ def test_rewind_drops_later_steps_of_metrics_and_tables_and_logs_on_after_them(t
     resumed.log_table(GENERATIONS_TABLE, GENERATION_COLUMNS, [["p", "r", "t", 9.0]], 3)
     resumed.close()
     assert [(r["step"], r["score/mean"]) for r in read_lines(tmp_path / "metrics.jsonl")] == [
-        (0, 0.0), (1, 0.1), (2, 0.2), (3, 0.99)]
+        (0, 0.0),
+        (1, 0.1),
+        (2, 0.2),
+        (3, 0.99),
+    ]
     assert [(r["step"], r["score"]) for r in read_lines(tmp_path / "val_generations.jsonl")] == [
-        (0, 0.0), (1, 1.0), (2, 2.0), (3, 9.0)]
+        (0, 0.0),
+        (1, 1.0),
+        (2, 2.0),
+        (3, 9.0),
+    ]
     assert read_step(tmp_path / "metrics.jsonl", 0) == {"score/mean": 0.0, "val/accuracy": 0.25}
     assert read_step(tmp_path / "metrics.jsonl", 7) == {} and read_step(tmp_path / "missing.jsonl", 0) == {}

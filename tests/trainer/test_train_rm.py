@@ -16,8 +16,8 @@ from hybridflow.configs.rm_schema import RMConfig
 from hybridflow.data.synthetic_preferences import REJECTED_KINDS, generate_preferences
 from hybridflow.losses.bradley_terry import bradley_terry_loss, correct_pairs, pairwise_accuracy
 from hybridflow.rewards.arithmetic import compute_score
-from hybridflow.trainer.prompt_loader import PromptSet
 from hybridflow.tools.train_rm import override_problems
+from hybridflow.trainer.prompt_loader import PromptSet
 from hybridflow.workers.models import load_tokenizer
 from hybridflow.workers.reward_model_trainer import preference_ids
 
@@ -38,9 +38,11 @@ def test_bradley_terry_loss_and_accuracy_match_hand_computed_values():
     assert bradley_terry_loss(chosen, rejected).tolist() == pytest.approx([0.126928, 0.693147, 2.126928], abs=1e-6)
     # a margin of 1 moves every difference down by 1: d = 1, -1, -3
     assert bradley_terry_loss(chosen, rejected, margin=1.0).tolist() == pytest.approx(
-        [0.313262, 1.313262, 3.048587], abs=1e-6)
+        [0.313262, 1.313262, 3.048587], abs=1e-6
+    )
     assert bradley_terry_loss(chosen, rejected, margin=torch.tensor([1.0, 0.0, 0.0])).tolist() == pytest.approx(
-        [0.313262, 0.693147, 2.126928], abs=1e-6)
+        [0.313262, 0.693147, 2.126928], abs=1e-6
+    )
     # a tie is not a ranking: only the first pair counts as right
     assert correct_pairs(chosen, rejected).tolist() == [True, False, False]
     assert pairwise_accuracy(chosen, rejected) == pytest.approx(1 / 3)
@@ -161,9 +163,11 @@ def test_config_problems_name_the_key_the_value_and_what_is_allowed():
     assert "optim.lr=-1.0 must be > 0" in problems
     assert "model.fsdp_config.param_offload=True" in problems
     assert override_problems(["trainer.total_step=3"]) == [
-        "trainer.total_step: no such key; did you mean trainer.total_steps or trainer.total_epochs?"]
+        "trainer.total_step: no such key; did you mean trainer.total_steps or trainer.total_epochs?"
+    ]
     assert override_problems(["data.batch_size=abc", "trainer.total_steps=null", "hydra.run.dir=x"]) == [
-        "data.batch_size='abc' must be an integer"]
+        "data.batch_size='abc' must be an integer"
+    ]
 
 
 @pytest.mark.slow
@@ -172,9 +176,17 @@ def test_a_bad_config_exits_2_naming_every_key_without_a_traceback(tmp_path):
         "values": ["data.batch_size=0", "trainer.device=tpu", "model.path=builtin:nope"],
         "file": [f"data.train_files=[{tmp_path}/missing.parquet]"],
     }
-    procs = {name: subprocess.Popen([*TRAIN_RM, *args, f"hydra.run.dir={tmp_path}/{name}"], cwd=tmp_path,
-                                    env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for name, args in runs.items()}
+    procs = {
+        name: subprocess.Popen(
+            [*TRAIN_RM, *args, f"hydra.run.dir={tmp_path}/{name}"],
+            cwd=tmp_path,
+            env=clean_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name, args in runs.items()
+    }
     out = {name: proc.communicate(timeout=120) for name, proc in procs.items()}
     for name, proc in procs.items():
         assert proc.returncode == 2, out[name]
@@ -191,16 +203,26 @@ def test_a_bad_config_exits_2_naming_every_key_without_a_traceback(tmp_path):
 def runs(tmp_path_factory):
     """The command, STEPS steps on the synthetic preferences, on one rank and on two (both at once)."""
     root = tmp_path_factory.mktemp("train_rm")
-    common = [f"trainer.total_steps={STEPS}", "trainer.eval_freq=3", "data.batch_size=16",
-              "trainer.cpu_threads_per_rank=1", f"data.synthetic_dir={root}/data"]
+    common = [
+        f"trainer.total_steps={STEPS}",
+        "trainer.eval_freq=3",
+        "data.batch_size=16",
+        "trainer.cpu_threads_per_rank=1",
+        f"data.synthetic_dir={root}/data",
+    ]
     # one micro-batch of 16 on one rank; 3 + 3 + 2 pairs on each of two: the same update all the same
     micro = {1: 16, 2: 3}
     procs = {}
     for ranks in (1, 2):
-        args = [*common, f"trainer.n_gpus_per_node={ranks}", f"data.micro_batch_size_per_gpu={micro[ranks]}",
-                f"hydra.run.dir={root}/dp{ranks}"]
-        procs[ranks] = subprocess.Popen([*TRAIN_RM, *args], cwd=root, env=clean_env(), stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, text=True)
+        args = [
+            *common,
+            f"trainer.n_gpus_per_node={ranks}",
+            f"data.micro_batch_size_per_gpu={micro[ranks]}",
+            f"hydra.run.dir={root}/dp{ranks}",
+        ]
+        procs[ranks] = subprocess.Popen(
+            [*TRAIN_RM, *args], cwd=root, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
     logs = {ranks: proc.communicate(timeout=240)[0] for ranks, proc in procs.items()}
     for ranks, proc in procs.items():
         assert proc.returncode == 0, logs[ranks][-3000:]
@@ -237,18 +259,24 @@ def test_the_saved_reward_model_loads_and_rescored_by_hand_gives_the_reported_ac
     rows = pq.read_table(data_dir / "val.parquet").to_pylist()
 
     def text(row, side):  # the layout written out by hand: chat template, response, EOS
-        return tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False) + row[side] \
+        return (
+            tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False)
+            + row[side]
             + tokenizer.eos_token
+        )
 
     with torch.no_grad():
+
         def scores(texts):  # a padded batch, as a user scores many texts
             enc = tokenizer(texts, add_special_tokens=False, padding=True, return_tensors="pt")
             return model(**enc).logits[:, 0]
 
         chosen = scores([text(r, "chosen") for r in rows])
         rejected = scores([text(r, "rejected") for r in rows])
-        alone = [model(**tokenizer(text(r, "rejected"), add_special_tokens=False, return_tensors="pt")).logits[0, 0]
-                 for r in rows[:8]]
+        alone = [
+            model(**tokenizer(text(r, "rejected"), add_special_tokens=False, return_tensors="pt")).logits[0, 0]
+            for r in rows[:8]
+        ]
     # padding (the saved tokenizer pads on the right) leaves every score as it is alone
     assert torch.stack(alone).tolist() == pytest.approx(rejected[:8].tolist(), abs=1e-5)
     by_hand = float((chosen > rejected).float().mean())

@@ -47,13 +47,19 @@ def test_first_validation_prompts_reach_console_jsonl_and_wandb(ray_session, tmp
     reward.write_text(DIGIT_SHARE)
     cfg = OmegaConf.structured(PPOConfig)
     for key, value in {
-        "data.train_files": [files["train"]], "data.val_files": [files["val"]],
-        "data.train_batch_size": 4, "data.val_batch_size": 3,
-        "actor_rollout_ref.actor.ppo_mini_batch_size": 2, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
-        "actor_rollout_ref.rollout.n": 4, "actor_rollout_ref.rollout.response_length": 4,
+        "data.train_files": [files["train"]],
+        "data.val_files": [files["val"]],
+        "data.train_batch_size": 4,
+        "data.val_batch_size": 3,
+        "actor_rollout_ref.actor.ppo_mini_batch_size": 2,
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
+        "actor_rollout_ref.rollout.n": 4,
+        "actor_rollout_ref.rollout.response_length": 4,
         "reward.custom_reward_function.path": str(reward),
-        "trainer.total_training_steps": 2, "trainer.test_freq": 2,
-        "trainer.log_val_generations": SHOWN, "trainer.logger": ["console", "jsonl", "wandb"],
+        "trainer.total_training_steps": 2,
+        "trainer.test_freq": 2,
+        "trainer.log_val_generations": SHOWN,
+        "trainer.logger": ["console", "jsonl", "wandb"],
     }.items():
         OmegaConf.update(cfg, key, value)
     run = tmp_path / "run"
@@ -74,8 +80,10 @@ def test_first_validation_prompts_reach_console_jsonl_and_wandb(ray_session, tmp
     lines = [rec.getMessage() for rec in caplog.records if " val/generations[" in rec.getMessage()]
     assert len(lines) == 2 * SHOWN
     for index, (line, r) in enumerate(zip(lines, rows)):
-        assert line == (f"step {r['step']} val/generations[{index % SHOWN}]: prompt={r['prompt']!r} "
-                        f"response={r['response']!r} ground_truth={r['ground_truth']!r} score={r['score']:.4g}")
+        assert line == (
+            f"step {r['step']} val/generations[{index % SHOWN}]: prompt={r['prompt']!r} "
+            f"response={r['response']!r} ground_truth={r['ground_truth']!r} score={r['score']:.4g}"
+        )
 
     # the offline W&B run: one table file per validation, each referenced from the run's transaction log (in
     # logging order; tests/trainer/test_tracking.py reads the history record itself, step included)

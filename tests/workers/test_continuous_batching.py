@@ -12,16 +12,30 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support import spiky_model
 
 from hybridflow.core.data_proto import DataProto
 from hybridflow.core.keys import ATTENTION_MASK, INPUT_IDS, METRICS, RESPONSE_MASK, RESPONSES, ROLLOUT_LOG_PROBS
 from hybridflow.workers.log_probs import response_log_probs
 from hybridflow.workers.rollout import EngineConfig, RolloutEngine, SamplingParams
 from hybridflow.workers.rollout.kv_cache import PreallocatedLayer
-from support import spiky_model
 
-BASE = ["max(1,2)=", "7", "max(3,8,1,5)=", "(12+4)*3=", "99", "1+1=", "min(4,2)=", "3*3*3=", "8",
-        "max(9,9)=", "42+1=", "(1+2)*(3+4)=", "5", "min(7,1,3)="]
+BASE = [
+    "max(1,2)=",
+    "7",
+    "max(3,8,1,5)=",
+    "(12+4)*3=",
+    "99",
+    "1+1=",
+    "min(4,2)=",
+    "3*3*3=",
+    "8",
+    "max(9,9)=",
+    "42+1=",
+    "(1+2)*(3+4)=",
+    "5",
+    "min(7,1,3)=",
+]
 TEXTS = BASE + [t + "1" for t in BASE] + ["(" + t for t in BASE]
 STEPS = 24
 

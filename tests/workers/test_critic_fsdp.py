@@ -5,28 +5,22 @@ hook). The critic's head was HF's biased ``nn.Linear``, whose (B, T, 1) output o
 view of one ``addmm``; ``workers/critic/worker.py``'s ``ValueHead`` computes it without one.
 """
 
-import socket
 from pathlib import Path
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 from omegaconf import OmegaConf
+from support import rollout_batch
 from torch import nn
 
 from hybridflow.configs.schema import PPOConfig
+from hybridflow.core.worker import free_ports
 from hybridflow.workers.critic.worker import ValueHead, build_value_model
 from hybridflow.workers.packing import probe_packing
-from support import rollout_batch
 
 MODEL = "builtin:tiny-qwen2"
 WORLD = 2
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_value_head_output_is_not_a_view_and_equals_the_linear():
@@ -52,8 +46,9 @@ def test_sharded_critic_warns_no_view_and_its_gradients_equal_one_process(tmp_pa
     data.batch["weights"] = torch.randn(data.batch["response_mask"].shape, generator=torch.Generator().manual_seed(1))
     torch.save(data, tmp_path / "data.pt")
 
-    mp.start_processes(critic_gradient_rank, args=(WORLD, free_port(), config, str(tmp_path)), nprocs=WORLD,
-                       start_method="spawn")
+    mp.start_processes(
+        critic_gradient_rank, args=(WORLD, free_ports(1)[0], config, str(tmp_path)), nprocs=WORLD, start_method="spawn"
+    )
 
     for rank in range(WORLD):
         seen = torch.load(tmp_path / f"warnings{rank}.pt")

@@ -5,12 +5,12 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from support import spiky_model
 
 from hybridflow.core import DataProto
 from hybridflow.workers import attention
 from hybridflow.workers.decode_attention import decode_attention, takes
 from hybridflow.workers.rollout import EngineConfig, RolloutEngine, SamplingParams
-from support import spiky_model
 
 
 @pytest.mark.parametrize("heads, kv_heads", [(4, 2), (4, 4), (6, 1)])
@@ -23,8 +23,9 @@ def test_decode_attention_equals_sdpa(heads, kv_heads, masked):
     mask = None
     if masked:  # left padding: row r's first r keys are pads
         mask = (torch.arange(length)[None, :] >= torch.arange(rows)[:, None])[:, None, None, :]
-    expected = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=0.3,
-                                              enable_gqa=heads != kv_heads).transpose(1, 2)
+    expected = F.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, scale=0.3, enable_gqa=heads != kv_heads
+    ).transpose(1, 2)
     assert takes(query, key, mask, 0.0)
     out = decode_attention(query, key, value, mask, 0.3)
     assert out.shape == (rows, 1, heads, dim)

@@ -3,24 +3,27 @@ and updates equal to fixed-row micro-batches, on one process and on 2 gloo ranks
 
 import copy
 import random
-import socket
 import time
 
 import pytest
 import torch
 import torch.multiprocessing as mp
+from micro_batch_support import dynamic_update_rank, ragged_batch, tiny_critic
+from support import tiny_model
 
 from hybridflow.configs.schema import ActorConfig, ActorRolloutRefConfig, CriticConfig, RolloutConfig
-from hybridflow.core import DataProto
+from hybridflow.core.worker import free_ports
 from hybridflow.workers.actor.ppo_actor import PPOActor
 from hybridflow.workers.critic.ppo_critic import PPOCritic
 from hybridflow.workers.log_probs import response_log_probs
 from hybridflow.workers.micro_batches import (
-    MicroBatching, balanced_parts, log_prob_token_budget, parts_needed, restore_order,
+    MicroBatching,
+    balanced_parts,
+    log_prob_token_budget,
+    parts_needed,
+    restore_order,
 )
 from hybridflow.workers.models import load_model_and_tokenizer
-from micro_batch_support import dynamic_update_rank, ragged_batch, tiny_critic
-from support import tiny_model
 
 # real tokens per row: prompt + response
 LENGTHS = [p + r for p, r in zip([1, 7, 20, 3, 12, 2, 5, 16], [30, 1, 4, 17, 2, 9, 30, 1])]  # 31 8 24 20 14 11 35 17
@@ -45,7 +48,10 @@ def test_parts_needed_is_the_fewest_parts_within_the_budget():
 def test_parts_hold_every_row_once_and_stay_within_the_budget():
     rng = random.Random(0)
     for _ in range(200):
-        lengths = [rng.choice([1, 2, 3, 50, 60]) if rng.random() < 0.3 else rng.randint(1, 40) for _ in range(rng.randint(1, 30))]
+        lengths = [
+            rng.choice([1, 2, 3, 50, 60]) if rng.random() < 0.3 else rng.randint(1, 40)
+            for _ in range(rng.randint(1, 30))
+        ]
         budget = rng.randint(10, 120)
         k = parts_needed(lengths, budget)
         parts = balanced_parts(lengths, k)
@@ -86,16 +92,32 @@ def test_log_prob_budget_defaults_to_the_actors():
 def test_budgets_below_one_are_refused():
     assert ActorConfig(ppo_max_token_len_per_gpu=0).problems() == ["ppo_max_token_len_per_gpu=0 must be >= 1"]
     assert RolloutConfig(log_prob_max_token_len_per_gpu=0).problems() == [
-        "log_prob_max_token_len_per_gpu=0 must be >= 1 or null"]
+        "log_prob_max_token_len_per_gpu=0 must be >= 1 or null"
+    ]
     assert CriticConfig(ppo_max_token_len_per_gpu=0, forward_max_token_len_per_gpu=-5).problems() == [
-        "ppo_max_token_len_per_gpu=0 must be >= 1", "forward_max_token_len_per_gpu=-5 must be >= 1 or null"]
+        "ppo_max_token_len_per_gpu=0 must be >= 1",
+        "forward_max_token_len_per_gpu=-5 must be >= 1 or null",
+    ]
 
 
 def make_actor(model, *, dynamic, mode="token-mean", remove_padding=True, **cfg):
-    config = ActorConfig(ppo_micro_batch_size_per_gpu=2, use_dynamic_bsz=dynamic, ppo_max_token_len_per_gpu=60,
-                         entropy_coeff=0.01, use_kl_loss=True, kl_loss_coef=0.5, **cfg)
-    return PPOActor(model, torch.optim.SGD(model.parameters(), lr=0.5), config, loss_agg_mode=mode,
-                    rows_per_mini_batch=8, use_remove_padding=remove_padding)
+    config = ActorConfig(
+        ppo_micro_batch_size_per_gpu=2,
+        use_dynamic_bsz=dynamic,
+        ppo_max_token_len_per_gpu=60,
+        entropy_coeff=0.01,
+        use_kl_loss=True,
+        kl_loss_coef=0.5,
+        **cfg,
+    )
+    return PPOActor(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.5),
+        config,
+        loss_agg_mode=mode,
+        rows_per_mini_batch=8,
+        use_remove_padding=remove_padding,
+    )
 
 
 @pytest.mark.parametrize("remove_padding", [True, False])
@@ -123,8 +145,16 @@ def test_dynamic_update_equals_the_fixed_micro_batch_update(mode):
         assert sizes == ([2, 2, 2, 2] if not dynamic else [2, 3, 3])  # 160 tokens in 3 parts of 49, 56 and 55
         metrics.append(actor.update_policy(data, temperature=1.0))
         models.append(model)
-    for key in ("actor/pg_loss", "actor/entropy", "actor/kl_loss", "actor/pg_clipfrac", "actor/ppo_kl",
-                "actor/surrogate_gain", "actor/grad_norm", "actor/param_norm"):
+    for key in (
+        "actor/pg_loss",
+        "actor/entropy",
+        "actor/kl_loss",
+        "actor/pg_clipfrac",
+        "actor/ppo_kl",
+        "actor/surrogate_gain",
+        "actor/grad_norm",
+        "actor/param_norm",
+    ):
         assert metrics[1][key] == pytest.approx(metrics[0][key], abs=1e-5), key
     for (name, a), b, p0 in zip(models[0].named_parameters(), models[1].parameters(), base.parameters()):
         assert torch.allclose(a, b, atol=1e-5), name
@@ -135,8 +165,12 @@ def test_dynamic_critic_values_and_update_equal_the_fixed_ones():
     data, base = ragged_batch(), tiny_critic()
 
     def make(model, dynamic):
-        config = CriticConfig(ppo_micro_batch_size_per_gpu=2, use_dynamic_bsz=dynamic, ppo_max_token_len_per_gpu=60,
-                              forward_max_token_len_per_gpu=90)
+        config = CriticConfig(
+            ppo_micro_batch_size_per_gpu=2,
+            use_dynamic_bsz=dynamic,
+            ppo_max_token_len_per_gpu=60,
+            forward_max_token_len_per_gpu=90,
+        )
         return PPOCritic(model, torch.optim.SGD(model.parameters(), lr=0.1), config, rows_per_mini_batch=8)
 
     assert [len(m) for m in make(base, True).forward_batching.split(data)[0]] == [4, 4]  # 80 + 80 tokens
@@ -155,12 +189,6 @@ def test_dynamic_critic_values_and_update_equal_the_fixed_ones():
         assert metrics[1][key] == pytest.approx(metrics[0][key], abs=1e-5), key
     for (name, a), b in zip(models[0].named_parameters(), models[1].parameters()):
         assert torch.allclose(a, b, atol=1e-5), name
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_ranks(fn, world, *args, timeout_s=150):
@@ -185,8 +213,14 @@ def test_dp2_fsdp_dynamic_packed_update_and_log_probs_equal_one_padded_process(t
     base = tiny_model()
     single = copy.deepcopy(base)
     config = ActorConfig(ppo_micro_batch_size_per_gpu=8, entropy_coeff=0.01)
-    reference = PPOActor(single, torch.optim.SGD(single.parameters(), lr=0.5), config, loss_agg_mode="token-mean",
-                         rows_per_mini_batch=8, use_remove_padding=False)
+    reference = PPOActor(
+        single,
+        torch.optim.SGD(single.parameters(), lr=0.5),
+        config,
+        loss_agg_mode="token-mean",
+        rows_per_mini_batch=8,
+        use_remove_padding=False,
+    )
     data.union(reference.compute_log_prob(data, temperature=1.0))
     expected = reference.update_policy(data, temperature=1.0)
     policy, _ = load_model_and_tokenizer("builtin:tiny-qwen2", dtype=torch.float32, seed=0)
@@ -194,13 +228,15 @@ def test_dp2_fsdp_dynamic_packed_update_and_log_probs_equal_one_padded_process(t
         ref_log_probs = response_log_probs(policy, data, temperature=0.8).log_probs
     torch.save({"data": data, "budget": budget}, tmp_path / "setup.pt")
 
-    run_ranks(dynamic_update_rank, 2, free_port(), str(tmp_path))
+    run_ranks(dynamic_update_rank, 2, free_ports(1)[0], str(tmp_path))
     reports = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
     real = data.batch["response_mask"].bool()
     for rank, report in enumerate(reports):
         assert report["micro_batches"] == 3
         rows = slice(4 * rank, 4 * rank + 4)
-        assert torch.allclose(report["old_log_probs"][real[rows]], data.batch["old_log_probs"][rows][real[rows]], atol=1e-5)
+        assert torch.allclose(
+            report["old_log_probs"][real[rows]], data.batch["old_log_probs"][rows][real[rows]], atol=1e-5
+        )
         assert torch.allclose(report["ref_log_probs"][real[rows]], ref_log_probs[rows][real[rows]], atol=1e-5)
         for key in ("actor/grad_norm", "actor/param_norm"):
             assert report["metrics"][key] == pytest.approx(expected[key], rel=1e-5), key

@@ -6,21 +6,15 @@ its micro-batches are smaller than the single process's.
 """
 
 import copy
-import socket
 
 import pytest
 import torch
 import torch.multiprocessing as mp
-
-from hybridflow.configs.schema import ActorConfig
-from hybridflow.workers.actor.ppo_actor import PPOActor
 from support import fsdp_update_rank, rollout_batch, tiny_model
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from hybridflow.configs.schema import ActorConfig
+from hybridflow.core.worker import free_ports
+from hybridflow.workers.actor.ppo_actor import PPOActor
 
 
 @pytest.mark.slow
@@ -30,14 +24,19 @@ def test_dp2_fsdp_update_equals_dp1(tmp_path, mode):
     base = tiny_model()
     single = copy.deepcopy(base)
     reference = PPOActor(
-        single, torch.optim.SGD(single.parameters(), lr=0.5), ActorConfig(ppo_micro_batch_size_per_gpu=8),
-        loss_agg_mode=mode, rows_per_mini_batch=8,
+        single,
+        torch.optim.SGD(single.parameters(), lr=0.5),
+        ActorConfig(ppo_micro_batch_size_per_gpu=8),
+        loss_agg_mode=mode,
+        rows_per_mini_batch=8,
     )
     data.union(reference.compute_log_prob(data, temperature=1.0))
     torch.save(data, tmp_path / "data.pt")
     reference.update_policy(data, temperature=1.0)
 
-    mp.start_processes(fsdp_update_rank, args=(2, free_port(), mode, 2, str(tmp_path)), nprocs=2, start_method="spawn")
+    mp.start_processes(
+        fsdp_update_rank, args=(2, free_ports(1)[0], mode, 2, str(tmp_path)), nprocs=2, start_method="spawn"
+    )
     sharded = torch.load(tmp_path / "params.pt")
     before = dict(base.named_parameters())
     changed = False
@@ -55,8 +54,11 @@ def test_parameters_kept_gathered_update_like_dp1_over_two_optimizer_steps(tmp_p
     base = tiny_model()
     single = copy.deepcopy(base)
     reference = PPOActor(
-        single, torch.optim.SGD(single.parameters(), lr=0.5), ActorConfig(ppo_micro_batch_size_per_gpu=8),
-        loss_agg_mode="token-mean", rows_per_mini_batch=4,
+        single,
+        torch.optim.SGD(single.parameters(), lr=0.5),
+        ActorConfig(ppo_micro_batch_size_per_gpu=8),
+        loss_agg_mode="token-mean",
+        rows_per_mini_batch=4,
     )
     data.union(reference.compute_log_prob(data, temperature=1.0))
     torch.save(data, tmp_path / "data.pt")
@@ -64,8 +66,12 @@ def test_parameters_kept_gathered_update_like_dp1_over_two_optimizer_steps(tmp_p
     # process steps on the same rows: (0, 1, 4, 5), then (2, 3, 6, 7)
     reference.update_policy(data[[0, 1, 4, 5, 2, 3, 6, 7]], temperature=1.0)
 
-    mp.start_processes(fsdp_update_rank, args=(2, free_port(), "token-mean", 1, str(tmp_path), 2, False), nprocs=2,
-                       start_method="spawn")
+    mp.start_processes(
+        fsdp_update_rank,
+        args=(2, free_ports(1)[0], "token-mean", 1, str(tmp_path), 2, False),
+        nprocs=2,
+        start_method="spawn",
+    )
     sharded = torch.load(tmp_path / "params.pt")
     for name, param in single.named_parameters():
         assert torch.allclose(sharded[name], param, atol=1e-5), name

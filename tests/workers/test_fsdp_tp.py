@@ -8,22 +8,16 @@ update.
 """
 
 import copy
-import socket
 
 import pytest
 import torch
 import torch.multiprocessing as mp
-
-from hybridflow.configs.schema import ActorConfig, OptimConfig
-from hybridflow.workers.actor.ppo_actor import PPOActor
 from reshard_ranks import build_model, tp_update_rank
 from support import rollout_batch
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from hybridflow.configs.schema import ActorConfig, OptimConfig
+from hybridflow.core.worker import free_ports
+from hybridflow.workers.actor.ppo_actor import PPOActor
 
 
 def test_heads_must_divide_over_tp():
@@ -42,14 +36,18 @@ def test_dp2_tp2_forward_log_probs_and_ppo_update_equal_dp1(tmp_path):
     single = copy.deepcopy(base)
     config = ActorConfig(ppo_micro_batch_size_per_gpu=8, optim=OptimConfig(grad_clip=0.05))
     reference = PPOActor(
-        single, torch.optim.SGD(single.parameters(), lr=0.5), config, loss_agg_mode="token-mean", rows_per_mini_batch=8,
+        single,
+        torch.optim.SGD(single.parameters(), lr=0.5),
+        config,
+        loss_agg_mode="token-mean",
+        rows_per_mini_batch=8,
     )
     data.union(reference.compute_log_prob(data, temperature=1.0))
     torch.save(data, tmp_path / "data.pt")
     expected_metrics = reference.update_policy(data, temperature=1.0)
     assert expected_metrics["actor/grad_norm"] > 0.05 * 2  # the clip really scales the gradient
 
-    mp.start_processes(tp_update_rank, args=(4, free_port(), str(tmp_path)), nprocs=4, start_method="spawn")
+    mp.start_processes(tp_update_rank, args=(4, free_ports(1)[0], str(tmp_path)), nprocs=4, start_method="spawn")
     reports = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(4)]
 
     for report in reports:

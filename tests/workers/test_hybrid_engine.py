@@ -6,34 +6,33 @@ on the gathered full weights token for token, and the responses must change
 as the weights do (the rollout really follows the training).
 """
 
-import socket
-
 import pytest
 import torch
 import torch.multiprocessing as mp
+from hybrid_engine_ranks import hybrid_engine_rank
 from transformers import AutoModelForCausalLM
 
 from hybridflow.core import DataProto
 from hybridflow.core.keys import ATTENTION_MASK, INPUT_IDS
+from hybridflow.core.worker import free_ports
 from hybridflow.workers.models import load_model_and_tokenizer
-from hybrid_engine_ranks import hybrid_engine_rank
 
 pytestmark = pytest.mark.slow
 WORLD, STEPS, UPDATES = 4, 8, 3
 PROMPT_TEXTS = ["max(1,2)=", "7", "max(3,8,1,5)=", "(12+4)*3=", "99", "min(4,0)="]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _hf_greedy(model, prompts: DataProto, eos: int, pad: int) -> torch.Tensor:
     ids = prompts.batch[INPUT_IDS]
-    out = model.generate(ids, attention_mask=prompts.batch[ATTENTION_MASK], do_sample=False, max_new_tokens=STEPS,
-                         eos_token_id=eos, pad_token_id=pad)
-    return torch.nn.functional.pad(out[:, ids.shape[1]:], (0, STEPS - (out.shape[1] - ids.shape[1])), value=pad)
+    out = model.generate(
+        ids,
+        attention_mask=prompts.batch[ATTENTION_MASK],
+        do_sample=False,
+        max_new_tokens=STEPS,
+        eos_token_id=eos,
+        pad_token_id=pad,
+    )
+    return torch.nn.functional.pad(out[:, ids.shape[1] :], (0, STEPS - (out.shape[1] - ids.shape[1])), value=pad)
 
 
 @pytest.fixture(scope="module")
@@ -43,18 +42,28 @@ def run(tmp_path_factory):
     gen = torch.Generator().manual_seed(5)
     with torch.no_grad():  # large weights: greedy outputs vary from token to token (default init repeats one)
         for name, p in model.named_parameters():
-            p.copy_(1 + 0.2 * torch.randn(p.shape, generator=gen) if name.endswith("norm.weight")
-                    else 0.35 * torch.randn(p.shape, generator=gen))
+            p.copy_(
+                1 + 0.2 * torch.randn(p.shape, generator=gen)
+                if name.endswith("norm.weight")
+                else 0.35 * torch.randn(p.shape, generator=gen)
+            )
     batch = tokenizer(PROMPT_TEXTS, padding=True, return_tensors="pt")
     prompts = DataProto.from_dict({INPUT_IDS: batch["input_ids"], ATTENTION_MASK: batch["attention_mask"]})
     vocab = model.config.vocab_size
     data = {
-        "model": model, "prompts": prompts, "eos": tokenizer.eos_token_id, "steps": STEPS, "updates": UPDATES,
-        "lr": 0.05, "train_ids": torch.randint(3, vocab, (8, 10), generator=gen),
+        "model": model,
+        "prompts": prompts,
+        "eos": tokenizer.eos_token_id,
+        "steps": STEPS,
+        "updates": UPDATES,
+        "lr": 0.05,
+        "train_ids": torch.randint(3, vocab, (8, 10), generator=gen),
         "train_targets": torch.randint(3, vocab, (8, 10), generator=gen),
     }
     torch.save(data, out_dir / "data.pt")
-    mp.start_processes(hybrid_engine_rank, args=(WORLD, _free_port(), str(out_dir)), nprocs=WORLD, start_method="spawn")
+    mp.start_processes(
+        hybrid_engine_rank, args=(WORLD, free_ports(1)[0], str(out_dir)), nprocs=WORLD, start_method="spawn"
+    )
     ranks = [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
     return ranks, prompts, tokenizer, model.config
 

@@ -7,22 +7,16 @@ mesh; the tests compare what each rank holds with a single-process
 """
 
 import os
-import socket
 
 import pytest
 import torch
 import torch.multiprocessing as mp
+from loading_ranks import BUILTIN_CASES, CHECKPOINT_CASES, WORLD, loading_rank, token_ids, write_checkpoints
 from transformers import AutoModelForCausalLM
 
-from loading_ranks import BUILTIN_CASES, CHECKPOINT_CASES, WORLD, loading_rank, token_ids, write_checkpoints
+from hybridflow.core.worker import free_ports
 
 pytestmark = pytest.mark.slow
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +24,7 @@ def loaded(tmp_path_factory):
     """``(checkpoint root, [report of rank r])`` after one 4-rank run of every case."""
     root = tmp_path_factory.mktemp("loading")
     write_checkpoints(str(root))
-    mp.start_processes(loading_rank, args=(WORLD, free_port(), str(root)), nprocs=WORLD, start_method="spawn")
+    mp.start_processes(loading_rank, args=(WORLD, free_ports(1)[0], str(root)), nprocs=WORLD, start_method="spawn")
     return root, [torch.load(root / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
 
 
@@ -52,7 +46,11 @@ def test_checkpoint_loads_what_from_pretrained_loads(loaded, case):
             assert held["params"][name].dtype == dtype
             assert torch.equal(held["params"][name], param), (rank, name)
         # inv_freq is non-persistent: in no state dict, garbage after to_empty unless rebuilt.
-        assert held["buffers"].keys() == buffers.keys() == {"model.rotary_emb.inv_freq", "model.rotary_emb.original_inv_freq"}
+        assert (
+            held["buffers"].keys()
+            == buffers.keys()
+            == {"model.rotary_emb.inv_freq", "model.rotary_emb.original_inv_freq"}
+        )
         for name, buf in buffers.items():
             assert buf.dtype == held["buffers"][name].dtype and torch.equal(buf, held["buffers"][name]), (rank, name)
         assert held["tied"] == tied, rank
@@ -78,8 +76,11 @@ def test_ranks_without_the_checkpoint_hold_its_weights(loaded):
 @pytest.mark.parametrize("case", list(BUILTIN_CASES))
 def test_builtin_and_critic_shards_bit_identical_to_every_rank_loading(loaded, case):
     _, reports = loaded
-    expected_class = "Qwen2ForTokenClassification" if case.startswith("critic") else (
-        "LlamaForCausalLM" if "llama" in case else "Qwen2ForCausalLM")
+    expected_class = (
+        "Qwen2ForTokenClassification"
+        if case.startswith("critic")
+        else ("LlamaForCausalLM" if "llama" in case else "Qwen2ForCausalLM")
+    )
     for rank, report in enumerate(reports):
         held = report[case]
         assert held["loaded"].keys() == held["today"].keys(), rank

@@ -20,12 +20,21 @@ from transformers import AutoModelForCausalLM
 
 from hybridflow.configs.schema import PPOConfig
 from hybridflow.core import ColocatedWorkerGroup, DataProto, ResourcePool, RoleSpec
-from hybridflow.core.keys import (ADVANTAGES, ATTENTION_MASK, INPUT_IDS, METRICS, OLD_LOG_PROBS, REF_LOG_PROBS, RESPONSE_MASK,
-                                  RESPONSES, ROLLOUT_LOG_PROBS)
+from hybridflow.core.keys import (
+    ADVANTAGES,
+    ATTENTION_MASK,
+    INPUT_IDS,
+    METRICS,
+    OLD_LOG_PROBS,
+    REF_LOG_PROBS,
+    RESPONSE_MASK,
+    RESPONSES,
+    ROLLOUT_LOG_PROBS,
+)
 from hybridflow.core.parallel_dims import ParallelDims
 from hybridflow.core.rollout_batch import left_pad
-from hybridflow.trainer.checkpoint import DRIVER_STATE
 from hybridflow.tools.export import export_checkpoint
+from hybridflow.trainer.checkpoint import DRIVER_STATE
 from hybridflow.trainer.main import group_options
 from hybridflow.workers import lora
 from hybridflow.workers.actor.worker import ActorRolloutWorker
@@ -59,10 +68,16 @@ def config(**overrides) -> PPOConfig:
 def greedy(model, prompts: DataProto, pad: int) -> list[list[int]]:
     """HF ``generate``'s greedy tokens for each left-padded prompt, cut at EOS (as the rollout's response mask)."""
     ids = prompts.batch[INPUT_IDS]
-    out = model.generate(ids, attention_mask=prompts.batch[ATTENTION_MASK], do_sample=False, max_new_tokens=STEPS,
-                         pad_token_id=pad, eos_token_id=model.generation_config.eos_token_id)
+    out = model.generate(
+        ids,
+        attention_mask=prompts.batch[ATTENTION_MASK],
+        do_sample=False,
+        max_new_tokens=STEPS,
+        pad_token_id=pad,
+        eos_token_id=model.generation_config.eos_token_id,
+    )
     rows = []
-    for row in out[:, ids.shape[1]:].tolist():
+    for row in out[:, ids.shape[1] :].tolist():
         cut = next((i + 1 for i, t in enumerate(row) if t == model.generation_config.eos_token_id), len(row))
         rows.append(row[:cut])
     return rows
@@ -84,8 +99,9 @@ def trained(ray_session, tmp_path_factory):
     cfg = config()
     dims = ParallelDims.from_config(cfg, use_critic=False)
     base, tokenizer = load_model_and_tokenizer(cfg.actor_rollout_ref.model.path, seed=cfg.trainer.seed)
-    ids, mask, _ = left_pad([tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS],
-                            tokenizer.pad_token_id)
+    ids, mask, _ = left_pad(
+        [tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS], tokenizer.pad_token_id
+    )
     prompts = DataProto.from_dict({INPUT_IDS: ids, ATTENTION_MASK: mask}, meta_info={"n": 1, "greedy": True, "seed": 0})
     checkpoint = tmp_path_factory.mktemp("lora") / "global_step_1"
     kwargs = {"config": cfg, "dims": dims, "loss_agg_mode": "token-mean"}
@@ -114,10 +130,22 @@ def trained(ray_session, tmp_path_factory):
             (checkpoint / DRIVER_STATE).write_text("{}")  # the driver's part, which export only looks for
     finally:
         pool.release()
-    return {"cfg": cfg, "base": base, "tokenizer": tokenizer, "prompts": prompts, "batch": batch, "before": before,
-            "after": rollout_tokens(after), "after_batch": after, "after_train": after_train,
-            "untrained": untrained, "ref_after": ref_after,
-            "policy_after": policy_after, "metrics": metrics, "checkpoint": checkpoint}
+    return {
+        "cfg": cfg,
+        "base": base,
+        "tokenizer": tokenizer,
+        "prompts": prompts,
+        "batch": batch,
+        "before": before,
+        "after": rollout_tokens(after),
+        "after_batch": after,
+        "after_train": after_train,
+        "untrained": untrained,
+        "ref_after": ref_after,
+        "policy_after": policy_after,
+        "metrics": metrics,
+        "checkpoint": checkpoint,
+    }
 
 
 def test_only_the_adapters_train_and_the_optimizer_holds_them_alone(trained):
@@ -154,15 +182,17 @@ def test_the_reference_is_the_model_with_its_adapters_off(trained):
     with torch.no_grad():
         logits = model(input_ids=ids, attention_mask=attn, position_ids=positions).logits.float()
     width = batch.batch[RESPONSES].shape[1]
-    log_probs = torch.log_softmax(logits[:, -width - 1:-1], -1).gather(-1, ids[:, -width:, None])[..., 0]
+    log_probs = torch.log_softmax(logits[:, -width - 1 : -1], -1).gather(-1, ids[:, -width:, None])[..., 0]
     assert torch.allclose(trained["ref_after"][mask], log_probs[mask], atol=1e-5)
 
 
 def test_the_rollout_generates_with_the_merged_weights_as_the_peft_model_and_both_exports_do(trained, tmp_path):
-    tokenizer, prompts, pad = trained["tokenizer"], trained["prompts"], trained["tokenizer"].pad_token_id
+    prompts, pad = trained["prompts"], trained["tokenizer"].pad_token_id
     assert trained["after"] != trained["before"]  # the update changed what the rollout generates
     mask = trained["after_batch"].batch[RESPONSE_MASK].bool()  # the rollout's log-probs are the trained model's
-    assert torch.allclose(trained["after_batch"].batch[ROLLOUT_LOG_PROBS][mask], trained["after_train"][mask], atol=1e-5)
+    assert torch.allclose(
+        trained["after_batch"].batch[ROLLOUT_LOG_PROBS][mask], trained["after_train"][mask], atol=1e-5
+    )
     state = read_model_state(trained["checkpoint"], "actor")
     # the trained peft model, in this process: a fresh base, the adapters put in, the checkpoint's values loaded
     fresh, _ = load_model_and_tokenizer(trained["cfg"].actor_rollout_ref.model.path, seed=0)
@@ -198,9 +228,10 @@ def test_a_run_started_from_an_exported_adapter_generates_as_the_trained_one(tra
 
 
 # AdamW's first step moves every parameter by lr * g / (|g| + eps) (its moments are g and g^2 then), so the trained B,
-# which started at zero, is that entry by entry, g clipped as the update clips it. g computed here by hand: the token-mean policy-gradient loss of the
-# same batch on a plain peft model with the group's A (A itself does not move in a first step: its gradient is
-# s * B^T G = 0 while B = 0). The KL term adds nothing at a first step (the policy is the reference, k3's gradient 0).
+# which started at zero, is that entry by entry, g clipped as the update clips it. g computed here by hand: the
+# token-mean policy-gradient loss of the same batch on a plain peft model with the group's A (A itself does not move in
+# a first step: its gradient is s * B^T G = 0 while B = 0). The KL term adds nothing at a first step (the policy is the
+# reference, k3's gradient 0).
 def test_the_first_update_of_b_is_minus_lr_times_the_sign_of_the_hand_computed_gradient(trained):
     state, cfg, batch = read_model_state(trained["checkpoint"], "actor"), trained["cfg"], trained["batch"]
     fresh, _ = load_model_and_tokenizer(cfg.actor_rollout_ref.model.path, seed=cfg.trainer.seed)
@@ -209,7 +240,7 @@ def test_the_first_update_of_b_is_minus_lr_times_the_sign_of_the_hand_computed_g
     ids, attn = batch.batch[INPUT_IDS], batch.batch[ATTENTION_MASK]
     width = batch.batch[RESPONSES].shape[1]
     logits = model(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp(min=0)).logits
-    log_probs = torch.log_softmax(logits[:, -width - 1:-1].float(), -1).gather(-1, ids[:, -width:, None])[..., 0]
+    log_probs = torch.log_softmax(logits[:, -width - 1 : -1].float(), -1).gather(-1, ids[:, -width:, None])[..., 0]
     mask = batch.batch[RESPONSE_MASK].float()
     (-(batch.batch[ADVANTAGES] * log_probs * mask).sum() / mask.sum()).backward()
     optim = cfg.actor_rollout_ref.actor.optim
@@ -232,14 +263,16 @@ def test_computing_in_bf16_the_frozen_base_is_held_in_bf16_and_the_adapters_in_f
     dims = ParallelDims.from_config(cfg, use_critic=False)
     base, tokenizer = load_model_and_tokenizer(cfg.actor_rollout_ref.model.path, seed=cfg.trainer.seed)
     base_elements = sum(p.numel() for p in base.parameters())  # the tied embedding once
-    ids, mask, _ = left_pad([tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS],
-                            tokenizer.pad_token_id)
+    ids, mask, _ = left_pad(
+        [tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS], tokenizer.pad_token_id
+    )
     prompts = DataProto.from_dict({INPUT_IDS: ids, ATTENTION_MASK: mask}, meta_info={"n": 1, "greedy": True, "seed": 0})
     kwargs = {"config": cfg, "dims": dims, "loss_agg_mode": "token-mean"}
     pool = ResourcePool([2])
     try:
-        with ColocatedWorkerGroup(pool, {"actor": RoleSpec(ActorRolloutWorker, kwargs=kwargs)},
-                                  group_options(cfg)) as group:
+        with ColocatedWorkerGroup(
+            pool, {"actor": RoleSpec(ActorRolloutWorker, kwargs=kwargs)}, group_options(cfg)
+        ) as group:
             actor = group["actor"]
             actor.init_model()
             batch = columns(actor.generate_sequences(prompts))

@@ -19,17 +19,17 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from micro_batch_support import RESPONSE_LENS, ragged_batch, tiny_critic
 from omegaconf import OmegaConf
+from support import tiny_model
 
-from hybridflow.configs.schema import ActorConfig, CriticConfig, OptimConfig, PPOConfig, RolloutCorrectionConfig
 from hybridflow.configs.roles import resolve_loss_scale_factor
+from hybridflow.configs.schema import ActorConfig, CriticConfig, OptimConfig, PPOConfig, RolloutCorrectionConfig
 from hybridflow.core import DataProto
 from hybridflow.trainer.config_checks import config_problems
 from hybridflow.workers.actor.ppo_actor import PPOActor
 from hybridflow.workers.critic.ppo_critic import PPOCritic, response_values
 from hybridflow.workers.log_probs import response_log_probs
-from micro_batch_support import RESPONSE_LENS, ragged_batch, tiny_critic
-from support import tiny_model
 
 FACTOR = 32  # the batch is max(RESPONSE_LENS) = 30 tokens wide
 ROWS = len(RESPONSE_LENS)
@@ -38,8 +38,13 @@ KL_COEF = 0.5
 D = 0.1  # log pi - log pi_ref at every valid token
 
 # name: (micro-batch rows, token budget or None, packed)
-LAYOUTS = {"1 row padded": (1, None, False), "2 rows packed": (2, None, True), "4 rows padded": (4, None, False),
-           "dynamic packed": (2, 60, True), "dynamic padded": (2, 60, False)}
+LAYOUTS = {
+    "1 row padded": (1, None, False),
+    "2 rows packed": (2, None, True),
+    "4 rows padded": (4, None, False),
+    "dynamic packed": (2, 60, True),
+    "dynamic padded": (2, 60, False),
+}
 
 
 def widen(data: DataProto, extra: int) -> DataProto:
@@ -55,11 +60,23 @@ def widen(data: DataProto, extra: int) -> DataProto:
 
 def make_actor(model, layout, *, mode="seq-mean-token-sum-norm", factor=FACTOR, correction=None, **cfg):
     rows, budget, packed = layout
-    config = ActorConfig(ppo_micro_batch_size_per_gpu=rows, use_dynamic_bsz=budget is not None,
-                         ppo_max_token_len_per_gpu=budget or 16384, optim=NO_CLIP, **cfg)
-    return PPOActor(model, torch.optim.SGD(model.parameters(), lr=1.0), config, loss_agg_mode=mode,
-                    rows_per_mini_batch=ROWS, use_remove_padding=packed, loss_scale_factor=factor,
-                    rollout_correction=correction)
+    config = ActorConfig(
+        ppo_micro_batch_size_per_gpu=rows,
+        use_dynamic_bsz=budget is not None,
+        ppo_max_token_len_per_gpu=budget or 16384,
+        optim=NO_CLIP,
+        **cfg,
+    )
+    return PPOActor(
+        model,
+        torch.optim.SGD(model.parameters(), lr=1.0),
+        config,
+        loss_agg_mode=mode,
+        rows_per_mini_batch=ROWS,
+        use_remove_padding=packed,
+        loss_scale_factor=factor,
+        rollout_correction=correction,
+    )
 
 
 def policy_batch(base):
@@ -113,17 +130,28 @@ def test_dr_grpo_loss_is_the_token_sums_over_sequences_times_the_constant_in_eve
         return ((-advantages * ratio + KL_COEF * k2) * mask).sum() / (ROWS * FACTOR)
 
     expected = autograd_step(base, data, objective)
-    runs = {name: update(base, data, lambda m, layout=layout: make_actor(
-        m, layout, use_kl_loss=True, kl_loss_coef=KL_COEF, kl_loss_type="low_var_kl+")) for name, layout in LAYOUTS.items()}
+    runs = {
+        name: update(
+            base,
+            data,
+            lambda m, layout=layout: make_actor(
+                m, layout, use_kl_loss=True, kl_loss_coef=KL_COEF, kl_loss_type="low_var_kl+"
+            ),
+        )
+        for name, layout in LAYOUTS.items()
+    }
     wide = widen(data, 10)
     runs["4 rows packed, 10 more pad columns"] = update(
-        base, wide, lambda m: make_actor(m, (4, None, True), use_kl_loss=True, kl_loss_coef=KL_COEF,
-                                         kl_loss_type="low_var_kl+"))
+        base,
+        wide,
+        lambda m: make_actor(m, (4, None, True), use_kl_loss=True, kl_loss_coef=KL_COEF, kl_loss_type="low_var_kl+"),
+    )
     for name, (metrics, step) in runs.items():
         assert metrics["actor/pg_loss"] == pytest.approx(pg, abs=1e-6), name
         assert metrics["actor/kl_loss"] == pytest.approx(kl, abs=1e-6), name
         assert metrics["actor/grad_norm"] == pytest.approx(
-            float(torch.cat([g.flatten() for g in expected]).norm()), rel=1e-4), name
+            float(torch.cat([g.flatten() for g in expected]).norm()), rel=1e-4
+        ), name
         assert_same_step(step, expected)
 
 
@@ -160,18 +188,32 @@ def value_batch(base):
 
 def make_critic(model, mode, layout):
     rows, budget, packed = layout
-    config = CriticConfig(loss_agg_mode=mode, ppo_micro_batch_size_per_gpu=rows, use_dynamic_bsz=budget is not None,
-                          ppo_max_token_len_per_gpu=budget or 16384, optim=NO_CLIP)
-    return PPOCritic(model, torch.optim.SGD(model.parameters(), lr=1.0), config, rows_per_mini_batch=ROWS,
-                     use_remove_padding=packed, loss_scale_factor=FACTOR)
+    config = CriticConfig(
+        loss_agg_mode=mode,
+        ppo_micro_batch_size_per_gpu=rows,
+        use_dynamic_bsz=budget is not None,
+        ppo_max_token_len_per_gpu=budget or 16384,
+        optim=NO_CLIP,
+    )
+    return PPOCritic(
+        model,
+        torch.optim.SGD(model.parameters(), lr=1.0),
+        config,
+        rows_per_mini_batch=ROWS,
+        use_remove_padding=packed,
+        loss_scale_factor=FACTOR,
+    )
 
 
 def hand_value_loss(mode):
     """The value loss of each mode from the per-token 0.5 delta^2, summed by hand."""
     sums = [sum(0.5 * d * d for d in deltas(n)) for n in RESPONSE_LENS]  # each row's valid tokens: its first n
-    return {"token-mean": sum(sums) / sum(RESPONSE_LENS), "seq-mean-token-sum": sum(sums) / ROWS,
-            "seq-mean-token-mean": sum(s / n for s, n in zip(sums, RESPONSE_LENS)) / ROWS,
-            "seq-mean-token-sum-norm": sum(sums) / (ROWS * FACTOR)}[mode]
+    return {
+        "token-mean": sum(sums) / sum(RESPONSE_LENS),
+        "seq-mean-token-sum": sum(sums) / ROWS,
+        "seq-mean-token-mean": sum(s / n for s, n in zip(sums, RESPONSE_LENS)) / ROWS,
+        "seq-mean-token-sum-norm": sum(sums) / (ROWS * FACTOR),
+    }[mode]
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
@@ -185,9 +227,12 @@ def test_critic_value_loss_aggregates_with_its_mode_in_every_layout(mode):
         model = copy.deepcopy(base)
         v = response_values(model, data)
         token = 0.5 * (v - data.batch["returns"]).square() * mask
-        total = {"token-mean": token.sum() / mask.sum(), "seq-mean-token-sum": token.sum() / ROWS,
-                 "seq-mean-token-mean": (token.sum(-1) / tokens).sum() / ROWS,
-                 "seq-mean-token-sum-norm": token.sum() / (ROWS * FACTOR)}[mode]
+        total = {
+            "token-mean": token.sum() / mask.sum(),
+            "seq-mean-token-sum": token.sum() / ROWS,
+            "seq-mean-token-mean": (token.sum(-1) / tokens).sum() / ROWS,
+            "seq-mean-token-sum-norm": token.sum() / (ROWS * FACTOR),
+        }[mode]
         return [-g for g in torch.autograd.grad(total, list(model.parameters()))]
 
     expected = objective()
@@ -200,8 +245,10 @@ def test_critic_value_loss_aggregates_with_its_mode_in_every_layout(mode):
 
 def test_the_critic_modes_give_different_numbers_here():
     """So the test above tells the modes apart (a critic stuck on the token mean fails three of its four)."""
-    values = [hand_value_loss(m) for m in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
-                                           "seq-mean-token-sum-norm")]
+    values = [
+        hand_value_loss(m)
+        for m in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+    ]
     assert len({round(v, 9) for v in values}) == 4
 
 
@@ -221,8 +268,9 @@ def bypass_batch(data):
 def test_bypass_reinforce_in_the_actor_is_minus_a_log_pi_times_the_truncated_ratio(policy):
     base, data = policy
     data = bypass_batch(data)
-    correction = RolloutCorrectionConfig(bypass_mode=True, loss_type="reinforce", rollout_is="token",
-                                         rollout_is_threshold=C)
+    correction = RolloutCorrectionConfig(
+        bypass_mode=True, loss_type="reinforce", rollout_is="token", rollout_is_threshold=C
+    )
     adv, old = per_row_advantage(data), data.batch["old_log_probs"]
     weights = [min(math.exp(BYPASS_DELTAS[t % 4]), C) for t in range(30)]
     tokens = sum(RESPONSE_LENS)
@@ -234,7 +282,8 @@ def test_bypass_reinforce_in_the_actor_is_minus_a_log_pi_times_the_truncated_rat
         metrics, step = update(base, data, lambda m: make_actor(m, layout, mode="token-mean", correction=correction))
         assert metrics["actor/pg_loss"] == pytest.approx(pg, abs=1e-6)
         assert metrics["rollout_corr/rollout_is_mean"] == pytest.approx(
-            sum(weights[t] for n in RESPONSE_LENS for t in range(n)) / tokens, abs=1e-6)
+            sum(weights[t] for n in RESPONSE_LENS for t in range(n)) / tokens, abs=1e-6
+        )
         assert metrics["rollout_corr/rollout_is_max"] == pytest.approx(C)
         assert_same_step(step, expected)
 
@@ -250,16 +299,20 @@ def test_bypass_ppo_clip_in_the_actor_clips_the_ratio_to_the_rollout(policy):
             return -a * min(r, 1.2)
         return min(-a * max(r, 0.8), -3 * a)
 
-    pg = sum(token_loss(adv[i], math.exp(BYPASS_DELTAS[t % 4])) for i, n in enumerate(RESPONSE_LENS)
-             for t in range(n)) / tokens
+    pg = (
+        sum(token_loss(adv[i], math.exp(BYPASS_DELTAS[t % 4])) for i, n in enumerate(RESPONSE_LENS) for t in range(n))
+        / tokens
+    )
     correction = RolloutCorrectionConfig(bypass_mode=True)
-    metrics, _ = update(base, data, lambda m: make_actor(m, LAYOUTS["2 rows packed"], mode="token-mean",
-                                                         correction=correction))
+    metrics, _ = update(
+        base, data, lambda m: make_actor(m, LAYOUTS["2 rows packed"], mode="token-mean", correction=correction)
+    )
     assert metrics["actor/pg_loss"] == pytest.approx(pg, abs=1e-6)
     # the decoupled loss with the same batch divides by old_log_probs: ratio 1, another number
     decoupled, _ = update(base, data, lambda m: make_actor(m, LAYOUTS["2 rows packed"], mode="token-mean"))
     assert decoupled["actor/pg_loss"] == pytest.approx(
-        sum(n * -a for n, a in zip(RESPONSE_LENS, adv)) / tokens, abs=1e-6)
+        sum(n * -a for n, a in zip(RESPONSE_LENS, adv)) / tokens, abs=1e-6
+    )
 
 
 @pytest.mark.parametrize("loss_type", ["ppo_clip", "reinforce"])
@@ -269,17 +322,22 @@ def test_bypass_mask_mode_drops_tokens_from_the_policy_term_but_not_from_the_cou
     divides by all the mini-batch's tokens, as veRL's global counts do."""
     base, data = policy
     data = bypass_batch(data)
-    correction = RolloutCorrectionConfig(bypass_mode=True, loss_type=loss_type, rollout_is="token",
-                                         rollout_is_mode="mask", rollout_is_threshold=C)
+    correction = RolloutCorrectionConfig(
+        bypass_mode=True, loss_type=loss_type, rollout_is="token", rollout_is_mode="mask", rollout_is_threshold=C
+    )
     adv, old = per_row_advantage(data), data.batch["old_log_probs"]
     kept = [abs(BYPASS_DELTAS[t % 4]) < 0.1 for t in range(30)]
     tokens = sum(RESPONSE_LENS)
     ratio = [math.exp(BYPASS_DELTAS[t % 4]) for t in range(30)]  # within the PPO clip where kept: -A r
-    token = (lambda i, t: -adv[i] * ratio[t]) if loss_type == "ppo_clip" else (
-        lambda i, t: -adv[i] * float(old[i, t]) * ratio[t])
+    token = (
+        (lambda i, t: -adv[i] * ratio[t])
+        if loss_type == "ppo_clip"
+        else (lambda i, t: -adv[i] * float(old[i, t]) * ratio[t])
+    )
     pg = sum(token(i, t) for i, n in enumerate(RESPONSE_LENS) for t in range(n) if kept[t]) / tokens
-    metrics, _ = update(base, data, lambda m: make_actor(m, LAYOUTS["dynamic packed"], mode="token-mean",
-                                                         correction=correction))
+    metrics, _ = update(
+        base, data, lambda m: make_actor(m, LAYOUTS["dynamic packed"], mode="token-mean", correction=correction)
+    )
     assert metrics["actor/pg_loss"] == pytest.approx(pg, abs=1e-6)
     dropped = sum(1 for n in RESPONSE_LENS for t in range(n) if not kept[t])
     assert metrics["rollout_corr/rollout_rs_masked_fraction"] == pytest.approx(dropped / tokens, abs=1e-6)
@@ -292,5 +350,7 @@ def test_the_config_check_takes_the_critic_modes_and_no_other():
         return config_problems(conf)
 
     assert problems("seq-mean-token-sum-norm") == []
-    assert problems("mean") == ["critic.loss_agg_mode='mean'; allowed: token-mean, token-sum, token-mean-local, "
-                                "seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm"]
+    assert problems("mean") == [
+        "critic.loss_agg_mode='mean'; allowed: token-mean, token-sum, token-mean-local, "
+        "seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm"
+    ]

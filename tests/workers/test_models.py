@@ -29,8 +29,14 @@ def test_the_benchmark_shape_is_qwen25_05b_on_the_meta_device():
     config = load_model_config("builtin:qwen2.5-0.5b-shape")
     with torch.device("meta"):  # 494M parameters: count them without allocating
         model = AutoModelForCausalLM.from_config(config)
-    assert (config.hidden_size, config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads,
-            config.intermediate_size, config.vocab_size) == (896, 24, 14, 2, 4864, 151_936)
+    assert (
+        config.hidden_size,
+        config.num_hidden_layers,
+        config.num_attention_heads,
+        config.num_key_value_heads,
+        config.intermediate_size,
+        config.vocab_size,
+    ) == (896, 24, 14, 2, 4864, 151_936)
     assert model.num_parameters() == 494_032_768  # Qwen2.5-0.5B's published count
 
 

@@ -3,11 +3,11 @@
 import copy
 
 import torch
+from support import rollout_batch, tiny_model
 
 from hybridflow.workers.fsdp import enable_activation_checkpointing
 from hybridflow.workers.log_probs import response_log_probs
 from hybridflow.workers.offload import StateOffloader
-from support import rollout_batch, tiny_model
 
 
 def trained_model_and_optimizer():

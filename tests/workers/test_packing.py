@@ -13,9 +13,11 @@ import itertools
 
 import pytest
 import torch
+from micro_batch_support import grouped_batch, ragged_batch, tiny_critic
+from support import tiny_model
 from transformers import AttentionInterface, AttentionMaskInterface
-from transformers.masking_utils import sdpa_mask
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import sdpa_mask
 
 from hybridflow.configs.schema import ActorConfig, CriticConfig
 from hybridflow.core import DataProto
@@ -23,9 +25,6 @@ from hybridflow.workers.actor.ppo_actor import PPOActor
 from hybridflow.workers.critic.ppo_critic import PPOCritic, response_values
 from hybridflow.workers.log_probs import response_log_probs
 from hybridflow.workers.packing import Packing, pack, probe_packing, unpack
-from micro_batch_support import grouped_batch, ragged_batch, tiny_critic
-from support import tiny_model
-
 
 LAYOUTS = [Packing(), Packing(one_row=True), Packing(share_prompts=True)]
 
@@ -35,8 +34,10 @@ def visible(layout):
     n = len(layout.source)
     out = torch.zeros(n, n, dtype=torch.bool)
     offset = 0
-    for queries, keys, mask in ((layout.prompt_slots, layout.prompt_slots, layout.prompt_mask),
-                                (layout.branch_queries, layout.branch_keys, layout.branch_mask)):
+    for queries, keys, mask in (
+        (layout.prompt_slots, layout.prompt_slots, layout.prompt_mask),
+        (layout.branch_queries, layout.branch_keys, layout.branch_mask),
+    ):
         for (g, j), slot in zip(itertools.product(*map(range, queries.shape)), queries.flatten().tolist()):
             if int(layout.source[slot]) == offset + g * queries.shape[1] + j:  # the slot's own query, not a pad
                 out[slot, keys[g][mask[g, 0, j]]] = True
@@ -51,12 +52,14 @@ def with_attention(model, implementation):
 
 def test_pack_lays_the_rows_end_to_end_as_the_docstring_draws():
     # row 0: _ a b | c _ _     row 1: e f g | h i j     row 2: _ _ k | l _ _     (a..l = 11..22)
-    batch = DataProto.from_dict({
-        "input_ids": torch.tensor([[0, 11, 12, 13, 0, 0], [15, 16, 17, 18, 19, 20], [0, 0, 21, 22, 0, 0]]),
-        "attention_mask": torch.tensor([[0, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 0, 0]]),
-        "position_ids": torch.tensor([[0, 0, 1, 2, 2, 2], [0, 1, 2, 3, 4, 5], [0, 0, 0, 1, 1, 1]]),
-        "responses": torch.tensor([[13, 0, 0], [18, 19, 20], [22, 0, 0]]),
-    })
+    batch = DataProto.from_dict(
+        {
+            "input_ids": torch.tensor([[0, 11, 12, 13, 0, 0], [15, 16, 17, 18, 19, 20], [0, 0, 21, 22, 0, 0]]),
+            "attention_mask": torch.tensor([[0, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 0, 0]]),
+            "position_ids": torch.tensor([[0, 0, 1, 2, 2, 2], [0, 1, 2, 3, 4, 5], [0, 0, 0, 1, 1, 1]]),
+            "responses": torch.tensor([[13, 0, 0], [18, 19, 20], [22, 0, 0]]),
+        }
+    )
     packed = pack(batch)  # a row's last response token (c, j, l) predicts nothing read: not computed
     assert packed.input_ids.tolist() == [[15, 16, 17, 18, 19], [11, 12, 21, 0, 0]]
     assert packed.position_ids.tolist() == [[0, 1, 2, 3, 4], [0, 1, 0, 0, 1]]
@@ -71,12 +74,14 @@ def test_pack_lays_the_rows_end_to_end_as_the_docstring_draws():
 
 def test_rows_of_one_prompt_pack_as_the_docstring_draws_their_tree():
     # row 0: a b | c d e    row 1: a b | f g _    (a..g = 11..17): one unit, the prompt once, no last tokens
-    batch = DataProto.from_dict({
-        "input_ids": torch.tensor([[11, 12, 13, 14, 15], [11, 12, 16, 17, 0]]),
-        "attention_mask": torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]]),
-        "position_ids": torch.tensor([[0, 1, 2, 3, 4], [0, 1, 2, 3, 3]]),
-        "responses": torch.tensor([[13, 14, 15], [16, 17, 0]]),
-    })
+    batch = DataProto.from_dict(
+        {
+            "input_ids": torch.tensor([[11, 12, 13, 14, 15], [11, 12, 16, 17, 0]]),
+            "attention_mask": torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]]),
+            "position_ids": torch.tensor([[0, 1, 2, 3, 4], [0, 1, 2, 3, 3]]),
+            "responses": torch.tensor([[13, 14, 15], [16, 17, 0]]),
+        }
+    )
     packed = pack(batch, Packing(share_prompts=True))
     assert packed.input_ids.tolist() == [[11, 12, 13, 14, 16]]
     assert packed.position_ids.tolist() == [[0, 1, 2, 3, 2]]
@@ -90,12 +95,14 @@ def test_rows_of_one_prompt_pack_as_the_docstring_draws_their_tree():
     ]
     assert pack(batch).input_ids.numel() == 8  # unshared: two rows of 4 (a b c d, a b f)
 
-    one_token = DataProto.from_dict({  # row 1's response is one token: its branch computes nothing
-        "input_ids": torch.tensor([[11, 12, 13, 14], [11, 12, 16, 0]]),
-        "attention_mask": torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]]),
-        "position_ids": torch.tensor([[0, 1, 2, 3], [0, 1, 2, 2]]),
-        "responses": torch.tensor([[13, 14], [16, 0]]),
-    })
+    one_token = DataProto.from_dict(
+        {  # row 1's response is one token: its branch computes nothing
+            "input_ids": torch.tensor([[11, 12, 13, 14], [11, 12, 16, 0]]),
+            "attention_mask": torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]]),
+            "position_ids": torch.tensor([[0, 1, 2, 3], [0, 1, 2, 2]]),
+            "responses": torch.tensor([[13, 14], [16, 0]]),
+        }
+    )
     tree = pack(one_token, Packing(share_prompts=True))
     assert tree.input_ids.tolist() == [[11, 12, 13]] and tree.logit_index.tolist() == [1, 2, 1]
     assert visible(tree.tree).long().tolist() == [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
@@ -104,7 +111,7 @@ def test_rows_of_one_prompt_pack_as_the_docstring_draws_their_tree():
 def test_a_shared_prompt_is_packed_once_per_micro_batch():
     batch = grouped_batch()
     lengths = batch.batch["attention_mask"].sum(-1)
-    prompt = batch.batch["attention_mask"][:, :batch.batch["prompts"].shape[1]].sum(-1)
+    prompt = batch.batch["attention_mask"][:, : batch.batch["prompts"].shape[1]].sum(-1)
     packed = pack(batch, Packing(share_prompts=True))
     # the packed real tokens (ids 3..23; a row's tail filler is 0): rows 2 and 4's prompts once, row 7 whole,
     # every response once, each but its last token
@@ -139,7 +146,8 @@ def test_a_shared_prompt_keeps_its_responses_apart():
     with torch.no_grad():
         (before, entropy), (after, changed_entropy) = (
             response_log_probs(model, b, with_entropy=True, packing=Packing(share_prompts=True))[:2]
-            for b in (batch, changed))
+            for b in (batch, changed)
+        )
     assert torch.allclose(before[1:], after[1:], atol=1e-6) and torch.allclose(entropy[1:], changed_entropy[1:])
     assert entropy[0, 0] == pytest.approx(changed_entropy[0, 0].item(), abs=1e-6)  # the shared prompt's last token
     assert not torch.allclose(before[0], after[0], atol=1e-3)
@@ -160,7 +168,7 @@ def test_a_packed_row_attends_only_to_itself(implementation, packing):
     changed = batch.deepcopy()
     real = changed.batch["attention_mask"][2].bool()
     changed.batch["input_ids"][2, real] = (changed.batch["input_ids"][2, real] + 5) % 21 + 3  # row 2, every real token
-    changed.batch["responses"] = changed.batch["input_ids"][:, -batch.batch["responses"].shape[1]:].clone()
+    changed.batch["responses"] = changed.batch["input_ids"][:, -batch.batch["responses"].shape[1] :].clone()
     with torch.no_grad():
         before = response_log_probs(model, batch, packing=packing).log_probs
         after = response_log_probs(model, changed, packing=packing).log_probs
@@ -171,6 +179,7 @@ def test_a_packed_row_attends_only_to_itself(implementation, packing):
 
 def test_an_attention_without_the_packed_mask_is_refused():
     """An implementation transformers has no mask function for gets no mask: it would attend across sequences."""
+
     def causal_only(module, query, key, value, attention_mask, **kwargs):
         return sdpa_attention_forward(module, query, key, value, None, **kwargs)
 
@@ -179,21 +188,35 @@ def test_an_attention_without_the_packed_mask_is_refused():
     with pytest.raises(ValueError, match="attends across packed sequences.*use_remove_padding=false"):
         probe_packing(model)
     with pytest.raises(ValueError, match="attends across packed sequences"):
-        PPOActor(model, torch.optim.SGD(model.parameters(), lr=0.1), ActorConfig(), loss_agg_mode="token-mean",
-                 rows_per_mini_batch=8)
-    PPOActor(model, torch.optim.SGD(model.parameters(), lr=0.1), ActorConfig(), loss_agg_mode="token-mean",
-             rows_per_mini_batch=8, use_remove_padding=False)  # the padded path needs no such check
+        PPOActor(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            ActorConfig(),
+            loss_agg_mode="token-mean",
+            rows_per_mini_batch=8,
+        )
+    PPOActor(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        ActorConfig(),
+        loss_agg_mode="token-mean",
+        rows_per_mini_batch=8,
+        use_remove_padding=False,
+    )  # the padded path needs no such check
     for implementation in ("sdpa", "eager"):
         assert probe_packing(with_attention(tiny_model(), implementation)) == Packing(one_row=False)
         assert probe_packing(with_attention(tiny_critic(), implementation)) == Packing(one_row=False)
         for model in (tiny_model(), tiny_critic()):
-            assert probe_packing(with_attention(model, implementation), share_prompts=True) == Packing(share_prompts=True)
+            assert probe_packing(with_attention(model, implementation), share_prompts=True) == Packing(
+                share_prompts=True
+            )
 
 
 def test_an_attention_tree_attention_would_not_reproduce_packs_without_sharing_prompts(caplog):
     """Tree attention computes plain scaled softmax attention; a model whose own attention computes something
     else (here: scores at twice the layer's scale) would change under it, so the probe gives the model its own
     attention back and does not share prompts."""
+
     def sharper(module, query, key, value, attention_mask, scaling=None, **kwargs):
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=2 * scaling, **kwargs)
 
@@ -210,9 +233,11 @@ def test_an_attention_tree_attention_would_not_reproduce_packs_without_sharing_p
 
 def test_an_attention_that_confines_only_one_packed_row_gets_one_row():
     """Like flash attention, whose varlen path reads packed sequences from the position ids of batch size 1."""
+
     def one_row_only(module, query, key, value, attention_mask, **kwargs):
-        return sdpa_attention_forward(module, query, key, value, attention_mask if query.shape[0] == 1 else None,
-                                      **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask if query.shape[0] == 1 else None, **kwargs
+        )
 
     AttentionInterface.register("one_row_test", one_row_only)
     AttentionMaskInterface.register("one_row_test", sdpa_mask)
@@ -225,8 +250,12 @@ def test_actor_log_probs_entropy_and_sum_pi_squared_equal_the_padded_pass(implem
     model, batch = with_attention(tiny_model(), implementation), grouped_batch()
     real = batch.batch["response_mask"].bool()
     with torch.no_grad():
-        padded, packed = (response_log_probs(model, batch, temperature=0.7, with_entropy=True, with_sum_pi_squared=True,
-                                             packing=layout) for layout in (None, packing))
+        padded, packed = (
+            response_log_probs(
+                model, batch, temperature=0.7, with_entropy=True, with_sum_pi_squared=True, packing=layout
+            )
+            for layout in (None, packing)
+        )
     for name, a, b in zip(padded._fields, padded, packed):
         assert torch.allclose(a[real], b[real], atol=1e-5), name
         assert (b[~real] == 0).all(), name
@@ -238,15 +267,26 @@ def test_reference_log_probs_equal_the_padded_pass(packing):
     model = tiny_model(seed=1).eval().requires_grad_(False)
     batch = grouped_batch(seed=2)
     real = batch.batch["response_mask"].bool()
-    padded, packed = (torch.cat([response_log_probs(model, micro, temperature=0.9, packing=layout).log_probs
-                                 for micro in batch.split(3)]) for layout in (None, packing))
+    padded, packed = (
+        torch.cat(
+            [response_log_probs(model, micro, temperature=0.9, packing=layout).log_probs for micro in batch.split(3)]
+        )
+        for layout in (None, packing)
+    )
     assert torch.allclose(padded[real], packed[real], atol=1e-5)
 
 
 def make_actor(model, remove_padding, mode="token-mean", micro=3, share_prompts=False, **cfg):
     config = ActorConfig(ppo_micro_batch_size_per_gpu=micro, **cfg)
-    return PPOActor(model, torch.optim.SGD(model.parameters(), lr=0.5), config, loss_agg_mode=mode,
-                    rows_per_mini_batch=8, use_remove_padding=remove_padding, share_prompts=share_prompts)
+    return PPOActor(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.5),
+        config,
+        loss_agg_mode=mode,
+        rows_per_mini_batch=8,
+        use_remove_padding=remove_padding,
+        share_prompts=share_prompts,
+    )
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
@@ -257,13 +297,21 @@ def test_actor_loss_gradients_and_update_equal_the_padded_ones(mode):
     models, metrics = [], []
     for flag, share in ((False, False), (True, False), (True, True)):  # padded, packed, packed sharing prompts
         model = copy.deepcopy(base)
-        actor = make_actor(model, flag, mode, micro=4, share_prompts=share, entropy_coeff=0.01, use_kl_loss=True,
-                           kl_loss_coef=0.5)
+        actor = make_actor(
+            model, flag, mode, micro=4, share_prompts=share, entropy_coeff=0.01, use_kl_loss=True, kl_loss_coef=0.5
+        )
         metrics.append(actor.update_policy(batch, temperature=1.0))
         models.append(model)
     for other in (1, 2):
-        for key in ("actor/pg_loss", "actor/entropy", "actor/kl_loss", "actor/pg_clipfrac", "actor/ppo_kl",
-                    "actor/grad_norm", "actor/surrogate_gain"):
+        for key in (
+            "actor/pg_loss",
+            "actor/entropy",
+            "actor/kl_loss",
+            "actor/pg_clipfrac",
+            "actor/ppo_kl",
+            "actor/grad_norm",
+            "actor/surrogate_gain",
+        ):
             assert metrics[other][key] == pytest.approx(metrics[0][key], abs=1e-5), key
         for (name, a), b in zip(models[0].named_parameters(), models[other].parameters()):
             assert torch.allclose(a.grad, b.grad, atol=1e-5), name  # the step's gradient (optimizer_step keeps it)
@@ -281,8 +329,14 @@ def test_critic_values_loss_gradients_and_update_equal_the_padded_ones():
             assert torch.allclose(padded[real], packed[real], atol=1e-5) and (packed[~real] == 0).all()
 
     def make(model, flag, share):
-        return PPOCritic(model, torch.optim.SGD(model.parameters(), lr=0.1), CriticConfig(ppo_micro_batch_size_per_gpu=4),
-                         rows_per_mini_batch=8, use_remove_padding=flag, share_prompts=share)
+        return PPOCritic(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            CriticConfig(ppo_micro_batch_size_per_gpu=4),
+            rows_per_mini_batch=8,
+            use_remove_padding=flag,
+            share_prompts=share,
+        )
 
     batch.union(make(base, False, False).compute_values(batch))
     batch.batch["returns"] = torch.linspace(-1, 1, real.numel()).view(real.shape) * real

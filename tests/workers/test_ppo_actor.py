@@ -5,13 +5,12 @@ import math
 
 import pytest
 import torch
+from support import rollout_batch, tiny_model
 
 from hybridflow.configs.schema import ActorConfig
-from hybridflow.core import DataProto
 from hybridflow.losses import LOSS_AGG_MODES
 from hybridflow.workers.actor.ppo_actor import PPOActor
 from hybridflow.workers.log_probs import entropy_from_logits, log_probs_from_logits, response_log_probs
-from support import rollout_batch, tiny_model
 
 
 def make_actor(model, micro, mode="token-mean", rows_per_mini=8, **cfg):
@@ -146,8 +145,14 @@ def test_rollout_is_weights_reach_the_loss():
 def test_compute_log_prob_returns_sum_pi_squared_when_asked():
     model, data = tiny_model(), rollout_batch()
     out = make_actor(model, micro=3).compute_log_prob(data, temperature=0.7, with_sum_pi_squared=True)
-    logits = model(input_ids=data.batch["input_ids"], attention_mask=data.batch["attention_mask"],
-                   position_ids=data.batch["position_ids"]).logits[:, -6:-1] / 0.7
+    logits = (
+        model(
+            input_ids=data.batch["input_ids"],
+            attention_mask=data.batch["attention_mask"],
+            position_ids=data.batch["position_ids"],
+        ).logits[:, -6:-1]
+        / 0.7
+    )
     expected = (torch.softmax(logits.float(), -1) ** 2).sum(-1)
     real = data.batch["response_mask"].bool()  # the packed pass leaves the pads zero
     assert torch.allclose(out.batch["sum_pi_squared"][real], expected[real], atol=1e-5)

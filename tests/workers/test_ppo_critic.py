@@ -2,19 +2,26 @@ import copy
 
 import pytest
 import torch
+from support import rollout_batch
 from transformers import Qwen2Config, Qwen2ForTokenClassification
 
 from hybridflow.configs.schema import CriticConfig
 from hybridflow.losses.value import clipped_value_loss
 from hybridflow.workers.critic.ppo_critic import PPOCritic
-from support import rollout_batch
 
 
 def tiny_critic(seed=0):
     torch.manual_seed(seed)
     config = Qwen2Config(
-        vocab_size=24, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64, num_labels=1, classifier_dropout=0.0,
+        vocab_size=24,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+        num_labels=1,
+        classifier_dropout=0.0,
     )
     return Qwen2ForTokenClassification(config).float()
 
@@ -24,14 +31,19 @@ def test_clipped_value_loss_hand_computed():
     old = torch.tensor([[0.0, 0.0, 0.0]])
     returns = torch.tensor([[1.0, 2.0, 0.0]])
     losses, metrics = clipped_value_loss(values, old, returns, torch.ones(1, 3), cliprange=0.5)
-    # token 0: unclipped 0, clipped (0.5-1)^2=.25 -> .125 ; token 1: both 4 -> 2 ; token 2: unclipped 25, clipped .25 -> 12.5
+    # token 0: unclipped 0, clipped (0.5-1)^2=.25 -> .125 ; token 1: both 4 -> 2 ; token 2: unclipped 25,
+    # clipped .25 -> 12.5
     assert losses.tolist()[0] == pytest.approx([0.125, 2.0, 12.5])
     assert metrics["critic/vf_clipfrac"] == pytest.approx(1 / 3)
 
 
 def make_critic(model, micro):
-    return PPOCritic(model, torch.optim.SGD(model.parameters(), lr=0.1), CriticConfig(ppo_micro_batch_size_per_gpu=micro),
-                     rows_per_mini_batch=8)
+    return PPOCritic(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        CriticConfig(ppo_micro_batch_size_per_gpu=micro),
+        rows_per_mini_batch=8,
+    )
 
 
 def test_values_zero_outside_mask_and_micro_batch_independent():

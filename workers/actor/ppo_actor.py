@@ -55,7 +55,6 @@ from hybridflow.workers.micro_batches import MicroBatching, restore_order
 from hybridflow.workers.packing import probe_packing
 from hybridflow.workers.train_step import global_counts, mean_metrics, optimizer_step, parameter_norm
 
-
 GAP = "rollout/log_prob_gap_max"
 """The largest |log pi_train - log pi_rollout| of a sampled token, over the first optimizer step's rows (all
 ranks): float noise when the rollout holds the training weights (the weight sync is checked every step)."""
@@ -118,8 +117,10 @@ class PPOActor:
         # reached the worker another way, in one line that names the key
         unknown = sorted(set(config.policy_loss_options) - set(self.policy_loss.options))
         if unknown:
-            raise ValueError(f"actor_rollout_ref.actor.policy_loss_options has {unknown}; policy loss "
-                             f"{config.policy_loss!r} takes {self.policy_loss.options}")
+            raise ValueError(
+                f"actor_rollout_ref.actor.policy_loss_options has {unknown}; policy loss "
+                f"{config.policy_loss!r} takes {self.policy_loss.options}"
+            )
 
     @torch.no_grad()
     def compute_log_prob(
@@ -130,8 +131,14 @@ class PPOActor:
         self.model.eval()
         micro_batches, order = self.log_prob_batching.split(data, self.dp_group)
         parts = [
-            response_log_probs(self.model, micro, temperature=temperature, with_entropy=with_entropy,
-                               with_sum_pi_squared=with_sum_pi_squared, packing=self.packing)
+            response_log_probs(
+                self.model,
+                micro,
+                temperature=temperature,
+                with_entropy=with_entropy,
+                with_sum_pi_squared=with_sum_pi_squared,
+                packing=self.packing,
+            )
             for micro in micro_batches
         ]
         stats = {OLD_LOG_PROBS: [p.log_probs for p in parts]}
@@ -149,7 +156,8 @@ class PPOActor:
         """
         if len(data) % self.rows_per_mini_batch:
             raise ValueError(
-                f"this rank holds {len(data)} rows, not a multiple of its {self.rows_per_mini_batch} rows per mini-batch"
+                f"this rank holds {len(data)} rows, "
+                f"not a multiple of its {self.rows_per_mini_batch} rows per mini-batch"
             )
         self.model.train()
         mini_batches = data.make_iterator(
@@ -190,8 +198,13 @@ class PPOActor:
         return out.item()
 
     def _micro_batch_loss(
-        self, micro: DataProto, temperature: float, counts: dict[str, float], local: dict[str, float],
-        diagnostics: dict[str, float], probe: bool = False,
+        self,
+        micro: DataProto,
+        temperature: float,
+        counts: dict[str, float],
+        local: dict[str, float],
+        diagnostics: dict[str, float],
+        probe: bool = False,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """The micro-batch's share of the global loss (``counts``: the global mini-batch's); its share of the rank's
         mini-batch diagnostics (``local``: the rank's counts) is added to ``diagnostics``. With ``probe`` (the
@@ -199,8 +212,9 @@ class PPOActor:
         and ``rollout/log_prob_gap_max`` against the rollout's own log-probs."""
         mask = micro.batch[RESPONSE_MASK].float()
         need_entropy = self.config.entropy_coeff != 0 or probe
-        log_probs, entropy, _ = response_log_probs(self.model, micro, temperature=temperature, with_entropy=need_entropy,
-                                                   packing=self.packing)
+        log_probs, entropy, _ = response_log_probs(
+            self.model, micro, temperature=temperature, with_entropy=need_entropy, packing=self.packing
+        )
         token_losses, pg_mask, loss_metrics, corr_metrics = self._policy_term(micro, log_probs, mask)
         terms = {"pg_loss": (1.0, token_losses, pg_mask)}  # name: (coefficient, token values, their mask)
         if self.config.entropy_coeff != 0:
@@ -215,7 +229,9 @@ class PPOActor:
             _add_shares(diagnostics, corr_metrics, float(mask.sum()) / local["num_tokens"])
             # whatever the loss plugin computes: > 0 when the updates so far made advantaged tokens likelier
             gain = micro.batch[ADVANTAGES] * (log_probs - micro.batch[OLD_LOG_PROBS])
-            diagnostics["actor/surrogate_gain"] += agg_loss(gain, mask, "token-mean", num_tokens=local["num_tokens"]).item()
+            diagnostics["actor/surrogate_gain"] += agg_loss(
+                gain, mask, "token-mean", num_tokens=local["num_tokens"]
+            ).item()
             # the policy loss's diagnostics are token means over this micro-batch: weighted by its tokens
             weight = float(mask.sum()) / local["num_tokens"]
             for key, value in loss_metrics.items():
@@ -232,26 +248,51 @@ class PPOActor:
         advantages = micro.batch[ADVANTAGES]
         if self.bypass is None:
             # rollout correction: importance weights pi_old / pi_rollout, when the driver computed them
-            weights = {"rollout_is_weights": micro.batch[ROLLOUT_IS_WEIGHTS]} if ROLLOUT_IS_WEIGHTS in micro.batch else {}
-            token_losses, metrics = self.policy_loss.fn(micro.batch[OLD_LOG_PROBS], log_probs, advantages, mask,
-                                                        **weights, **self.config.policy_loss_options)
+            weights = (
+                {"rollout_is_weights": micro.batch[ROLLOUT_IS_WEIGHTS]} if ROLLOUT_IS_WEIGHTS in micro.batch else {}
+            )
+            token_losses, metrics = self.policy_loss.fn(
+                micro.batch[OLD_LOG_PROBS], log_probs, advantages, mask, **weights, **self.config.policy_loss_options
+            )
             return token_losses, mask, metrics, {}
         if ROLLOUT_LOG_PROBS not in micro.batch:
-            raise ValueError("algorithm.rollout_correction.bypass_mode=true needs the rollout's log-probs "
-                             f"(batch[{ROLLOUT_LOG_PROBS!r}]), and this batch has none")
+            raise ValueError(
+                "algorithm.rollout_correction.bypass_mode=true needs the rollout's log-probs "
+                f"(batch[{ROLLOUT_LOG_PROBS!r}]), and this batch has none"
+            )
         cfg = self.bypass
-        correction = None if cfg.rollout_is is None else {
-            "rollout_is": cfg.rollout_is, "rollout_is_mode": cfg.rollout_is_mode,
-            "rollout_is_threshold": cfg.rollout_is_threshold, "rollout_is_threshold_lower": cfg.rollout_is_threshold_lower,
-            "rollout_is_batch_normalize": cfg.rollout_is_batch_normalize}
+        correction = (
+            None
+            if cfg.rollout_is is None
+            else {
+                "rollout_is": cfg.rollout_is,
+                "rollout_is_mode": cfg.rollout_is_mode,
+                "rollout_is_threshold": cfg.rollout_is_threshold,
+                "rollout_is_threshold_lower": cfg.rollout_is_threshold_lower,
+                "rollout_is_batch_normalize": cfg.rollout_is_batch_normalize,
+            }
+        )
         token_losses, pg_mask, metrics = bypass_policy_loss(
-            micro.batch[ROLLOUT_LOG_PROBS], log_probs, advantages, mask, loss_type=cfg.loss_type, correction=correction,
-            ppo_options=self.config.policy_loss_options)
+            micro.batch[ROLLOUT_LOG_PROBS],
+            log_probs,
+            advantages,
+            mask,
+            loss_type=cfg.loss_type,
+            correction=correction,
+            ppo_options=self.config.policy_loss_options,
+        )
         corr = {k: v for k, v in metrics.items() if k.startswith("rollout_corr/")}
         return token_losses, pg_mask, {k: v for k, v in metrics.items() if k not in corr}, corr
 
-    def _probe(self, micro: DataProto, log_probs: torch.Tensor, entropy: torch.Tensor, mask: torch.Tensor,
-               local: dict[str, float], diagnostics: dict[str, float]) -> None:
+    def _probe(
+        self,
+        micro: DataProto,
+        log_probs: torch.Tensor,
+        entropy: torch.Tensor,
+        mask: torch.Tensor,
+        local: dict[str, float],
+        diagnostics: dict[str, float],
+    ) -> None:
         """The rollout policy's entropy (unless a loss term reports it) and its log-prob gap to this forward."""
         if self.config.entropy_coeff == 0:
             diagnostics["actor/entropy"] += agg_loss(entropy, mask, "token-mean", num_tokens=local["num_tokens"]).item()

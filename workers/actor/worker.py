@@ -36,27 +36,38 @@ import torch
 from hybridflow.configs.roles import resolve_loss_scale_factor
 from hybridflow.configs.schema import PPOConfig
 from hybridflow.core import DP_COMPUTE_METRIC, DP_COMPUTE_PROTO, ONE_TO_ALL, DataProto, Worker, register
-from hybridflow.core.keys import (ACTOR_UPDATE_INPUTS, GLOBAL_STEP, GREEDY, LOG_PROB_INPUTS, METRICS, N_SAMPLES,
-                                  OLD_LOG_PROBS, REF_LOG_PROBS, SEQUENCE_COLUMNS, STOP_TOKEN_IDS, WEIGHT_SYNC_PREFIX,
-                                  WEIGHT_VERSION, WITH_SUM_PI_SQUARED)
+from hybridflow.core.keys import (
+    ACTOR_UPDATE_INPUTS,
+    GLOBAL_STEP,
+    GREEDY,
+    LOG_PROB_INPUTS,
+    METRICS,
+    N_SAMPLES,
+    OLD_LOG_PROBS,
+    REF_LOG_PROBS,
+    SEQUENCE_COLUMNS,
+    STOP_TOKEN_IDS,
+    WEIGHT_SYNC_PREFIX,
+    WEIGHT_VERSION,
+    WITH_SUM_PI_SQUARED,
+)
 from hybridflow.core.parallel_dims import ParallelDims
 from hybridflow.core.reshard import plan_reshard
 from hybridflow.core.weight_transfer import WeightTransfer, manifest_of
 from hybridflow.workers.actor.ppo_actor import PPOActor
 from hybridflow.workers.checkpointing import load_role, model_from_full_state, save_hf_files, save_role
 from hybridflow.workers.fsdp import data_parallel_group, parameter_bytes, shard_role
-from hybridflow.workers.lora import add_adapters, adapters_disabled, lora_config
-from hybridflow.workers.offload import StateOffloader
 from hybridflow.workers.loading import load_sharded_model, read_causal_lm
-from hybridflow.workers.policy_weights import policy_weights
+from hybridflow.workers.lora import adapters_disabled, add_adapters, lora_config
 from hybridflow.workers.micro_batches import log_prob_batching
 from hybridflow.workers.models import load_tokenizer, torch_dtype
+from hybridflow.workers.offload import StateOffloader, drop_storages, restore_storages
 from hybridflow.workers.optim import build_optimizer, state_bytes
-from hybridflow.workers.offload import drop_storages, restore_storages
+from hybridflow.workers.policy_weights import policy_weights
 from hybridflow.workers.rollout.tensor_parallel import build_tp_rollout_model
-from hybridflow.workers.rollout.worker import builtin_engine, call_seed, sampling_for, vllm_engine
 from hybridflow.workers.rollout.tp_plan import rollout_slice
 from hybridflow.workers.rollout.vllm_server import uses_vllm_server
+from hybridflow.workers.rollout.worker import builtin_engine, call_seed, sampling_for, vllm_engine
 
 logger = logging.getLogger(__name__)
 
@@ -94,18 +105,33 @@ class ActorRolloutWorker(Worker):
 
         def read(path: str, dtype: torch.dtype, seed: int | None) -> torch.nn.Module:
             model = read_causal_lm(path, dtype, seed)
-            return model if adapters is None else add_adapters(model, adapters, seed=seed, frozen_dtype=frozen_dtype,
-                                                               adapter_path=arr.model.lora_adapter_path)
+            return (
+                model
+                if adapters is None
+                else add_adapters(
+                    model, adapters, seed=seed, frozen_dtype=frozen_dtype, adapter_path=arr.model.lora_adapter_path
+                )
+            )
 
         def shard(module: torch.nn.Module, mesh) -> torch.nn.Module:
             if adapters is not None:  # shaped on the meta skeleton; the reader's values arrive with the rest
                 add_adapters(module, adapters, frozen_dtype=frozen_dtype)
-            return shard_role(module, mesh, fsdp, compute_dtype=fsdp.compute_dtype(arr.model),
-                              gradient_checkpointing=arr.model.enable_gradient_checkpointing)
+            return shard_role(
+                module,
+                mesh,
+                fsdp,
+                compute_dtype=fsdp.compute_dtype(arr.model),
+                gradient_checkpointing=arr.model.enable_gradient_checkpointing,
+            )
 
         self.model = load_sharded_model(  # the optimizer's master weights (LoRA's frozen base: the compute dtype)
-            arr.model.path, dtype=torch_dtype(fsdp.master_dtype), seed=seed, mesh=self.device_mesh,
-            device=self.device, read=read, shard=shard,
+            arr.model.path,
+            dtype=torch_dtype(fsdp.master_dtype),
+            seed=seed,
+            mesh=self.device_mesh,
+            device=self.device,
+            read=read,
+            shard=shard,
         )
         self.adapter_config = adapters
         self.weights = policy_weights(self.model)  # what the rollout and exports see (merged, with LoRA)
@@ -113,13 +139,20 @@ class ActorRolloutWorker(Worker):
         self.hf_config, self.generation_config = self.model.config, self.model.generation_config
         rollout_model = None if self.use_vllm or self.split else self._build_rollout_model(self.model)
         self.optimizer, self.scheduler = build_optimizer(self.model, arr.actor.optim)
-        self.offload = StateOffloader(self.model, self.optimizer, params=fsdp.param_offload,
-                                      optimizer_state=fsdp.optimizer_offload)
+        self.offload = StateOffloader(
+            self.model, self.optimizer, params=fsdp.param_offload, optimizer_state=fsdp.optimizer_offload
+        )
         dp_group = data_parallel_group(self.device_mesh)
         self.actor = PPOActor(
-            self.model, self.optimizer, arr.actor, loss_agg_mode=self.loss_agg_mode,
-            rows_per_mini_batch=self.dims.actor.rows_per_mini_batch, dp_group=dp_group, scheduler=self.scheduler,
-            use_remove_padding=arr.model.use_remove_padding, share_prompts=arr.model.share_prompts,
+            self.model,
+            self.optimizer,
+            arr.actor,
+            loss_agg_mode=self.loss_agg_mode,
+            rows_per_mini_batch=self.dims.actor.rows_per_mini_batch,
+            dp_group=dp_group,
+            scheduler=self.scheduler,
+            use_remove_padding=arr.model.use_remove_padding,
+            share_prompts=arr.model.share_prompts,
             log_prob_batching=log_prob_batching(arr, self.dims.actor.micro_batch_rows),
             loss_scale_factor=resolve_loss_scale_factor(self.config),  # from the config alone: resolved here
             rollout_correction=self.config.algorithm.rollout_correction,
@@ -144,7 +177,9 @@ class ActorRolloutWorker(Worker):
         tp_group = self.rollout_mesh.get_group("tp") if self.tp_size > 1 else None
         arr = self.config.actor_rollout_ref
         dtype = torch_dtype(arr.actor.fsdp_config.compute_dtype(arr.model))  # the reshard casts the master weights
-        return build_tp_rollout_model(model, tp_group, self.rollout_tp_rank, self.tp_size, dtype=dtype, device=self.device)
+        return build_tp_rollout_model(
+            model, tp_group, self.rollout_tp_rank, self.tp_size, dtype=dtype, device=self.device
+        )
 
     def _plan_reshard(self, rollout_model: torch.nn.Module):
         """The train-to-rollout move, planned once (collective); its runs overwrite the rollout blocks."""
@@ -152,7 +187,8 @@ class ActorRolloutWorker(Worker):
         targets = dict(rollout_model.named_parameters())
         shapes = {name: tuple(param.shape) for name, param in sources}
         slices = {
-            name: rollout_slice(name, shapes[name], self.hf_config, self.rollout_tp_rank, self.tp_size) for name in targets
+            name: rollout_slice(name, shapes[name], self.hf_config, self.rollout_tp_rank, self.tp_size)
+            for name in targets
         }
         return plan_reshard(sources, targets, slices)
 
@@ -165,8 +201,11 @@ class ActorRolloutWorker(Worker):
         """The pad token id the driver pads prompts with, the engine's first EOS id and all of them."""
         if self.engine is None:
             raise RuntimeError("trainer.placement=split: ask the rollout group for its tokenizer info")
-        return {"pad_token_id": self.engine.pad_token_id, "eos_token_id": self.engine.eos_token_ids[0],
-                "eos_token_ids": list(self.engine.eos_token_ids)}
+        return {
+            "pad_token_id": self.engine.pad_token_id,
+            "eos_token_id": self.engine.eos_token_ids[0],
+            "eos_token_ids": list(self.engine.eos_token_ids),
+        }
 
     def _sync_rollout_weights(self) -> dict[str, float]:
         """Move the current training weights into the rollout layout if they changed (collective).
@@ -202,9 +241,10 @@ class ActorRolloutWorker(Worker):
 
     @register(dispatch=DP_COMPUTE_PROTO, mesh=ROLLOUT_MESH, reads=SEQUENCE_COLUMNS)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """``meta_info``: ``n``, ``greedy``, ``seed``; optionally ``max_new_tokens`` (at most ``rollout.response_length``,
-        the default) and ``stop_token_ids`` (an agent loop's turn). Returns n responses per prompt, adjacent: the rollout
-        columns only (the driver adds the prompts' non-tensor columns back, ``trainer/ppo_trainer.py``).
+        """``meta_info``: ``n``, ``greedy``, ``seed``; optionally ``max_new_tokens`` (at most
+        ``rollout.response_length``, the default) and ``stop_token_ids`` (an agent loop's turn). Returns n responses
+        per prompt, adjacent: the rollout columns only (the driver adds the prompts' non-tensor columns back,
+        ``trainer/ppo_trainer.py``).
 
         Every rank of a rollout tp group gets the same prompts (the rollout
         mesh's data-parallel layout) and samples the same tokens.
@@ -220,11 +260,18 @@ class ActorRolloutWorker(Worker):
             self.engine.wake_up(["kv_cache"])
         rollout = self.config.actor_rollout_ref.rollout
         meta = prompts.meta_info
-        out = self.engine.generate(prompts, n=meta[N_SAMPLES], sampling=sampling_for(self.config, meta), greedy=meta[GREEDY],
-                                   seed=call_seed(meta, self.dp_layout(ROLLOUT_MESH).dp_rank),
-                                   stop_token_ids=tuple(meta.get(STOP_TOKEN_IDS, ())))
+        out = self.engine.generate(
+            prompts,
+            n=meta[N_SAMPLES],
+            sampling=sampling_for(self.config, meta),
+            greedy=meta[GREEDY],
+            seed=call_seed(meta, self.dp_layout(ROLLOUT_MESH).dp_rank),
+            stop_token_ids=tuple(meta.get(STOP_TOKEN_IDS, ())),
+        )
         out.meta_info[WEIGHT_VERSION] = self.rollout_version
-        out.meta_info.setdefault(METRICS, {}).update({k: v for k, v in synced.items() if k.startswith(WEIGHT_SYNC_PREFIX)})
+        out.meta_info.setdefault(METRICS, {}).update(
+            {k: v for k, v in synced.items() if k.startswith(WEIGHT_SYNC_PREFIX)}
+        )
         if self.use_vllm:
             self.engine.sleep()
         elif rollout.offload_weights:  # the rollout copy takes no memory until the next generation
@@ -240,7 +287,9 @@ class ActorRolloutWorker(Worker):
         temperature = self.config.actor_rollout_ref.rollout.temperature
         with self.offload.on_device(params=True):
             return self.actor.compute_log_prob(
-                data, temperature=temperature, with_entropy=False,
+                data,
+                temperature=temperature,
+                with_entropy=False,
                 with_sum_pi_squared=bool(data.meta_info.get(WITH_SUM_PI_SQUARED, False)),
             )
 
@@ -249,8 +298,10 @@ class ActorRolloutWorker(Worker):
         """``ref_log_probs`` with LoRA: the policy with its adapters off is the initial policy, so the actor
         computes them and no reference group exists (``configs/roles.py reference_in_actor``)."""
         if self.adapter_config is None:
-            raise RuntimeError("the actor computes reference log-probs only with LoRA adapters (lora_rank > 0); "
-                               "without them the reference is a worker group of its own")
+            raise RuntimeError(
+                "the actor computes reference log-probs only with LoRA adapters (lora_rank > 0); "
+                "without them the reference is a worker group of its own"
+            )
         temperature = self.config.actor_rollout_ref.rollout.temperature
         with self.offload.on_device(params=True), adapters_disabled(self.model):
             out = self.actor.compute_log_prob(data, temperature=temperature, with_entropy=False)
@@ -280,8 +331,9 @@ class ActorRolloutWorker(Worker):
         """Rank 0 hosts the trainer-to-rollout group (``core/weight_transfer.py``) as member 0 and publishes the
         manifest of the weights; the other ranks only take part in the gathers of :meth:`send_weights`."""
         if self.rank == 0:
-            self.transfer = WeightTransfer(host, port, 0, members, self.device,
-                                           timeout_s=self.config.trainer.timeouts.weight_sync_s)
+            self.transfer = WeightTransfer(
+                host, port, 0, members, self.device, timeout_s=self.config.trainer.timeouts.weight_sync_s
+            )
             self.transfer.publish(manifest_of(self.weights.named()))
 
     @register(dispatch=ONE_TO_ALL, reads=())

@@ -94,7 +94,8 @@ class PPOCritic:
         """Clipped value-loss updates over this rank's rows; returns mean metrics."""
         if len(data) % self.rows_per_mini_batch:
             raise ValueError(
-                f"this rank holds {len(data)} rows, not a multiple of its {self.rows_per_mini_batch} rows per mini-batch"
+                f"this rank holds {len(data)} rows, "
+                f"not a multiple of its {self.rows_per_mini_batch} rows per mini-batch"
             )
         self.model.train()
         steps = []
@@ -102,8 +103,11 @@ class PPOCritic:
             num_tokens, num_seqs = global_counts(mini.batch[RESPONSE_MASK], self.dp_group)
             counts = {"num_tokens": num_tokens, "num_seqs": num_seqs, "norm_len": self.loss_scale_factor}
             local_tokens, local_seqs = global_counts(mini.batch[RESPONSE_MASK], None)
-            local = {"num_tokens": max(local_tokens, 1.0), "num_seqs": max(local_seqs, 1.0),
-                     "norm_len": self.loss_scale_factor}
+            local = {
+                "num_tokens": max(local_tokens, 1.0),
+                "num_seqs": max(local_seqs, 1.0),
+                "norm_len": self.loss_scale_factor,
+            }
             diagnostics: dict[str, float] = defaultdict(float)  # the rank's mini-batch values, summed from shares
             micro_batches, _ = self.update_batching.split(mini, self.dp_group)
             step = optimizer_step(

@@ -23,8 +23,8 @@ from hybridflow.workers.checkpointing import load_role, save_role
 from hybridflow.workers.critic.ppo_critic import PPOCritic
 from hybridflow.workers.fsdp import parameter_bytes, shard_role
 from hybridflow.workers.loading import load_sharded_model
-from hybridflow.workers.offload import StateOffloader
 from hybridflow.workers.models import load_model_and_tokenizer, torch_dtype
+from hybridflow.workers.offload import StateOffloader
 from hybridflow.workers.optim import build_optimizer, state_bytes
 
 
@@ -81,26 +81,41 @@ VALUE_HEAD = "score"
 def load_value_model(config: PPOConfig, mesh: DeviceMesh, device: torch.device | str) -> nn.Module:
     """The critic sharded over ``mesh`` as it trains: fp32 master weights (``fsdp_config.master_dtype``),
     computing in the role's compute dtype; with ``critic.lora_rank``, LoRA adapters in its backbone (the head
-    trains whole, the rest is frozen and held in the compute dtype); collective (:func:`~hybridflow.workers.loading.load_sharded_model`)."""
+    trains whole, the rest is frozen and held in the compute dtype); collective
+    (:func:`~hybridflow.workers.loading.load_sharded_model`)."""
     fsdp, model_cfg = config.critic.fsdp_config, config.actor_rollout_ref.model
     adapters = lora.lora_config(config.critic, never=(VALUE_HEAD,)) if config.critic.lora_rank else None
     frozen_dtype = torch_dtype(fsdp.compute_dtype(model_cfg))  # under LoRA, of the frozen backbone
 
     def with_adapters(model: nn.Module, seed: int | None = None) -> nn.Module:
-        return model if adapters is None else lora.add_adapters(model, adapters, seed=seed, trainable=(VALUE_HEAD,),
-                                                                frozen_dtype=frozen_dtype)
+        return (
+            model
+            if adapters is None
+            else lora.add_adapters(model, adapters, seed=seed, trainable=(VALUE_HEAD,), frozen_dtype=frozen_dtype)
+        )
 
     def read(path: str, dtype: torch.dtype, seed: int) -> nn.Module:
         return with_adapters(build_value_model(path, dtype, seed), seed)
 
     def shard(skeleton: nn.Module, mesh: DeviceMesh) -> nn.Module:
         # every rank's skeleton is built from the reader's class and config, which know nothing of the head
-        return shard_role(with_adapters(with_value_head(skeleton)), mesh, fsdp,
-                          compute_dtype=fsdp.compute_dtype(model_cfg),
-                          gradient_checkpointing=model_cfg.enable_gradient_checkpointing)
+        return shard_role(
+            with_adapters(with_value_head(skeleton)),
+            mesh,
+            fsdp,
+            compute_dtype=fsdp.compute_dtype(model_cfg),
+            gradient_checkpointing=model_cfg.enable_gradient_checkpointing,
+        )
 
-    return load_sharded_model(model_cfg.path, dtype=torch_dtype(fsdp.master_dtype), seed=config.trainer.seed,
-                              mesh=mesh, device=device, read=read, shard=shard)
+    return load_sharded_model(
+        model_cfg.path,
+        dtype=torch_dtype(fsdp.master_dtype),
+        seed=config.trainer.seed,
+        mesh=mesh,
+        device=device,
+        read=read,
+        shard=shard,
+    )
 
 
 class CriticWorker(Worker):
@@ -118,11 +133,17 @@ class CriticWorker(Worker):
         fsdp = cfg.critic.fsdp_config
         self.model = load_value_model(cfg, self.device_mesh, self.device)
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg.critic.optim)
-        self.offload = StateOffloader(self.model, self.optimizer, params=fsdp.param_offload,
-                                      optimizer_state=fsdp.optimizer_offload)
+        self.offload = StateOffloader(
+            self.model, self.optimizer, params=fsdp.param_offload, optimizer_state=fsdp.optimizer_offload
+        )
         self.critic = PPOCritic(
-            self.model, self.optimizer, cfg.critic, rows_per_mini_batch=self.dims.critic.rows_per_mini_batch,
-            ppo_epochs=cfg.actor_rollout_ref.actor.ppo_epochs, dp_group=self.device_mesh.get_group(), scheduler=self.scheduler,
+            self.model,
+            self.optimizer,
+            cfg.critic,
+            rows_per_mini_batch=self.dims.critic.rows_per_mini_batch,
+            ppo_epochs=cfg.actor_rollout_ref.actor.ppo_epochs,
+            dp_group=self.device_mesh.get_group(),
+            scheduler=self.scheduler,
             use_remove_padding=cfg.actor_rollout_ref.model.use_remove_padding,
             share_prompts=cfg.actor_rollout_ref.model.share_prompts,
             loss_scale_factor=resolve_loss_scale_factor(cfg),  # the actor's constant, as veRL's critic defaults to

@@ -5,7 +5,7 @@ cache); :class:`SamplingParams` holds temperature, top-p, top-k and the
 response length.
 """
 
-from hybridflow.workers.rollout.engine import EngineConfig, RolloutEngine
 from hybridflow.core.sampling import SamplingParams
+from hybridflow.workers.rollout.engine import EngineConfig, RolloutEngine
 
 __all__ = ["EngineConfig", "RolloutEngine", "SamplingParams"]

@@ -41,8 +41,8 @@ from typing import Any
 
 import torch
 
-from hybridflow.workers.rollout.kv_cache import PreallocatedLayer, make_generation_cache
 from hybridflow.core.sampling import SamplingParams
+from hybridflow.workers.rollout.kv_cache import make_generation_cache
 from hybridflow.workers.rollout.sampling import sample_next_tokens
 
 __all__ = ["FinishedRows", "SlotDecoder", "decode_continuous"]
@@ -74,7 +74,11 @@ class _Slots:
         """``free`` more slots at the end: no prompt (-1), not live, zeros."""
         for f in fields(self):
             value = getattr(self, f.name)
-            setattr(self, f.name, torch.cat([value, value.new_full((free, *value.shape[1:]), -1 if f.name == "prompt" else 0)]))
+            setattr(
+                self,
+                f.name,
+                torch.cat([value, value.new_full((free, *value.shape[1:]), -1 if f.name == "prompt" else 0)]),
+            )
 
 
 @dataclass(frozen=True)
@@ -97,8 +101,9 @@ class SlotDecoder:
     with the version of the forward whose logits it was sampled from. Once nothing waits, finished rows are
     compacted away; prompts that arrive after that get the slots back."""
 
-    def __init__(self, engine, slots: int, n: int, sampling: SamplingParams, greedy: bool, generator,
-                 stops: tuple[int, ...]):
+    def __init__(
+        self, engine, slots: int, n: int, sampling: SamplingParams, greedy: bool, generator, stops: tuple[int, ...]
+    ):
         self.engine, self.slots, self.n = engine, slots, n
         self.sampling, self.greedy, self.generator = sampling, greedy, generator
         self.steps, self.pad = sampling.max_new_tokens, engine.pad_token_id
@@ -114,13 +119,19 @@ class SlotDecoder:
         self.live_slot_steps, self.decode_steps = torch.zeros((), device=self.device), 0  # summed on the device
 
     # ------------------------------------------------------------ prompts
-    def add(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor, tags: list[Any]) -> None:
+    def add(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor, tags: list[Any]
+    ) -> None:
         """Queue prompt rows (B, P) left-padded, each with a tag its finished samples carry."""
         real = attention_mask.sum(-1).tolist()
         for row, tag in enumerate(tags):
             width = max(int(real[row]), 1)
             self._prompts[self._next_prompt] = (
-                input_ids[row, -width:], attention_mask[row, -width:], positions[row, -width:], tag)
+                input_ids[row, -width:],
+                attention_mask[row, -width:],
+                positions[row, -width:],
+                tag,
+            )
             self.waiting.append(self._next_prompt)
             self._next_prompt += 1
 
@@ -137,11 +148,17 @@ class SlotDecoder:
         vocab = engine.model.config.get_text_config().vocab_size
         long = lambda *shape, fill=0: torch.full(shape, fill, dtype=torch.long, device=device)  # noqa: E731
         self.state = _Slots(
-            prompt=long(slots, fill=-1), sample=long(slots), live=torch.zeros(slots, dtype=torch.bool, device=device),
-            generated=long(slots), tokens=long(slots, self.steps, fill=self.pad),
+            prompt=long(slots, fill=-1),
+            sample=long(slots),
+            live=torch.zeros(slots, dtype=torch.bool, device=device),
+            generated=long(slots),
+            tokens=long(slots, self.steps, fill=self.pad),
             log_probs=torch.zeros((slots, self.steps), dtype=torch.float32, device=device),
-            versions=long(slots, self.steps), attention_mask=long(slots, self.width),
-            next_position=long(slots), logits=torch.zeros((slots, vocab), device=device), logit_version=long(slots),
+            versions=long(slots, self.steps),
+            attention_mask=long(slots, self.width),
+            next_position=long(slots),
+            logits=torch.zeros((slots, vocab), device=device),
+            logit_version=long(slots),
         )
 
     def admit(self) -> None:
@@ -168,7 +185,9 @@ class SlotDecoder:
         logits = self.engine._forward(ids, mask, pos, prefill)
         into = free[: count * n]
         for layer, small in zip(self.cache.layers, prefill.layers):
-            layer.write_rows(into, small.keys.repeat_interleave(n, 0), small.values.repeat_interleave(n, 0), self.length)
+            layer.write_rows(
+                into, small.keys.repeat_interleave(n, 0), small.values.repeat_interleave(n, 0), self.length
+            )
         rep = lambda x: x.repeat_interleave(n, dim=0)  # noqa: E731
         state.prompt[into] = rep(torch.tensor(chosen, device=self.device))
         state.sample[into] = torch.arange(n, device=self.device).repeat(count)
@@ -188,7 +207,11 @@ class SlotDecoder:
         pos = torch.zeros((len(chosen), width), dtype=torch.long, device=self.device)
         for row, i in enumerate(chosen):
             p_ids, p_mask, p_pos, _ = self._prompts[i]
-            ids[row, width - len(p_ids):], mask[row, width - len(p_ids):], pos[row, width - len(p_ids):] = p_ids, p_mask, p_pos
+            ids[row, width - len(p_ids) :], mask[row, width - len(p_ids) :], pos[row, width - len(p_ids) :] = (
+                p_ids,
+                p_mask,
+                p_pos,
+            )
         return ids, mask, pos
 
     def _restore_slots(self) -> None:
@@ -200,8 +223,9 @@ class SlotDecoder:
     def _grow(self, columns: int) -> None:
         for layer in self.cache.layers:
             layer.grow_left(columns)
-        self.state.attention_mask = torch.cat([self.state.attention_mask.new_zeros((self.slots, columns)),
-                                               self.state.attention_mask], 1)
+        self.state.attention_mask = torch.cat(
+            [self.state.attention_mask.new_zeros((self.slots, columns)), self.state.attention_mask], 1
+        )
         self.length += columns
         self.width = max(self.width, self.length)
 
@@ -218,7 +242,9 @@ class SlotDecoder:
         state, steps = self.state, self.steps
         self.live_slot_steps += state.live.sum()
         self.decode_steps += 1
-        tokens, token_log_probs = sample_next_tokens(state.logits, self.sampling, greedy=self.greedy, generator=self.generator)
+        tokens, token_log_probs = sample_next_tokens(
+            state.logits, self.sampling, greedy=self.greedy, generator=self.generator
+        )
         tokens = tokens.masked_fill(~state.live, self.pad)  # free and finished slots feed pad, ignored
         slots = state.live.nonzero().squeeze(-1)
         at = state.generated[slots]
@@ -251,8 +277,9 @@ class SlotDecoder:
         if len(tokens) != len(fresh):  # a fresh cache after a compaction: every slot is back, the live ones all fresh
             tokens = torch.full_like(fresh, self.pad, dtype=torch.long)
         state.attention_mask = torch.cat([state.attention_mask, (~fresh).to(state.attention_mask.dtype)[:, None]], 1)
-        logits = self.engine._forward(tokens.masked_fill(fresh, self.pad)[:, None], state.attention_mask,
-                                      state.next_position[:, None], self.cache)
+        logits = self.engine._forward(
+            tokens.masked_fill(fresh, self.pad)[:, None], state.attention_mask, state.next_position[:, None], self.cache
+        )
         state.logits = torch.where(fresh[:, None], state.logits, logits.to(state.logits.dtype))
         state.logit_version = torch.where(fresh, state.logit_version, self.version)
         state.next_position = state.next_position + (~fresh).long()
@@ -269,8 +296,14 @@ class SlotDecoder:
             entry[1] -= 1
             if entry[1] == 0:
                 del self._tags[i]
-        return FinishedRows(tags, state.sample[done], state.tokens[done], state.log_probs[done], state.versions[done],
-                            state.generated[done])
+        return FinishedRows(
+            tags,
+            state.sample[done],
+            state.tokens[done],
+            state.log_probs[done],
+            state.versions[done],
+            state.generated[done],
+        )
 
     def _trim(self) -> None:
         """Drop the leading cache columns no live row attends to (keeping at least the prompt width)."""
@@ -288,8 +321,18 @@ class SlotDecoder:
         return float(self.live_slot_steps) / (self.decode_steps * self.slots) if self.decode_steps else 0.0
 
 
-def decode_continuous(engine, input_ids, attention_mask, positions, n: int, sampling: SamplingParams, greedy: bool,
-                      generator, stops: tuple[int, ...], slots: int):
+def decode_continuous(
+    engine,
+    input_ids,
+    attention_mask,
+    positions,
+    n: int,
+    sampling: SamplingParams,
+    greedy: bool,
+    generator,
+    stops: tuple[int, ...],
+    slots: int,
+):
     """Decode ``n`` samples of every prompt row in ``slots`` row slots; returns responses, log-probs
     (B*n, T) and lengths (B*n,), as the static decode loop does, and the mean share of slots that were live."""
     prompts, steps = input_ids.shape[0], sampling.max_new_tokens

@@ -49,10 +49,10 @@ from hybridflow.core.keys import (
     ROLLOUT_LOG_PROBS,
 )
 from hybridflow.core.rollout_batch import positions_from_mask
+from hybridflow.core.sampling import SamplingParams
 from hybridflow.workers import attention
 from hybridflow.workers.rollout.continuous import decode_continuous
 from hybridflow.workers.rollout.kv_cache import make_generation_cache, preallocatable
-from hybridflow.core.sampling import SamplingParams
 from hybridflow.workers.rollout.sampling import sample_next_tokens
 
 __all__ = ["EngineConfig", "RolloutEngine", "assemble_rollout", "positions_from_mask"]
@@ -200,11 +200,20 @@ class RolloutEngine:
                 slots = self._continuous_slots(input_ids.shape, expand, sampling.max_new_tokens)
                 if slots is not None:
                     responses, log_probs, lengths, slot_share = decode_continuous(
-                        self, input_ids, attention_mask, positions, expand, sampling, greedy, generator, stops, slots)
+                        self, input_ids, attention_mask, positions, expand, sampling, greedy, generator, stops, slots
+                    )
                 else:
                     chunks = [
-                        self._decode(input_ids[rows], attention_mask[rows], positions[rows], expand, sampling, greedy,
-                                     generator, stops)
+                        self._decode(
+                            input_ids[rows],
+                            attention_mask[rows],
+                            positions[rows],
+                            expand,
+                            sampling,
+                            greedy,
+                            generator,
+                            stops,
+                        )
                         for rows in self._prompt_chunks(input_ids.shape, expand, sampling.max_new_tokens)
                     ]
                     responses, log_probs, lengths = (torch.cat(parts) for parts in zip(*chunks))

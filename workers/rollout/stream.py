@@ -41,14 +41,15 @@ import torch
 from hybridflow.core.data_proto import DataProto
 from hybridflow.core.keys import ATTENTION_MASK, INPUT_IDS, METRICS, POSITION_IDS, ROLLOUT_VERSIONS
 from hybridflow.core.rollout_batch import positions_from_mask
+from hybridflow.core.sampling import SamplingParams
 from hybridflow.workers.rollout.continuous import SlotDecoder
 from hybridflow.workers.rollout.engine import RolloutEngine, assemble_rollout
-from hybridflow.core.sampling import SamplingParams
 
 __all__ = ["BuiltinDecoder", "RolloutStream", "SWAP_POINTS"]
 
 SWAP_POINTS = ("step", "drained")
-"""When new weights may enter: between any two decode steps (``async``) or only when nothing decodes (``one_step_off``)."""
+"""When new weights may enter: between any two decode steps (``async``) or only when nothing decodes
+(``one_step_off``)."""
 
 
 @dataclass
@@ -90,7 +91,9 @@ class RolloutStream:
         self.thread.start()
 
     @classmethod
-    def builtin(cls, engine: RolloutEngine, slots: int, n: int, sampling: SamplingParams, swap: str = "step") -> RolloutStream:
+    def builtin(
+        cls, engine: RolloutEngine, slots: int, n: int, sampling: SamplingParams, swap: str = "step"
+    ) -> RolloutStream:
         """A stream over the built-in engine's model: a :class:`SlotDecoder` of ``slots`` row slots
         (``rollout.max_num_seqs``) with the training rollout's sampling (temperature, top-p, top-k,
         ``max_new_tokens``)."""
@@ -125,14 +128,20 @@ class RolloutStream:
             idle, self.idle_s = self.idle_s, 0.0
         out = self._assemble(request)
         metrics = dict(out.meta_info.get(METRICS, {}))
-        metrics.update({"rollout/stream_idle_s": idle, "rollout/latency_s": time.perf_counter() - request.submitted,
-                        "rollout/slot_utilization": self.decoder.slot_utilization()})
+        metrics.update(
+            {
+                "rollout/stream_idle_s": idle,
+                "rollout/latency_s": time.perf_counter() - request.submitted,
+                "rollout/slot_utilization": self.decoder.slot_utilization(),
+            }
+        )
         out.meta_info[METRICS] = metrics
         return out
 
     @contextmanager
     def paused(self) -> Iterator[None]:
-        """No decode step runs inside (``swap="drained"``: and no row is resident or submitted); write the weights here."""
+        """No decode step runs inside (``swap="drained"``: and no row is resident or submitted); write the weights
+        here."""
         with self.wake:
             self.pausers += 1
         try:
@@ -201,8 +210,15 @@ class RolloutStream:
                 mask = batch[ATTENTION_MASK]
                 positions = batch.get(POSITION_IDS)
                 positions = positions_from_mask(mask) if positions is None else positions
-                self.decoder.add(batch[INPUT_IDS], mask, positions, [(request_id, i) for i in range(len(request.prompts))],
-                                 seed=request.seed, n=request.n, call=request.call)
+                self.decoder.add(
+                    batch[INPUT_IDS],
+                    mask,
+                    positions,
+                    [(request_id, i) for i in range(len(request.prompts))],
+                    seed=request.seed,
+                    n=request.n,
+                    call=request.call,
+                )
         return True
 
     def _collect(self, finished) -> None:
@@ -213,7 +229,11 @@ class RolloutStream:
                     continue
                 sample = int(finished.samples[k])
                 request.rows[prompt * request.n + sample] = (
-                    finished.tokens[k], finished.log_probs[k], finished.versions[k], int(finished.lengths[k]))
+                    finished.tokens[k],
+                    finished.log_probs[k],
+                    finished.versions[k],
+                    int(finished.lengths[k]),
+                )
                 request.done += 1
             self.wake.notify_all()
 
@@ -225,7 +245,9 @@ class RolloutStream:
         mask = prompts.batch[ATTENTION_MASK]
         positions = prompts.batch.get(POSITION_IDS)
         positions = positions_from_mask(mask) if positions is None else positions
-        out = assemble_rollout(prompts, request.n, prompts.batch[INPUT_IDS], mask, positions, responses, log_probs, lengths)
+        out = assemble_rollout(
+            prompts, request.n, prompts.batch[INPUT_IDS], mask, positions, responses, log_probs, lengths
+        )
         steps = torch.arange(responses.shape[1], device=responses.device)
         out.batch[ROLLOUT_VERSIONS] = torch.where(steps[None] < lengths[:, None], versions, -1)
         out.meta_info[METRICS] = {"rollout/generated_tokens": int(lengths.sum())}
@@ -241,13 +263,24 @@ class BuiltinDecoder(SlotDecoder):
         self.generator = torch.Generator(device=engine.device)
         super().__init__(engine, slots, n, sampling, False, self.generator, engine.eos_token_ids)
 
-    def add(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor, tags: list[Any], *,
-            seed: int | None = None, n: int | None = None, call: Any = None) -> None:
+    def add(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        positions: torch.Tensor,
+        tags: list[Any],
+        *,
+        seed: int | None = None,
+        n: int | None = None,
+        call: Any = None,
+    ) -> None:
         """Queue prompt rows as :meth:`SlotDecoder.add`; ``seed`` reseeds an idle decoder. A request for other
         samples per prompt or other options is refused: the slots decode one sampling."""
         if call is not None or (n is not None and n != self.n):
-            raise ValueError("the built-in stream decodes the training rollout's sampling only; generate other calls "
-                             "with the engine (RolloutWorker.generate_sequences)")
+            raise ValueError(
+                "the built-in stream decodes the training rollout's sampling only; generate other calls "
+                "with the engine (RolloutWorker.generate_sequences)"
+            )
         if seed is not None and not self.busy:
             self.generator.manual_seed(seed)
         super().add(input_ids, attention_mask, positions, tags)

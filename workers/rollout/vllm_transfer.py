@@ -1,4 +1,5 @@
-"""hybridflow's weight transfer as a vLLM weight-transfer backend (``--weight-transfer-config '{"backend": "hybridflow"}'``).
+"""hybridflow's weight transfer as a vLLM weight-transfer backend
+(``--weight-transfer-config '{"backend": "hybridflow"}'``).
 
 vLLM 0.32 syncs an RL trainer's weights into a running engine through a pluggable *weight-transfer
 engine* and four calls, the same offline (``LLM``) and online (``vllm serve``'s RL routes, with
@@ -75,8 +76,9 @@ class HybridflowWeightTransferEngine(WeightTransferEngine[HybridflowInitInfo, Hy
     def init_transfer_engine(self, init_info: HybridflowInitInfo) -> None:
         """Join the transfer group (waits for the trainer's rank 0 and the other members) and read its manifest."""
         member = init_info.first_member + self.parallel_config.rank
-        self.transfer = WeightTransfer(init_info.host, init_info.port, member, init_info.members, self.device,
-                                       timeout_s=init_info.timeout_s)
+        self.transfer = WeightTransfer(
+            init_info.host, init_info.port, member, init_info.members, self.device, timeout_s=init_info.timeout_s
+        )
         self.transfer.read_manifest()
         logger.info("joined the hybridflow weight transfer as member %d of %d", member, init_info.members)
 

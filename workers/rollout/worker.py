@@ -36,11 +36,10 @@ from hybridflow.core.keys import (
     WEIGHT_VERSION,
 )
 from hybridflow.core.parallel_dims import ParallelDims
+from hybridflow.core.sampling import SamplingParams
 from hybridflow.core.weight_transfer import WeightTransfer
 from hybridflow.workers.models import load_model_config, load_tokenizer, torch_dtype
-from hybridflow.workers.rollout.engine import EngineConfig
-from hybridflow.workers.rollout.engine import RolloutEngine
-from hybridflow.core.sampling import SamplingParams
+from hybridflow.workers.rollout.engine import EngineConfig, RolloutEngine
 from hybridflow.workers.rollout.stream import RolloutStream
 from hybridflow.workers.rollout.tensor_parallel import build_tp_rollout_model
 from hybridflow.workers.rollout.tp_plan import rollout_slice
@@ -51,10 +50,13 @@ SWAP_FOR_MODE = {"async": "step", "one_step_off": "drained"}
 
 
 def sampling_for(config: PPOConfig, meta: dict[str, Any]) -> SamplingParams:
-    """The rollout's sampling for one call: ``meta["max_new_tokens"]`` (an agent loop's turn) within ``rollout.response_length``."""
+    """The rollout's sampling for one call: ``meta["max_new_tokens"]`` (an agent loop's turn) within
+    ``rollout.response_length``."""
     rollout = config.actor_rollout_ref.rollout
     steps = min(int(meta.get(MAX_NEW_TOKENS, rollout.response_length)), rollout.response_length)
-    return SamplingParams(temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k, max_new_tokens=steps)
+    return SamplingParams(
+        temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k, max_new_tokens=steps
+    )
 
 
 def builtin_engine(model: torch.nn.Module, tokenizer: Any, rollout: Any, device: torch.device) -> RolloutEngine:
@@ -63,11 +65,16 @@ def builtin_engine(model: torch.nn.Module, tokenizer: Any, rollout: Any, device:
     budget = None
     if device.type == "cuda":
         budget = int(rollout.gpu_memory_utilization * torch.cuda.get_device_properties(device).total_memory)
-    return RolloutEngine(model, tokenizer, EngineConfig(
-        max_kv_cache_bytes=budget, max_num_seqs=rollout.max_num_seqs, refill=rollout.refill))
+    return RolloutEngine(
+        model,
+        tokenizer,
+        EngineConfig(max_kv_cache_bytes=budget, max_num_seqs=rollout.max_num_seqs, refill=rollout.refill),
+    )
 
 
-def vllm_engine(config: PPOConfig, dims: ParallelDims, tokenizer: Any, *, batches: int = 1, stepwise: bool = False) -> Any:
+def vllm_engine(
+    config: PPOConfig, dims: ParallelDims, tokenizer: Any, *, batches: int = 1, stepwise: bool = False
+) -> Any:
     """This rank's vLLM engine (``rollout.name=vllm``; collective over the rank's torch.distributed world), built
     with dummy weights: the first push fills them. Its KV cache on a CPU holds ``batches`` steps' rows of this
     rank (or ``rollout.max_num_seqs`` rows) at full length; vLLM queues what does not fit. ``stepwise``: a
@@ -77,9 +84,16 @@ def vllm_engine(config: PPOConfig, dims: ParallelDims, tokenizer: Any, *, batche
     arr = config.actor_rollout_ref
     rows = arr.rollout.max_num_seqs or batches * dims.rows_per_step // dims.rollout.dp
     return VLLMRolloutEngine.create(
-        arr.model.path, tokenizer, arr.rollout, dims.rollout.tp, device=config.trainer.device, rows=rows,
+        arr.model.path,
+        tokenizer,
+        arr.rollout,
+        dims.rollout.tp,
+        device=config.trainer.device,
+        rows=rows,
         max_model_len=config.data.max_prompt_length + arr.rollout.response_length,
-        dtype=arr.actor.fsdp_config.compute_dtype(arr.model), seed=config.trainer.seed, stepwise=stepwise,
+        dtype=arr.actor.fsdp_config.compute_dtype(arr.model),
+        seed=config.trainer.seed,
+        stepwise=stepwise,
     )
 
 
@@ -127,28 +141,43 @@ class RolloutWorker(Worker):
         self.hf_config = load_model_config(arr.model.path)
         if self.use_vllm:
             pipelined = self.config.trainer.rollout_mode in SWAP_FOR_MODE
-            self.engine = vllm_engine(self.config, self.dims, self.tokenizer, stepwise=pipelined,
-                                      batches=1 + self.config.trainer.batches_ahead())
+            self.engine = vllm_engine(
+                self.config,
+                self.dims,
+                self.tokenizer,
+                stepwise=pipelined,
+                batches=1 + self.config.trainer.batches_ahead(),
+            )
             if pipelined:  # every call goes through the stream: it alone steps the engine
                 self._stream(arr.rollout.n)
             return
         tp_group = self.device_mesh.get_group("tp") if self.tp_size > 1 else None
-        model = build_tp_rollout_model(self.hf_config, tp_group, self.tp_rank, self.tp_size,
-                                       dtype=torch_dtype(arr.actor.fsdp_config.compute_dtype(arr.model)), device=self.device)
+        model = build_tp_rollout_model(
+            self.hf_config,
+            tp_group,
+            self.tp_rank,
+            self.tp_size,
+            dtype=torch_dtype(arr.actor.fsdp_config.compute_dtype(arr.model)),
+            device=self.device,
+        )
         self.params = dict(model.named_parameters())
         self.engine = builtin_engine(model, self.tokenizer, arr.rollout, self.device)
 
     @register(dispatch=ONE_TO_ALL, reads=())
     def tokenizer_info(self) -> dict[str, Any]:
         """The pad token id the driver pads prompts with, the engine's first EOS id and all of them."""
-        return {"pad_token_id": self.engine.pad_token_id, "eos_token_id": self.engine.eos_token_ids[0],
-                "eos_token_ids": list(self.engine.eos_token_ids)}
+        return {
+            "pad_token_id": self.engine.pad_token_id,
+            "eos_token_id": self.engine.eos_token_ids[0],
+            "eos_token_ids": list(self.engine.eos_token_ids),
+        }
 
     @register(dispatch=ONE_TO_ALL, reads=())
     def join_weight_transfer(self, host: str, port: int, members: int) -> None:
         """Join the trainer-to-rollout group as member ``1 + rank`` (with the trainer's ``join_weight_transfer``)."""
-        self.transfer = WeightTransfer(host, port, 1 + self.rank, members, self.device,
-                                       timeout_s=self.config.trainer.timeouts.weight_sync_s)
+        self.transfer = WeightTransfer(
+            host, port, 1 + self.rank, members, self.device, timeout_s=self.config.trainer.timeouts.weight_sync_s
+        )
         self.transfer.read_manifest()
 
     @register(dispatch=ONE_TO_ALL, reads=())
@@ -159,10 +188,14 @@ class RolloutWorker(Worker):
         with torch.no_grad(), self._paused():
             if self.use_vllm:  # vLLM pulls each weight from the transfer into its in-place reload
                 incoming = self.transfer.incoming(bucket)
-                self.engine.update_weights(incoming, version=incoming.version, requests_in_flight=self.stream is not None)
+                self.engine.update_weights(
+                    incoming, version=incoming.version, requests_in_flight=self.stream is not None
+                )
                 stats = incoming.stats()
             else:
-                stats = self.transfer.receive(block_writer(self.params, self.hf_config, self.tp_rank, self.tp_size), bucket)
+                stats = self.transfer.receive(
+                    block_writer(self.params, self.hf_config, self.tp_rank, self.tp_size), bucket
+                )
             self.version = stats.version
             if self.stream is not None:
                 self.stream.set_version(stats.version)
@@ -182,8 +215,14 @@ class RolloutWorker(Worker):
             out.batch.pop(ROLLOUT_VERSIONS)
         else:
             with self._paused():
-                out = self.engine.generate(prompts, n=meta[N_SAMPLES], sampling=sampling_for(self.config, meta),
-                                           greedy=meta[GREEDY], seed=self._seed(meta), stop_token_ids=stops)
+                out = self.engine.generate(
+                    prompts,
+                    n=meta[N_SAMPLES],
+                    sampling=sampling_for(self.config, meta),
+                    greedy=meta[GREEDY],
+                    seed=self._seed(meta),
+                    stop_token_ids=stops,
+                )
         out.meta_info[WEIGHT_VERSION] = self.version
         return out
 
@@ -205,11 +244,15 @@ class RolloutWorker(Worker):
         if self.stream is None:
             rows = self.dims.rows_per_step // self.dims.rollout.dp  # one step's rows on this rank
             # by default a slot for every row that may be in flight: this step's and those submitted ahead
-            slots = self.config.actor_rollout_ref.rollout.max_num_seqs or rows * (1 + self.config.trainer.batches_ahead())
+            slots = self.config.actor_rollout_ref.rollout.max_num_seqs or rows * (
+                1 + self.config.trainer.batches_ahead()
+            )
             sampling = sampling_for(self.config, {})
             bound = self.engine._rows_at_once(self.config.data.max_prompt_length + 2 * sampling.max_new_tokens)
             slots = max(n, min(slots, bound) if bound is not None else slots)
-            self.stream = RolloutStream.builtin(self.engine, slots, n, sampling, SWAP_FOR_MODE[self.config.trainer.rollout_mode])
+            self.stream = RolloutStream.builtin(
+                self.engine, slots, n, sampling, SWAP_FOR_MODE[self.config.trainer.rollout_mode]
+            )
             self.stream.set_version(self.version)
         return self.stream
 

@@ -8,7 +8,6 @@ by pytest itself wherever hybridflow is installed.
 
 import pytest
 import torch
-
 from hybridflow_kit_example import group_rank_advantage, ppo_k3_loss, yes_no_score
 
 

@@ -21,6 +21,7 @@ from importlib import metadata
 import numpy as np
 import pytest
 import torch
+from hybridflow_my_agent import MY_LOOKUP, my_agent, my_lookup
 
 from hybridflow.agents import AgentRequest, AgentRunner, Completion, ToolBox, ToolCall
 from hybridflow.agents.formats import observation_ids
@@ -28,8 +29,6 @@ from hybridflow.core import DataProto
 from hybridflow.plugins import get_agent_loop, get_plugin_manager, get_tool
 from hybridflow.plugins.manager import AGENT_LOOPS, TOOLS
 from hybridflow.workers.models import build_char_tokenizer
-
-from hybridflow_my_agent import MY_LOOKUP, my_agent, my_lookup
 
 DISTRIBUTION = "hybridflow-my-agent"
 STATE = {"table": {"x": "6"}}  # this prompt's instance of my_lookup knows x = 6
@@ -62,7 +61,9 @@ class ScriptedClient:
 
 def request(tokenizer, budget, row=ROW):
     """The prompt ``x+1=`` as the prompt loader makes it: the chat template's text, tokenized without additions."""
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "x+1="}], add_generation_prompt=True, tokenize=False)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "x+1="}], add_generation_prompt=True, tokenize=False
+    )
     return AgentRequest(tokenizer.encode(text, add_special_tokens=False), row, tokenizer, budget)
 
 
@@ -92,7 +93,10 @@ def test_the_tool_by_hand():
     failed = asyncio.run(box.call(ToolCall("my_lookup", {"key": "y"}), state))
     assert (failed.status, failed.text) == ("error", "error: my_lookup failed: LookupError: no entry 'y'; keys: x")
     invalid = asyncio.run(box.call(ToolCall("my_lookup", {"key": 3}), state))  # the JSON schema is checked first
-    assert (invalid.status, invalid.text) == ("invalid", "error: my_lookup argument 'key' must be a JSON string, got int")
+    assert (invalid.status, invalid.text) == (
+        "invalid",
+        "error: my_lookup argument 'key' must be a JSON string, got int",
+    )
 
 
 def test_a_compact_call_with_the_builtin_tokenizer():
@@ -163,13 +167,16 @@ def test_registered_by_name():
     try:
         version = metadata.version(DISTRIBUTION)
     except metadata.PackageNotFoundError:
-        raise AssertionError(f"{DISTRIBUTION} is not installed; run `pip install -e .` in the plugin folder first") from None
+        raise AssertionError(
+            f"{DISTRIBUTION} is not installed; run `pip install -e .` in the plugin folder first"
+        ) from None
 
     loop, tool = get_agent_loop("my_agent"), get_tool("my_lookup")
     assert loop.fn is my_agent and not loop.single_generate
     assert loop.options == {"format": "hermes", "default_tool": "", "max_think_tokens": 0}
     assert tool.fn is my_lookup and tool.openai_schema()["function"]["parameters"]["properties"] == {
-        "key": {"type": "string", "description": "the entry to look up (leave it out for all)"}}
+        "key": {"type": "string", "description": "the entry to look up (leave it out for all)"}
+    }
     manager = get_plugin_manager()
     for kind, name in ((AGENT_LOOPS, "my_agent"), (TOOLS, "my_lookup")):
         [registration] = manager.registry(kind).by_name[name]
@@ -184,11 +191,15 @@ def test_registered_by_name():
     prompt = request(tok, 8).prompt_ids
     prompts = DataProto.from_dict(
         {"input_ids": torch.tensor([prompt]), "attention_mask": torch.ones(1, len(prompt), dtype=torch.long)},
-        non_tensors={"extra_info": np.array([ROW["extra_info"]], dtype=object)}, meta_info={"n": 1},
+        non_tensors={"extra_info": np.array([ROW["extra_info"]], dtype=object)},
+        meta_info={"n": 1},
     )
     out = runner.run(prompts, lambda count: ScriptedClient(tok, ["?", "7"]))
     assert out.batch["response_mask"][0].tolist() == [1, 0, 0, 0, 0, 0, 1, 1]
-    assert out.batch["attention_mask"][0, len(prompt):].tolist() == [1] * 8  # observations are attended to
+    assert out.batch["attention_mask"][0, len(prompt) :].tolist() == [1] * 8  # observations are attended to
     metrics = out.meta_info["metrics"]
-    assert (metrics["agent/turns/mean"], metrics["agent/tool_calls/mean"], metrics["agent/observation_tokens/mean"]) == (
-        2.0, 1.0, 5.0)
+    assert (
+        metrics["agent/turns/mean"],
+        metrics["agent/tool_calls/mean"],
+        metrics["agent/observation_tokens/mean"],
+    ) == (2.0, 1.0, 5.0)

@@ -8,11 +8,10 @@ point). ``check_estimator`` is a fixture of hybridflow's pytest plugin
 from importlib import metadata
 
 import torch
+from hybridflow_my_estimator import my_estimator_advantage
 
 from hybridflow.plugins import get_estimator, get_plugin_manager
 from hybridflow.plugins.manager import ESTIMATORS
-
-from hybridflow_my_estimator import my_estimator_advantage
 
 DISTRIBUTION = "hybridflow-my-estimator"
 
@@ -45,7 +44,9 @@ def test_registered_by_name():
     try:
         version = metadata.version(DISTRIBUTION)
     except metadata.PackageNotFoundError:
-        raise AssertionError(f"{DISTRIBUTION} is not installed; run `pip install -e .` in the plugin folder first") from None
+        raise AssertionError(
+            f"{DISTRIBUTION} is not installed; run `pip install -e .` in the plugin folder first"
+        ) from None
 
     entry = get_estimator("my_estimator")
     assert entry.fn is my_estimator_advantage

@@ -8,11 +8,10 @@ point). ``check_reward_verifier`` is a fixture of hybridflow's pytest plugin
 from importlib import metadata
 
 import pytest
+from hybridflow_my_reward import my_reward_score
 
 from hybridflow.plugins import get_plugin_manager, get_reward_verifier
 from hybridflow.plugins.manager import REWARD_VERIFIERS
-
-from hybridflow_my_reward import my_reward_score
 
 DISTRIBUTION = "hybridflow-my-reward"
 
@@ -37,7 +36,9 @@ def test_registered_by_name():
     try:
         version = metadata.version(DISTRIBUTION)
     except metadata.PackageNotFoundError:
-        raise AssertionError(f"{DISTRIBUTION} is not installed; run `pip install -e .` in the plugin folder first") from None
+        raise AssertionError(
+            f"{DISTRIBUTION} is not installed; run `pip install -e .` in the plugin folder first"
+        ) from None
 
     entry = get_reward_verifier("my_reward")
     assert entry.fn is my_reward_score
