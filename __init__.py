@@ -6,4 +6,4 @@ specifications and name resolution), ``estimators`` and ``rewards`` (plugins),
 this module stays light so ``hybridflow --help`` starts fast.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one place the version is set: setup.cfg reads it

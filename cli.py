@@ -58,9 +58,37 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def version_line() -> str:
+    """``hybridflow --version``: the installed distribution's version and where the package is imported from,
+    which tells an editable checkout from a wheel in site-packages."""
+    from importlib import metadata
+    from pathlib import Path
+
+    import hybridflow
+
+    try:
+        version = metadata.version("hybridflow")
+    except metadata.PackageNotFoundError:
+        version = f"{hybridflow.__version__} (not installed)"
+    return f"hybridflow {version} from {Path(hybridflow.__file__).parent}"
+
+
+class _PrintVersion(argparse.Action):
+    """``--version`` printed as one unwrapped line (argparse's own action wraps a long path) and only when
+    asked (the metadata lookup stays off every other command's start)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_line())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``hybridflow`` command line: one subcommand per tool (the docs' commands are checked against it)."""
     parser = argparse.ArgumentParser(prog="hybridflow", description=__doc__, epilog=TRAIN_HINT)
+    parser.add_argument("--version", action=_PrintVersion, help="show the version and where it is installed, then exit")
     sub = parser.add_subparsers(dest="command", required=True)
     plugins = sub.add_parser("plugins", help="list installed plugins and what each registered")
     plugins.add_argument("-v", "--verbose", action="store_true", help="also each name's options and docstring summary")
