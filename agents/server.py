@@ -21,7 +21,7 @@ stream (the constructor's ``seed``). As in the direct rollout, a stream's
 call ``k`` is seeded ``seed + k``: a server-mode rollout samples the same
 tokens as the direct :class:`GenerationBatcher` of the same seed whenever the
 calls batch the same way, and the first request of seed ``s`` samples exactly
-what ``RolloutEngine.generate(..., seed=s)`` does for its prompt if it fits in
+what ``BuiltinEngine.generate(..., seed=s)`` does for its prompt if it fits in
 one call (``max_tokens <= max_tokens_per_call``; see below). A later
 request with the same seed continues the stream (it is not OpenAI's "same
 seed, same answer"). The most recent ``MAX_SEED_STREAMS`` seeds are kept.
@@ -114,7 +114,7 @@ _Stream = tuple[bool, int | None]  # (greedy, seed): None is the server's own st
 
 
 def engine_generate_fn(engine: Any, sampling: SamplingParams | None = None) -> Callable[[DataProto], DataProto]:
-    """A ``generate_fn`` over a bare :class:`~hybridflow.workers.rollout.engine.RolloutEngine` (tests, benchmarks, a
+    """A ``generate_fn`` over a bare :class:`~hybridflow.workers.rollout.engine.BuiltinEngine` (tests, benchmarks, a
     server without Ray), called as the actor worker's ``generate_sequences`` calls it; weight version 0.
 
     :param sampling: temperature / top-p / top-k of sampled requests (``max_new_tokens`` comes from each call).

@@ -26,7 +26,7 @@ from bench_update_profile import job_parser
 from hybridflow.workers import attention
 from hybridflow.workers.decode_attention import decode_attention
 from hybridflow.workers.models import load_model_and_tokenizer
-from hybridflow.workers.rollout import EngineConfig, RolloutEngine, SamplingParams
+from hybridflow.workers.rollout import BuiltinEngine, EngineConfig, SamplingParams
 
 
 def per_call_ms(fn, reps: int = 200) -> float:
@@ -56,7 +56,7 @@ def kernel_table(rows: int) -> None:
 
 def generation_ab(args) -> None:
     model, tokenizer = load_model_and_tokenizer("builtin:small-qwen2", seed=0)
-    engine = RolloutEngine(model, tokenizer, EngineConfig())  # installs the wrapper
+    engine = BuiltinEngine(model, tokenizer, EngineConfig())  # installs the wrapper
     prompts = build_prompts(tokenizer, args.prompts)
     sampling = SamplingParams(max_new_tokens=args.response_length)
     seconds, outputs = {"hybridflow+sdpa": [], "sdpa": []}, {}

@@ -33,10 +33,10 @@ from bench_rollout import build_prompts
 
 from hybridflow.core.keys import METRICS, RESPONSE_MASK
 from hybridflow.workers.models import load_model_and_tokenizer
-from hybridflow.workers.rollout import EngineConfig, RolloutEngine, SamplingParams
+from hybridflow.workers.rollout import BuiltinEngine, EngineConfig, SamplingParams
 
 
-def run(engine: RolloutEngine, prompts, n: int, max_new_tokens: int, seed: int) -> dict[str, float]:
+def run(engine: BuiltinEngine, prompts, n: int, max_new_tokens: int, seed: int) -> dict[str, float]:
     """One generate call: generated tokens, seconds, slot utilization (when slots were refilled)."""
     start = time.perf_counter()
     out = engine.generate(prompts, n=n, seed=seed, sampling=SamplingParams(max_new_tokens=max_new_tokens))
@@ -68,7 +68,7 @@ def main() -> None:
     for slots in (int(s) for s in args.slots.split(",")):
         configs[f"{slots} slots, chunks (refill=false)"] = EngineConfig(max_num_seqs=slots, refill=False)
         configs[f"{slots} slots, refilled (refill=true)"] = EngineConfig(max_num_seqs=slots, refill=True)
-    engines = {name: RolloutEngine(model, tokenizer, config) for name, config in configs.items()}
+    engines = {name: BuiltinEngine(model, tokenizer, config) for name, config in configs.items()}
     run(engines[next(iter(engines))], prompts, args.n, 8, seed=0)  # warm-up
     results: dict[str, list[dict[str, float]]] = {name: [] for name in engines}
     for repeat in range(args.repeats):

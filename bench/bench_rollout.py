@@ -34,7 +34,7 @@ import torch
 from hybridflow.core.data_proto import DataProto
 from hybridflow.core.keys import ATTENTION_MASK, INPUT_IDS, RESPONSE_MASK
 from hybridflow.workers.models import load_model_and_tokenizer
-from hybridflow.workers.rollout import RolloutEngine, SamplingParams
+from hybridflow.workers.rollout import BuiltinEngine, SamplingParams
 
 
 def build_prompts(tokenizer, count: int, seed: int = 0) -> DataProto:
@@ -80,7 +80,7 @@ def run_hf(model, tokenizer, prompts: DataProto, n: int, max_new_tokens: int, se
     return int(lengths.sum()), elapsed
 
 
-def run_engine(engine: RolloutEngine, prompts: DataProto, n: int, max_new_tokens: int, seed: int) -> tuple[int, float]:
+def run_engine(engine: BuiltinEngine, prompts: DataProto, n: int, max_new_tokens: int, seed: int) -> tuple[int, float]:
     """The built-in engine; returns (generated tokens, seconds)."""
     params = SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens)
     _sync(engine.device)
@@ -106,7 +106,7 @@ def main() -> None:
     model, tokenizer = load_model_and_tokenizer(args.model, seed=0)
     model.to(args.device)
     prompts = build_prompts(tokenizer, args.prompts)
-    engine = RolloutEngine(model, tokenizer)
+    engine = BuiltinEngine(model, tokenizer)
     run_engine(engine, prompts, args.n, 8, seed=0)  # warm-up both paths once
     run_hf(model, tokenizer, prompts, args.n, 8, seed=0)
 

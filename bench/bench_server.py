@@ -43,7 +43,7 @@ from hybridflow.agents.http_client import CompletionsClient
 from hybridflow.agents.server import PolicyServer, engine_generate_fn
 from hybridflow.core.data_proto import DataProto
 from hybridflow.workers.models import load_model_and_tokenizer
-from hybridflow.workers.rollout import RolloutEngine
+from hybridflow.workers.rollout import BuiltinEngine
 
 
 def chat_prompts(tokenizer, count: int, seed: int = 0) -> list[list[int]]:
@@ -100,7 +100,7 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model_and_tokenizer(args.model, seed=0)
-    engine = RolloutEngine(model, tokenizer)
+    engine = BuiltinEngine(model, tokenizer)
     calls: list[int] = []
     generate = engine_generate_fn(engine)
 

@@ -29,7 +29,7 @@ from hybridflow.core.keys import ADVANTAGES, OLD_LOG_PROBS, RESPONSE_MASK, ROLLO
 from hybridflow.workers.actor.ppo_actor import PPOActor
 from hybridflow.workers.models import load_model_and_tokenizer
 from hybridflow.workers.packing import pack, probe_packing
-from hybridflow.workers.rollout import EngineConfig, RolloutEngine, SamplingParams
+from hybridflow.workers.rollout import BuiltinEngine, EngineConfig, SamplingParams
 
 LAYOUTS = {
     "prefix trees (default)": (True, True),
@@ -58,7 +58,7 @@ FAMILIES = {
 }
 
 
-def rollout(engine: RolloutEngine, prompts, n: int, length: int, seed: int):
+def rollout(engine: BuiltinEngine, prompts, n: int, length: int, seed: int):
     """One generation; the batch the actor trains on (GRPO-shaped advantages: the row's z-score in its group)."""
     batch = engine.generate(prompts, n=n, seed=seed, sampling=SamplingParams(max_new_tokens=length))
     batch.batch[OLD_LOG_PROBS] = batch.batch[ROLLOUT_LOG_PROBS]
@@ -117,7 +117,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model_and_tokenizer("builtin:small-qwen2", seed=0)
-    engine = RolloutEngine(model, tokenizer, EngineConfig())
+    engine = BuiltinEngine(model, tokenizer, EngineConfig())
     prompts = build_prompts(tokenizer, args.prompts)
     rows = args.prompts * args.n // 2
     batch = rollout(engine, prompts, args.n, args.response_length, seed=0)

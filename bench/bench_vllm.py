@@ -78,7 +78,7 @@ def child(variant: str, case: str, directory: str, out: str) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from hybridflow.configs.schema import RolloutConfig
-    from hybridflow.workers.rollout import RolloutEngine, SamplingParams
+    from hybridflow.workers.rollout import BuiltinEngine, SamplingParams
     from hybridflow.workers.rollout.vllm_engine import VLLMRolloutEngine, iter_full_weights
 
     sys.path.insert(0, str(Path(__file__).parent))
@@ -98,7 +98,7 @@ def child(variant: str, case: str, directory: str, out: str) -> None:
     width = int(prompts.batch["input_ids"].shape[1])
     start = time.perf_counter()
     if variant == "builtin":
-        engine = RolloutEngine(model, tokenizer)
+        engine = BuiltinEngine(model, tokenizer)
     else:
         rollout = RolloutConfig(name="vllm", enforce_eager=variant != "vllm-compiled")
         engine = VLLMRolloutEngine.create(

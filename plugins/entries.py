@@ -323,6 +323,49 @@ class AgentLoop(PluginEntry):
             raise TypeError(f"agent loop {self.name!r}: fn must be an async function (async def)")
 
 
+@dataclass(frozen=True)
+class RolloutEngineEntry(PluginEntry):
+    """A rollout engine, resolved by ``actor_rollout_ref.rollout.name``.
+
+    ``fn(context) -> engine`` builds one rank's engine: it receives a
+    :class:`hybridflow.workers.rollout.base.EngineContext` (the config, the
+    layout, the tokenizer, the device, the rank's tensor-parallel group, and
+    colocated the training model) and returns an object with the
+    :class:`hybridflow.workers.rollout.base.RolloutEngine` interface. It is
+    called once per rank, on every rank of the rollout together (it may be
+    collective), after ``torch.distributed`` is up. Import heavy dependencies
+    inside ``fn``: the plugin's module is imported by every process that looks
+    up a name.
+
+    ``check(config) -> list[str]`` (optional) says what stops the engine from
+    running under a config (a missing build, an unsupported model), one message
+    each; the trainer shows them before anything starts. ``warn(config)``
+    (optional) says what runs but likely not as meant, printed as warnings.
+    ``server(config, log_path)`` (optional) is the engine as a process of its own
+    behind HTTP, for agent loops under ``rollout.mode=server`` (vLLM's
+    ``vllm serve``): a context manager that starts it, with the weight-transfer
+    calls the trainer's sync makes (``workers/rollout/vllm_server.py``).
+    ``log_probs_match_training`` declares that the engine's ``rollout_log_probs``
+    equal the training forward's in fp32 (same kernels and reductions), so the
+    actor may skip recomputing them (``actor.recompute_old_log_prob=auto``).
+    """
+
+    kind: ClassVar[str] = "rollout engine"
+
+    check: Callable[[Any], list[str]] | None = None
+    warn: Callable[[Any], list[str]] | None = None
+    server: Callable[..., Any] | None = None
+    log_probs_match_training: bool = False
+
+    def problems(self, config: Any) -> list[str]:
+        """What stops this engine under ``config`` (its ``check``), each message as the check wrote it."""
+        return list(self.check(config)) if self.check is not None else []
+
+    def warnings(self, config: Any) -> list[str]:
+        """Settings that run but likely not as meant under ``config`` (its ``warn``)."""
+        return list(self.warn(config)) if self.warn is not None else []
+
+
 class ToolError(Exception):
     """Raised by a tool's function for a call that failed: the message is the observation the policy reads, and
     the call's status is ``error`` whatever the message says (a program's output cannot pass for success)."""

@@ -23,7 +23,15 @@ from collections.abc import Callable
 
 import pluggy
 
-from hybridflow.plugins.entries import AdvantageEstimator, AgentLoop, BatchHook, PolicyLoss, RewardVerifier, Tool
+from hybridflow.plugins.entries import (
+    AdvantageEstimator,
+    AgentLoop,
+    BatchHook,
+    PolicyLoss,
+    RewardVerifier,
+    RolloutEngineEntry,
+    Tool,
+)
 
 PROJECT_NAME = "hybridflow"
 
@@ -134,4 +142,22 @@ def hybridflow_register_tools(register: Callable[[Tool], None]) -> None:
     policy only when ``rollout.agent.tools`` lists it; its function receives
     model-written arguments, so it must treat them as untrusted (see
     :class:`Tool`).
+    """
+
+
+@hookspec
+def hybridflow_register_rollout_engines(register: Callable[[RolloutEngineEntry], None]) -> None:
+    """Register rollout engines: what turns prompts into sampled responses on a rank.
+
+    :param register: call ``register(RolloutEngineEntry(name, build))`` once
+        for each engine the plugin provides.
+
+    Called once per process that looks an engine up (the driver, to check the
+    config; each rollout rank, to build its engine); the returned value is
+    ignored. The same rules as :func:`hybridflow_register_estimators` apply. An
+    engine is built only when ``actor_rollout_ref.rollout.name`` names it; see
+    :class:`RolloutEngineEntry` for what its factory receives and
+    ``workers/rollout/base.py`` for the interface the engine must have. The
+    hook must not import the engine's heavy dependencies (do that in the
+    factory) nor start anything.
     """

@@ -6,7 +6,8 @@ with pluggy. ``HYBRIDFLOW_DISABLE_PLUGIN_AUTOLOAD=1`` keeps only the entry
 points of the ``hybridflow`` distribution itself, for hermetic tests, in the
 way ``PYTEST_DISABLE_PLUGIN_AUTOLOAD`` does for pytest.
 
-Each kind of registry (estimators, reward verifiers, policy losses, batch hooks, agent loops, tools) is filled lazily,
+Each kind of registry (estimators, reward verifiers, policy losses, batch hooks, agent loops, tools, rollout engines)
+is filled lazily,
 the first time a name of that kind is looked up, by calling every plugin's
 register hook with a callback that records who registered what.
 """
@@ -25,7 +26,15 @@ from typing import Any
 import pluggy
 
 from hybridflow.plugins import hookspecs
-from hybridflow.plugins.entries import AdvantageEstimator, AgentLoop, BatchHook, PolicyLoss, RewardVerifier, Tool
+from hybridflow.plugins.entries import (
+    AdvantageEstimator,
+    AgentLoop,
+    BatchHook,
+    PolicyLoss,
+    RewardVerifier,
+    RolloutEngineEntry,
+    Tool,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +61,10 @@ POLICY_LOSSES = RegistryKind("policy loss", "policy losses", "hybridflow_registe
 BATCH_HOOKS = RegistryKind("batch hook", "batch hooks", "hybridflow_register_batch_hooks", BatchHook)
 AGENT_LOOPS = RegistryKind("agent loop", "agent loops", "hybridflow_register_agent_loops", AgentLoop)
 TOOLS = RegistryKind("tool", "tools", "hybridflow_register_tools", Tool)
-KINDS = (ESTIMATORS, REWARD_VERIFIERS, POLICY_LOSSES, BATCH_HOOKS, AGENT_LOOPS, TOOLS)
+ROLLOUT_ENGINES = RegistryKind(
+    "rollout engine", "rollout engines", "hybridflow_register_rollout_engines", RolloutEngineEntry
+)
+KINDS = (ESTIMATORS, REWARD_VERIFIERS, POLICY_LOSSES, BATCH_HOOKS, AGENT_LOOPS, TOOLS, ROLLOUT_ENGINES)
 
 
 @dataclass(frozen=True)
@@ -266,3 +278,8 @@ def get_agent_loop(name: str) -> AgentLoop:
 def get_tool(name: str) -> Tool:
     """The tool registered as ``name``; errors as :func:`get_estimator`."""
     return get_plugin_manager().registry(TOOLS).get(name)
+
+
+def get_rollout_engine(name: str) -> RolloutEngineEntry:
+    """The rollout engine registered as ``name``; errors as :func:`get_estimator`."""
+    return get_plugin_manager().registry(ROLLOUT_ENGINES).get(name)

@@ -1,4 +1,5 @@
-"""hybridflow's contract kit: checks any estimator, policy loss or reward verifier package can run in its tests.
+"""hybridflow's contract kit: checks any estimator, policy loss, reward verifier or rollout engine package can run
+in its tests.
 
 ::
 
@@ -24,7 +25,11 @@ returns a :class:`ContractReport` otherwise:
   masked tokens, the gradient at ratio 1, unit rollout weights;
 - :func:`check_reward_verifier` (:mod:`~hybridflow.testing.verifier_checks`):
   finite scores or ordinary exceptions, never a hang, deterministic,
-  expected scores, on empty, 1 MB and non-ASCII responses too.
+  expected scores, on empty, 1 MB and non-ASCII responses too;
+- :func:`check_rollout_engine` (:mod:`~hybridflow.testing.rollout_engine_checks`):
+  tokenizer facts, n samples per prompt, deterministic greedy and seeded
+  sampling, stop tokens, weights loaded in place, the log-probs of what it
+  generated (builds the engine on a one-rank world of this process).
 
 A property a formula does not imply is declared off by a keyword of the
 check (``zero_on_masked=False``, ``equal_rewards_give_zero=False``, ...);
@@ -41,6 +46,7 @@ if TYPE_CHECKING:
     from hybridflow.testing.contract import ContractReport
     from hybridflow.testing.estimator_checks import check_estimator
     from hybridflow.testing.loss_checks import check_policy_loss
+    from hybridflow.testing.rollout_engine_checks import check_rollout_engine
     from hybridflow.testing.verifier_checks import VerifierCase, check_reward_verifier
 
 # pytest imports this package (for its plugin) at the start of every session
@@ -52,6 +58,7 @@ _EXPORTS = {
     "check_estimator": "hybridflow.testing.estimator_checks",
     "check_policy_loss": "hybridflow.testing.loss_checks",
     "check_reward_verifier": "hybridflow.testing.verifier_checks",
+    "check_rollout_engine": "hybridflow.testing.rollout_engine_checks",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -38,3 +38,10 @@ def check_reward_verifier() -> Callable[..., kit.ContractReport]:
     odd_responses_may_raise=True, timeout_s=10.0, ...)``: the verifier contract
     (:mod:`hybridflow.testing.verifier_checks`)."""
     return kit.check_reward_verifier
+
+
+@pytest.fixture
+def check_rollout_engine() -> Callable[..., kit.ContractReport]:
+    """``check_rollout_engine(name_or_record, *, config_overrides=None, log_prob_atol=1e-4, device="cpu")``: the
+    rollout-engine contract (:mod:`hybridflow.testing.rollout_engine_checks`)."""
+    return kit.check_rollout_engine

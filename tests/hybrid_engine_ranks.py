@@ -20,7 +20,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from hybridflow.core.reshard import gather_full_state, plan_reshard
 from hybridflow.workers.fsdp import shard_model, sharded_parameters
 from hybridflow.workers.models import build_char_tokenizer
-from hybridflow.workers.rollout import EngineConfig, RolloutEngine, SamplingParams
+from hybridflow.workers.rollout import BuiltinEngine, EngineConfig, SamplingParams
 from hybridflow.workers.rollout.tensor_parallel import build_tp_rollout_model
 from hybridflow.workers.rollout.tp_plan import rollout_slice
 
@@ -36,7 +36,7 @@ def _rollout(model, config, q: int, eos: int):
     sources = sharded_parameters(model)
     targets = dict(rollout.named_parameters())
     slices = {name: rollout_slice(name, tuple(p.shape), config, tp_rank, q) for name, p in sources if name in targets}
-    engine = RolloutEngine(rollout, build_char_tokenizer(), EngineConfig(eos_token_ids=(eos,), compact_fraction=0.0))
+    engine = BuiltinEngine(rollout, build_char_tokenizer(), EngineConfig(eos_token_ids=(eos,), compact_fraction=0.0))
     return engine, plan_reshard(sources, targets, slices)
 
 

@@ -1,5 +1,6 @@
 """Helpers shared by tests (importable as ``support``: setup.cfg puts tests/ on sys.path)."""
 
+import contextlib
 import json
 import os
 import sys
@@ -290,3 +291,27 @@ def local_reward_model(directory, tokenizer, *, hidden=32, layers=2, seed=0, sca
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return str(directory)
+
+
+@contextlib.contextmanager
+def editable_install(example, workdir, distribution, module):
+    """``example`` (a plugin package folder) copied into ``workdir`` and pip-installed in editable mode into this
+    interpreter's environment without the network; uninstalled, and the plugin manager reset, on exit. Yields
+    the copy's path. Tests that use it change the venv every other test reads: mark them serial."""
+    import shutil
+    import subprocess
+
+    from hybridflow.plugins import reset_plugin_manager
+
+    source = workdir / example.name
+    shutil.copytree(example, source)
+    pip = [sys.executable, "-m", "pip"]
+    flags = ["--quiet", "--no-deps", "--no-build-isolation", "--no-index", "-e", str(source)]
+    result = subprocess.run([*pip, "install", *flags], capture_output=True, text=True, timeout=170)
+    assert result.returncode == 0, result.stderr
+    try:
+        yield source
+    finally:
+        subprocess.run([*pip, "uninstall", "--yes", distribution], capture_output=True, timeout=170)
+        sys.modules.pop(module, None)
+        reset_plugin_manager()

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from hybridflow.workers.models import build_char_tokenizer
-from hybridflow.workers.rollout import EngineConfig, RolloutEngine, SamplingParams
+from hybridflow.workers.rollout import BuiltinEngine, EngineConfig, SamplingParams
 from hybridflow.workers.rollout.tensor_parallel import build_tp_rollout_model, load_full_weights
 
 
@@ -43,9 +43,9 @@ def _run_case(case: dict, prompts, tp_group, tp_rank: int, q: int) -> dict:
         "tied": head.weight is embed.weight,
     }
     tokenizer = build_char_tokenizer()
-    engine = RolloutEngine(model, tokenizer, EngineConfig(eos_token_ids=(case["eos"],), compact_fraction=0.0))
+    engine = BuiltinEngine(model, tokenizer, EngineConfig(eos_token_ids=(case["eos"],), compact_fraction=0.0))
     greedy = engine.generate(prompts, sampling=SamplingParams(max_new_tokens=case["steps"]), greedy=True)
-    sampler = RolloutEngine(model, tokenizer, EngineConfig(eos_token_ids=case["sample_eos"], compact_fraction=0.0))
+    sampler = BuiltinEngine(model, tokenizer, EngineConfig(eos_token_ids=case["sample_eos"], compact_fraction=0.0))
     sampled = sampler.generate(
         prompts, n=3, sampling=SamplingParams(temperature=1.0, top_k=8, max_new_tokens=case["steps"]), seed=11
     )

@@ -16,9 +16,9 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from hybridflow.core.weight_transfer import WeightTransfer, manifest_of
 from hybridflow.workers.fsdp import full_parameters, shard_model
+from hybridflow.workers.rollout.builtin import block_writer
 from hybridflow.workers.rollout.tensor_parallel import build_tp_rollout_model
 from hybridflow.workers.rollout.vllm_engine import iter_full_weights
-from hybridflow.workers.rollout.worker import block_writer
 
 BUCKET = 4096  # bytes: smaller than most weight matrices, so buckets hold one to a few weights
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from hybridflow.configs.roles import needs_critic
+from hybridflow.configs.roles import RolloutPlacement, needs_critic, rollout_placement
 from hybridflow.core.parallel_dims import ParallelDims
 from hybridflow.core.resource_pool import DEFAULT_CPUS_PER_CPU_BUNDLE
 from hybridflow.data.loading import REQUIRED_COLUMNS, DatasetError, load_rows
@@ -37,12 +37,14 @@ from hybridflow.plugins import (
     get_estimator,
     get_policy_loss,
     get_reward_verifier,
+    get_rollout_engine,
     get_tool,
 )
 from hybridflow.plugins.options import option_problems
 from hybridflow.trainer.batch_hooks import hook_problems
 from hybridflow.trainer.estimator_inputs import input_problems
 from hybridflow.trainer.tracking import SINKS
+from hybridflow.workers.rollout.tp_plan import tp_size_problems
 
 
 class ConfigError(ValueError):
@@ -184,8 +186,10 @@ def _resume_problems(trainer: Any) -> Iterator[str]:
         )
 
 
-def _device_problems(trainer: Any, rollout: Any, model: Any) -> Iterator[str]:
-    """GPUs asked for where the workers run on this machine; engines and devices that go together."""
+def _device_problems(config: Any) -> Iterator[str]:
+    """GPUs asked for where the workers run on this machine; the rollout engine is installed and can run under
+    the config (its own check: a vLLM build for the device, a model its kernels run)."""
+    trainer, rollout = config.trainer, config.actor_rollout_ref.rollout
     if trainer.device == "cuda" and not (trainer.ray_address or os.environ.get("RAY_ADDRESS")):
         import torch
 
@@ -195,37 +199,12 @@ def _device_problems(trainer: Any, rollout: Any, model: Any) -> Iterator[str]:
                 f"trainer.device='cuda' with trainer.n_gpus_per_node={trainer.n_gpus_per_node}, but this machine has "
                 f"{found} GPU(s); use trainer=cpu (trainer.device=cpu), or a smaller trainer.n_gpus_per_node"
             )
-    if rollout.name == "vllm":
-        yield from _vllm_problems(model, trainer)
-
-
-def _vllm_problems(model: Any, trainer: Any) -> list[str]:
-    """What stops ``rollout.name=vllm`` with ``trainer.device``: when the workers run on this machine (no Ray
-    address), a vLLM build that cannot drive that device, a version the adapter does not support, a broken
-    torchvision beside the CPU build; anywhere, a model whose heads the CPU build's attention cannot run."""
-    from hybridflow.workers.rollout import vllm_build  # package metadata only: vLLM is not imported
-
-    key = "actor_rollout_ref.rollout.name='vllm'"
-    problems = []
-    if not (trainer.ray_address or os.environ.get("RAY_ADDRESS")):
-        problems.extend(f"{key}: {reason}" for reason in vllm_build.unavailable_reasons(trainer.device))
-        if not problems and trainer.device == "cpu":
-            broken = vllm_build.torchvision_problem()
-            if broken:
-                problems.append(f"{key}: {broken}")
-    path = str(model.path or "")
-    if path and (path.startswith("builtin:") or os.path.isdir(path)):
-        from hybridflow.workers.models import load_model_config  # transformers: only for a vllm run
-
-        try:
-            head = vllm_build.head_size_problem(load_model_config(path), trainer.device)
-        except (ValueError, OSError):
-            head = None  # an unknown builtin or an unreadable config is _model_problems' to report
-        if head:
-            problems.append(
-                f"actor_rollout_ref.model.path={path!r} with {key} and trainer.device={trainer.device!r}: {head}"
-            )
-    return problems
+    try:
+        engine = get_rollout_engine(rollout.name)
+    except UnknownNameError as err:
+        yield f"actor_rollout_ref.rollout.name: {err}"
+        return
+    yield from engine.problems(config)
 
 
 def _model_problems(cfg: Any) -> Iterator[str]:
@@ -240,21 +219,9 @@ def _model_problems(cfg: Any) -> Iterator[str]:
             "give a local HF model directory or builtin:<name>"
         )
         return
-    sizes = {
-        "actor_rollout_ref.actor.tensor_model_parallel_size": arr.actor.tensor_model_parallel_size,
-        "actor_rollout_ref.rollout.tensor_model_parallel_size": arr.rollout.tensor_model_parallel_size,
-    }
-    if arr.rollout.name != "builtin" or max(sizes.values()) <= 1:
-        return
-    from hybridflow.workers.models import load_model_config  # transformers: only when tp asks for the model's shape
-    from hybridflow.workers.rollout.tp_plan import check_tp_size
-
-    model_config = load_model_config(path)
-    for key, size in sizes.items():
-        try:
-            check_tp_size(model_config, size)
-        except ValueError as err:
-            yield f"{key}={size}: {err}"
+    yield from tp_size_problems(
+        path, {"actor_rollout_ref.actor.tensor_model_parallel_size": arr.actor.tensor_model_parallel_size}
+    )
 
 
 def _lora_problems(arr: Any) -> Iterator[str]:
@@ -295,20 +262,20 @@ def _placement_problems(cfg: Any) -> Iterator[str]:
         yield "trainer.placement=split runs on one node for now; set trainer.nnodes=1"
 
 
-def _vllm_server_problems(cfg: Any) -> Iterator[str]:
-    """vLLM in server mode: a ``vllm serve`` process is the rollout, and the agent loops are its clients."""
+def _server_placement_problems(cfg: Any) -> Iterator[str]:
+    """An engine's own server process as the rollout (vLLM's ``vllm serve``): the agent loops are its clients."""
     trainer, rollout = cfg.trainer, cfg.actor_rollout_ref.rollout
-    if rollout.name != "vllm" or rollout.mode != "server":
+    if rollout_placement(cfg) is not RolloutPlacement.SERVER:
         return
     if _single_generate(rollout.agent_loop):
         yield (
-            f"actor_rollout_ref.rollout.mode='server' with vLLM serves multi-turn agent loops; the agent loop "
-            f"{rollout.agent_loop!r} generates in one batched call: set actor_rollout_ref.rollout.agent_loop="
+            f"actor_rollout_ref.rollout.mode='server' with {rollout.name!r} serves multi-turn agent loops; the agent "
+            f"loop {rollout.agent_loop!r} generates in one batched call: set actor_rollout_ref.rollout.agent_loop="
             "tool_calling (experiment=tool_use), or actor_rollout_ref.rollout.mode=direct"
         )
     if trainer.placement != "colocated" or trainer.rollout_mode != "sync":
         yield (
-            f"actor_rollout_ref.rollout.mode='server' with vLLM runs the rollout in its own vllm serve process "
+            f"actor_rollout_ref.rollout.mode='server' with {rollout.name!r} runs the rollout in its own server process "
             f"beside the training ranks: trainer.placement={trainer.placement!r} and trainer.rollout_mode="
             f"{trainer.rollout_mode!r} must be colocated and sync"
         )
@@ -369,13 +336,14 @@ def _gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def _server_problems(rollout: Any) -> Iterator[str]:
+def _server_problems(cfg: Any) -> Iterator[str]:
     """``rollout.mode=server``: this machine can listen on ``rollout.server.host``:``port``, where the driver starts
     the server (``agents/server.py``, or ``vllm serve`` with ``name=vllm``). Tried by binding a socket (with
     ``SO_REUSEADDR``, as both servers do) to each address the host resolves to, and closing it."""
+    rollout = cfg.actor_rollout_ref.rollout
     server, key = rollout.server, "actor_rollout_ref.rollout.server"
-    if rollout.mode != "server" or (rollout.name == "vllm" and server.url):
-        return  # server.url: a vllm serve of the user's, not bound here
+    if rollout.mode != "server" or (rollout_placement(cfg) is RolloutPlacement.SERVER and server.url):
+        return  # server.url: an engine server of the user's (a vllm serve), not bound here
     local = (
         "use a local address: 127.0.0.1 (this machine only), 0.0.0.0 (every interface) or an address of one of "
         "its interfaces"
@@ -455,8 +423,8 @@ def config_problems(cfg: Any) -> list[str]:
     problems += _bypass_problems(cfg)
     problems += _placement_problems(cfg)
     problems += _lora_problems(cfg.actor_rollout_ref)
-    problems += _vllm_server_problems(cfg)
-    problems += _server_problems(cfg.actor_rollout_ref.rollout)
+    problems += _server_placement_problems(cfg)
+    problems += _server_problems(cfg)
     problems += _capacity_problems(cfg.trainer)
     use_critic = not any(p.startswith("algorithm.adv_estimator:") for p in problems) and needs_critic(cfg)
     dims = ParallelDims.from_config(cfg, use_critic=use_critic)
@@ -464,7 +432,7 @@ def config_problems(cfg: Any) -> list[str]:
     problems += _reward_problems(cfg.reward, cfg.actor_rollout_ref.rollout.response_length)
     problems += _reward_model_problems(cfg.reward, cfg.reward_model)
     problems += _resume_problems(cfg.trainer)
-    problems += _device_problems(cfg.trainer, cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.model)
+    problems += _device_problems(cfg)
     if not any(p.startswith("trainer.nnodes") or "tensor_model_parallel_size" in p for p in problems):
         problems += _model_problems(cfg)
     return problems
@@ -488,11 +456,10 @@ def config_warnings(cfg: Any) -> list[str]:
             f"settings (rollout.response_length={arr.rollout.response_length}, actor lr "
             f"{arr.actor.optim.lr:g}): use experiment=gsm8k_grpo or set them for your model"
         )
-    if arr.rollout.name == "vllm" and cfg.trainer.device == "cpu" and arr.rollout.enable_sleep_mode:
-        out.append(
-            "actor_rollout_ref.rollout.enable_sleep_mode=true does nothing with vLLM's CPU build (it has no sleep "
-            "mode): its weights and KV cache stay in host memory while the actor trains"
-        )
+    try:
+        out += get_rollout_engine(arr.rollout.name).warnings(cfg)
+    except UnknownNameError:
+        pass  # config_problems names it
     return out
 
 

@@ -30,7 +30,7 @@ from hybridflow.core.keys import (
     UID,
     VALUES,
 )
-from hybridflow.plugins import AdvantageEstimator
+from hybridflow.plugins import AdvantageEstimator, UnknownNameError, get_rollout_engine
 
 PROVIDED = (UID, OLD_LOG_PROBS, VALUES, SUM_PI_SQUARED, REWARD_BASELINES, REWARD_COMPONENTS, ROLLOUT_IS_WEIGHTS)
 
@@ -71,9 +71,17 @@ def recompute_old_log_prob(config: Any, *, needs_pass: bool) -> bool:
         return setting == "true"
     if config.algorithm.rollout_correction.bypass_mode:  # veRL's bypass: the rollout's log-probs are the old ones
         return needs_pass
-    same_numbers = arr.rollout.name == "builtin" and arr.actor.fsdp_config.compute_dtype(arr.model) == "float32"
+    fp32 = arr.actor.fsdp_config.compute_dtype(arr.model) == "float32"
+    same_numbers = fp32 and _log_probs_match_training(arr.rollout.name)
     stale = config.trainer.rollout_mode != "sync"  # the rollout's weights may be older than the trainer's
     return needs_pass or stale or config.algorithm.rollout_correction.rollout_is is not None or not same_numbers
+
+
+def _log_probs_match_training(engine: str) -> bool:
+    try:
+        return get_rollout_engine(engine).log_probs_match_training
+    except UnknownNameError:
+        return False  # the config check names the engine
 
 
 def input_problems(estimator: AdvantageEstimator, config: Any) -> list[str]:

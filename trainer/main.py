@@ -84,17 +84,25 @@ def build_and_fit(config: PPOConfig, run_dir: Path, facts: dict[str, Any] | None
     # ConfigError naming its key, file (and row) within seconds; without data.val_files the training rows validate
     train_rows, val_rows = dataset_rows(config.data, train_files, val_files)
 
-    from hybridflow.configs.roles import needs_critic, needs_reference, reference_in_actor, resolve_loss_agg_mode
+    from hybridflow.configs.roles import (
+        RolloutPlacement,
+        needs_critic,
+        needs_reference,
+        reference_in_actor,
+        resolve_loss_agg_mode,
+        rollout_placement,
+    )
     from hybridflow.core import ColocatedWorkerGroup, RoleSpec, init_ray, shutdown
     from hybridflow.core.parallel_dims import ParallelDims
+    from hybridflow.plugins import get_rollout_engine
     from hybridflow.trainer.ppo_trainer import PPOTrainer
     from hybridflow.trainer.prompt_loader import PromptSet
+    from hybridflow.trainer.rollout_modes import Rollout
     from hybridflow.workers.actor.worker import ActorRolloutWorker
     from hybridflow.workers.critic.worker import CriticWorker
     from hybridflow.workers.models import load_tokenizer
     from hybridflow.workers.reference import RefWorker
     from hybridflow.workers.reward_model import RewardModelWorker
-    from hybridflow.workers.rollout.vllm_server import VLLMServer, uses_vllm_server
 
     tokenizer = load_tokenizer(config.actor_rollout_ref.model.path)
     max_len = config.data.max_prompt_length
@@ -102,6 +110,7 @@ def build_and_fit(config: PPOConfig, run_dir: Path, facts: dict[str, Any] | None
     val = PromptSet.from_rows(val_rows, tokenizer, max_len)
     check_datasets(config, len(train), len(val), {"train": train_files, "val": val_files})
     dims = ParallelDims.from_config(config, use_critic=needs_critic(config))
+    placement = rollout_placement(config)
 
     import ray
 
@@ -121,23 +130,28 @@ def build_and_fit(config: PPOConfig, run_dir: Path, facts: dict[str, Any] | None
         if config.reward_model.enable:
             roles["reward_model"] = RoleSpec(RewardModelWorker, kwargs={"config": config, "dims": dims})
         pool = _resource_pool(config)
-        if dims.split:
+        if placement is RolloutPlacement.GROUP:
             rollout_pool = _resource_pool(config, ranks=[config.trainer.rollout_ranks])
         options = group_options(config)
         with ThreadPoolExecutor(max_workers=1) as starter, ExitStack() as stack:
             # the rollout's own group (split placement) starts beside the training group: both import torch
-            rollout_start = starter.submit(_rollout_group, config, dims, rollout_pool) if dims.split else None
+            rollout_start = None
+            if placement is RolloutPlacement.GROUP:
+                rollout_start = starter.submit(_rollout_group, config, dims, rollout_pool)
             stack.callback(_shut_down_started, rollout_start)  # also when the training group fails to start
             group = stack.enter_context(ColocatedWorkerGroup(pool, roles, options))
             handles = {name: group[name] for name in roles}
+            rollout = Rollout(placement, handles["actor"])
             if rollout_start is not None:
-                handles["rollout"] = rollout_start.result()["rollout"]
+                rollout = Rollout(placement, rollout_start.result()["rollout"])
             reward_manager = stack.enter_context(_reward_manager(config))
-            for handle in handles.values():
+            for handle in {**handles, "rollout": rollout.generator}.values():
                 handle.init_model()
-            if uses_vllm_server(config):  # the agent loops' vllm serve, filled by the first weight sync
-                handles["server"] = stack.enter_context(VLLMServer(config, run_dir / "vllm_server.log"))
-            trainer = PPOTrainer(config, handles, reward_manager, tokenizer, train, val, run_dir, dims)
+            if placement is RolloutPlacement.SERVER:  # the agent loops' server, filled by the first weight sync
+                name = config.actor_rollout_ref.rollout.name
+                server = stack.enter_context(get_rollout_engine(name).server(config, run_dir / f"{name}_server.log"))
+                rollout = Rollout(placement, server, server)
+            trainer = PPOTrainer(config, handles, rollout, reward_manager, tokenizer, train, val, run_dir, dims)
             return trainer.fit()
     finally:
         for held in (pool, rollout_pool):

@@ -27,7 +27,7 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from hybridflow.agents.runner import AGENT_METRICS_PREFIX
-from hybridflow.configs.roles import reference_in_actor
+from hybridflow.configs.roles import RolloutPlacement, reference_in_actor
 from hybridflow.configs.schema import PPOConfig
 from hybridflow.core import DataProto
 from hybridflow.core.keys import (
@@ -65,7 +65,7 @@ from hybridflow.trainer.estimator_inputs import InputPlan, reward_components
 from hybridflow.trainer.kl_control import KLController, apply_kl_penalty
 from hybridflow.trainer.metrics import StageTimer, compute_data_metrics, throughput_metrics
 from hybridflow.trainer.prompt_loader import PromptLoader, PromptSet
-from hybridflow.trainer.rollout_modes import rollout_source, weight_sync, with_prompt_columns
+from hybridflow.trainer.rollout_modes import Rollout, rollout_source, with_prompt_columns
 from hybridflow.trainer.tracking import (
     GENERATION_COLUMNS,
     GENERATIONS_TABLE,
@@ -113,6 +113,7 @@ class PPOTrainer:
     :param config: the composed config.
     :param groups: role name -> worker-group handle (``actor``; ``ref``, ``critic`` and ``reward_model`` when
         built).
+    :param rollout: where the rollout runs and its handles (``trainer/rollout_modes.py``).
     :param reward_fn: the reward manager (the verifiers): ``reward_fn.score_batch(batch, tokenizer)``, each
         sample's score, fields and metrics (``rewards/manager.py``).
     :param tokenizer: decodes responses for the reward.
@@ -125,6 +126,7 @@ class PPOTrainer:
         self,
         config: PPOConfig,
         groups: dict[str, Any],
+        rollout: Rollout,
         reward_fn: Any,
         tokenizer: Any,
         train_prompts: PromptSet,
@@ -139,22 +141,21 @@ class PPOTrainer:
         self.sources = RewardSources.from_config(config.reward, config.reward_model.enable)
         if reference_in_actor(config):
             self.ref = self.actor  # its compute_ref_log_prob runs with the adapters off
-        # what generates: the actor's group, unless split (a rollout group) or vLLM serves (a vllm serve process)
-        self.rollout_group = groups.get("rollout", groups.get("server", self.actor))
+        self.rollout_group = rollout.generator  # the actor's group, the rollout's own, or a server process
         self.reward_fn, self.tokenizer = reward_fn, tokenizer
         self.run_dir = Path(run_dir)
         self.world_size = dims.world_size
-        info = self.rollout_group.tokenizer_info()[0]
+        info = rollout.tokenizer_info()
         pad_id = int(info["pad_token_id"])
         self.pad_id = pad_id
         # a multi-turn agent loop runs here, on the driver; None for one generation per prompt (the default)
         self.agents = agent_rollout_for(
-            config, self.rollout_group, tokenizer, pad_id, list(info["eos_token_ids"]), groups.get("server")
+            config, self.rollout_group, tokenizer, pad_id, list(info["eos_token_ids"]), rollout.server
         )
         self.loader = PromptLoader(
             train_prompts, config.data.train_batch_size, pad_id, shuffle=config.data.shuffle, seed=config.trainer.seed
         )
-        self.sync_weights = weight_sync(groups)  # after every update; colocated, the actor does it itself
+        self.sync_weights = rollout.weight_sync(self.actor)  # after every update; colocated, the actor does it
         self.sync_weights()  # the rollout's first weights (split: it starts with none)
         self.val_prompts = val_prompts
         self.kl_ctrl = KLController.from_config(config.algorithm.kl_ctrl)
@@ -170,7 +171,7 @@ class PPOTrainer:
             self.generate,
             self.rollout_group,
             self.loader,
-            dims.split,
+            rollout.placement is RolloutPlacement.GROUP,
             steps=self.total_steps,
         )
         self.checkpoint_root = self.run_dir / config.trainer.default_local_dir

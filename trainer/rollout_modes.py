@@ -29,6 +29,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from hybridflow.configs.roles import RolloutPlacement
 from hybridflow.core import DataProto
 from hybridflow.core.keys import (
     METRICS,
@@ -51,7 +52,7 @@ __all__ = [
     "ServerWeightSync",
     "SyncRollout",
     "rollout_source",
-    "weight_sync",
+    "Rollout",
     "with_prompt_columns",
 ]
 
@@ -119,11 +120,32 @@ class ServerWeightSync:
         return out
 
 
-def weight_sync(groups: dict[str, Any]) -> NoWeightSync | GroupWeightSync | ServerWeightSync:
-    """The weight sync the groups need: a transfer when a ``rollout`` group of its own, or a vLLM ``server``, exists."""
-    if "server" in groups:
-        return ServerWeightSync(groups["actor"], groups["server"])
-    return GroupWeightSync(groups["actor"], groups["rollout"]) if "rollout" in groups else NoWeightSync()
+@dataclass(frozen=True)
+class Rollout:
+    """The rollout as the driver sees it, one object whatever its placement (``configs/roles.py``):
+
+    * ``generator``: what generates and answers ``tokenizer_info`` (the actor's group colocated, the rollout's
+      own group, or the server process);
+    * ``server``: the process agent loops call over HTTP (``SERVER`` only);
+    * :meth:`weight_sync`: how new weights reach it after every update.
+    """
+
+    placement: RolloutPlacement
+    generator: Any
+    server: Any = None
+
+    def tokenizer_info(self) -> dict[str, Any]:
+        """The pad id, first EOS id and all EOS ids the rollout generates with."""
+        info = self.generator.tokenizer_info()
+        return info if isinstance(info, dict) else info[0]  # a worker group answers per rank, alike
+
+    def weight_sync(self, actor: Any) -> NoWeightSync | GroupWeightSync | ServerWeightSync:
+        """The trainer-to-rollout sync of this placement (colocated, the actor loads its own engine)."""
+        if self.placement is RolloutPlacement.SERVER:
+            return ServerWeightSync(actor, self.server)
+        if self.placement is RolloutPlacement.GROUP:
+            return GroupWeightSync(actor, self.generator)
+        return NoWeightSync()
 
 
 @dataclass

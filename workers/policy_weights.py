@@ -10,8 +10,8 @@ rollout engine, vLLM and a saved HF directory see an ordinary model.
 * ``sharded()``: ``(name, tensor)`` in the training layout, the sources of the
   in-memory reshard (``core/reshard.py``), which keeps them by reference. For
   LoRA these are merged shards held beside the parameters (one more copy of
-  the adapted weights' shards), so call ``refresh()`` (collective) before each
-  run of the plan;
+  the adapted weights' shards), made on the first call and refreshed by every
+  call (collective), so call it before each run of the plan;
 * ``full()``: ``(name, full tensor)`` one at a time (collective: every rank
   iterates to the end), for vLLM, the split placement's broadcast and exports;
 * ``named()``: ``(name, parameter)`` with the outside's names and full shapes
@@ -61,6 +61,7 @@ class MergedLoraWeights:
         self.model = model
         self.layers = {f"{name}.base_layer.weight": layer for name, layer in lora.adapter_layers(model).items()}
         self._merged: list[tuple[torch.Tensor, torch.Tensor, object]] = []  # (buffer, W, layer)
+        self._shards: list[tuple[str, torch.Tensor]] | None = None
 
     def named(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The base parameters under the model's own names (the adapters left out)."""
@@ -69,9 +70,12 @@ class MergedLoraWeights:
                 yield lora.model_name(name), param
 
     def sharded(self) -> list[tuple[str, torch.Tensor]]:
-        """Base shards as they are, and for each adapted weight a merged shard of the same layout (made once,
-        filled by :meth:`refresh`)."""
-        out, self._merged = [], []
+        """Base shards as they are, and for each adapted weight a merged shard of the same layout, refreshed (made
+        on the first call; later calls refresh the same tensors, which a reshard plan made once reads)."""
+        if self._shards is not None:
+            self.refresh()
+            return self._shards
+        out = []
         for name, param in sharded_parameters(self.model):
             if lora.is_adapter_parameter(name):
                 continue
@@ -82,6 +86,7 @@ class MergedLoraWeights:
                 self._merged.append((buffer, param, layer))
                 param = buffer
             out.append((lora.model_name(name), param))
+        self._shards = out
         self.refresh()
         return out
 

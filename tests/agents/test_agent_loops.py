@@ -28,14 +28,14 @@ from hybridflow.data.synthetic_tool import make_tool_example
 from hybridflow.plugins import Tool, ToolError, get_agent_loop
 from hybridflow.rewards.tool_task import compute_score
 from hybridflow.workers.models import load_model_and_tokenizer
-from hybridflow.workers.rollout.engine import RolloutEngine
+from hybridflow.workers.rollout.engine import BuiltinEngine
 
 
 @pytest.fixture(scope="module")
 def policy():
     torch.set_num_threads(1)
     model, tokenizer = load_model_and_tokenizer("builtin:tiny-qwen2", seed=0)
-    return RolloutEngine(model, tokenizer), tokenizer
+    return BuiltinEngine(model, tokenizer), tokenizer
 
 
 def counted_generate_fn(engine, calls):

@@ -1,7 +1,7 @@
 """The OpenAI-compatible policy server and its HTTP client, against the engine called directly.
 
 A real (tiny, random) model serves; the reference numbers come from
-``RolloutEngine.generate`` on the same prompt ids, so every equality below
+``BuiltinEngine.generate`` on the same prompt ids, so every equality below
 is the server reproducing the engine through HTTP, the batcher and JSON.
 """
 
@@ -27,7 +27,7 @@ from hybridflow.core.data_proto import DataProto
 from hybridflow.core.keys import ATTENTION_MASK, INPUT_IDS, RESPONSE_MASK, RESPONSES, ROLLOUT_LOG_PROBS
 from hybridflow.core.rollout_batch import left_pad
 from hybridflow.workers.models import load_model_and_tokenizer
-from hybridflow.workers.rollout import RolloutEngine, SamplingParams
+from hybridflow.workers.rollout import BuiltinEngine, SamplingParams
 from hybridflow.workers.rollout.engine import EngineConfig
 
 MODEL = "hybridflow-policy"
@@ -46,9 +46,9 @@ def varied_tiny_model() -> tuple:
 
 
 @pytest.fixture(scope="module")
-def engine() -> RolloutEngine:
+def engine() -> BuiltinEngine:
     torch.set_num_threads(1)
-    return RolloutEngine(*varied_tiny_model())
+    return BuiltinEngine(*varied_tiny_model())
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +72,7 @@ def server(engine, calls):
 
 
 def direct(
-    engine: RolloutEngine,
+    engine: BuiltinEngine,
     prompt_ids: list[int],
     max_tokens: int,
     *,
@@ -425,14 +425,14 @@ STEP_S = 0.01  # each forward of the slow engine below
 
 
 @pytest.fixture(scope="module")
-def never_ending() -> tuple[RolloutEngine, dict[str, bool]]:
+def never_ending() -> tuple[BuiltinEngine, dict[str, bool]]:
     """The fixture's model (same weights) with no EOS, so a request runs to its ``max_tokens``, and a switch that
     makes every forward take ``STEP_S`` longer: a decode step of a model ~20x the tiny one's, so one call of a
     400-token request takes ~4 s, as a long request on a real model does."""
     model, tokenizer = varied_tiny_model()
     slow = {"on": False}
     model.register_forward_pre_hook(lambda *_: time.sleep(STEP_S) if slow["on"] else None)
-    return RolloutEngine(model, tokenizer, EngineConfig(eos_token_ids=(10**6,))), slow
+    return BuiltinEngine(model, tokenizer, EngineConfig(eos_token_ids=(10**6,))), slow
 
 
 def timed_post(url: str, body: dict) -> tuple[int, dict, float]:

@@ -82,6 +82,7 @@ GUIDE_PLUGINS = [
     ROOT / "templates/reward-plugin/hybridflow_my_reward.py",
     ROOT / "templates/agent-plugin/hybridflow_my_agent.py",
     ROOT / "examples/estimator-plugin/hybridflow_group_median.py",
+    ROOT / "examples/rollout-engine-plugin/hybridflow_traced_engine.py",
 ]
 
 

@@ -222,7 +222,9 @@ def test_cli_lists_one_row_per_name_grouped_by_kind_with_what_an_estimator_needs
         [sys.executable, "-m", "hybridflow", "plugins"], capture_output=True, text=True, timeout=120, check=True
     ).stdout
     by_kind = sections(out)
-    assert list(by_kind) == ["estimators", "reward verifiers", "policy losses", "batch hooks", "agent loops", "tools"]
+    assert list(by_kind) == [
+        "estimators", "reward verifiers", "policy losses", "batch hooks", "agent loops", "tools", "rollout engines"
+    ]  # fmt: skip
     assert set(by_kind["estimators"]) == BUILTINS and by_kind["estimators"] == sorted(BUILTINS)
     table = rows(out)
     assert table["grpo"] == ["hybridflow", "0.1.0", "groups"]

@@ -10,14 +10,12 @@ cannot find the fixtures.
 """
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-
-from hybridflow.plugins import reset_plugin_manager
+from support import editable_install
 
 pytestmark = [
     pytest.mark.timeout(180),
@@ -41,18 +39,8 @@ def run(*args, cwd=None):
 
 @pytest.fixture
 def installed_example(tmp_path):
-    source = tmp_path / EXAMPLE.name
-    shutil.copytree(EXAMPLE, source)
-    result = run(
-        "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--no-index", "-e", str(source)
-    )
-    assert result.returncode == 0, result.stderr
-    try:
+    with editable_install(EXAMPLE, tmp_path, DISTRIBUTION, "hybridflow_kit_example") as source:
         yield source
-    finally:
-        run("-m", "pip", "uninstall", "--yes", DISTRIBUTION)
-        sys.modules.pop("hybridflow_kit_example", None)
-        reset_plugin_manager()
 
 
 def test_example_package_passes_its_own_tests_through_the_kit_fixtures(installed_example):

@@ -55,7 +55,10 @@ def test_defaults_are_valid():
         ),
         ({"actor_rollout_ref.actor.loss_agg_mode": "mean"}, "loss_agg_mode='mean'; allowed: token-mean"),
         ({"actor_rollout_ref.actor.kl_loss_type": "k9"}, "kl_loss_type='k9'; allowed: k1"),
-        ({"actor_rollout_ref.rollout.name": "sglang"}, "rollout.name='sglang'; allowed: builtin, vllm"),
+        (
+            {"actor_rollout_ref.rollout.name": "sglang"},
+            "rollout.name: unknown rollout engine 'sglang'. Known rollout engines: builtin [hybridflow], vllm",
+        ),
         ({"actor_rollout_ref.rollout.name": "vllm"}, "heads are 16 wide; vLLM's CPU attention supports 32"),
         ({"algorithm.estimator_options": {"gamma": 0.9}}, "estimator_options has ['gamma']; estimator 'grpo' takes"),
         ({"trainer.resume_mode": "sometimes"}, "trainer.resume_mode='sometimes'; allowed: auto, disable"),

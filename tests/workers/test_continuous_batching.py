@@ -17,7 +17,7 @@ from support import spiky_model
 from hybridflow.core.data_proto import DataProto
 from hybridflow.core.keys import ATTENTION_MASK, INPUT_IDS, METRICS, RESPONSE_MASK, RESPONSES, ROLLOUT_LOG_PROBS
 from hybridflow.workers.log_probs import response_log_probs
-from hybridflow.workers.rollout import EngineConfig, RolloutEngine, SamplingParams
+from hybridflow.workers.rollout import BuiltinEngine, EngineConfig, SamplingParams
 from hybridflow.workers.rollout.kv_cache import PreallocatedLayer
 
 BASE = [
@@ -53,7 +53,7 @@ def engine_parts():
 
 
 def generate(model, tokenizer, prompts, *, n=1, greedy=True, seed=None, **config):
-    engine = RolloutEngine(model, tokenizer, EngineConfig(**config))
+    engine = BuiltinEngine(model, tokenizer, EngineConfig(**config))
     return engine.generate(prompts, n=n, greedy=greedy, seed=seed, sampling=SamplingParams(max_new_tokens=STEPS))
 
 
@@ -94,10 +94,10 @@ def test_sampled_rows_in_refilled_slots_report_their_own_log_probs(engine_parts)
 
 def test_a_kv_budget_for_fewer_rows_than_the_call_refills_slots(engine_parts):
     model, tokenizer, prompts = engine_parts
-    engine = RolloutEngine(model, tokenizer)
+    engine = BuiltinEngine(model, tokenizer)
     width = prompts.batch[INPUT_IDS].shape[1]
     budget = 4 * engine.kv_cache_bytes_per_row(width + 2 * STEPS)  # four slots of P + 2T positions
-    bounded = RolloutEngine(model, tokenizer, EngineConfig(max_kv_cache_bytes=budget))
+    bounded = BuiltinEngine(model, tokenizer, EngineConfig(max_kv_cache_bytes=budget))
     assert bounded._continuous_slots(prompts.batch[INPUT_IDS].shape, 1, STEPS) == 4
     static = generate(model, tokenizer, prompts)
     out = bounded.generate(prompts, greedy=True, sampling=SamplingParams(max_new_tokens=STEPS))

@@ -10,7 +10,7 @@ from support import spiky_model
 from hybridflow.core import DataProto
 from hybridflow.workers import attention
 from hybridflow.workers.decode_attention import decode_attention, takes
-from hybridflow.workers.rollout import EngineConfig, RolloutEngine, SamplingParams
+from hybridflow.workers.rollout import BuiltinEngine, EngineConfig, SamplingParams
 
 
 @pytest.mark.parametrize("heads, kv_heads", [(4, 2), (4, 4), (6, 1)])
@@ -45,9 +45,9 @@ def test_the_engine_generates_what_the_models_own_attention_generates():
     same log-probs from the same seed, over left-padded prompts of several lengths."""
     model, tokenizer = spiky_model()
     plain = copy.deepcopy(model)
-    wrapped_engine = RolloutEngine(model, tokenizer, EngineConfig())
+    wrapped_engine = BuiltinEngine(model, tokenizer, EngineConfig())
     assert model.config._attn_implementation == attention.PREFIX + "sdpa"
-    engine = RolloutEngine(plain, tokenizer, EngineConfig())
+    engine = BuiltinEngine(plain, tokenizer, EngineConfig())
     attention.uninstall(plain)
     assert plain.config._attn_implementation == "sdpa"
     prompts = tokenizer(["1+2=", "12+30=", "7="], padding=True, padding_side="left", return_tensors="pt")

@@ -18,7 +18,7 @@ from hybridflow.core.keys import (
     RESPONSES,
     ROLLOUT_LOG_PROBS,
 )
-from hybridflow.workers.rollout import EngineConfig, RolloutEngine, SamplingParams
+from hybridflow.workers.rollout import BuiltinEngine, EngineConfig, SamplingParams
 
 PROMPT_TEXTS = ["max(1,2)=", "7", "max(3,8,1,5)=", "(12+4)*3=", "99"]
 
@@ -87,7 +87,7 @@ def test_greedy_equals_hf_generate_with_left_padding_and_eos(name, fraction):
     plain = _hf_responses(model, prompts, steps, eos=tokenizer.eos_token_id, pad=tokenizer.pad_token_id)
     eos = _frequent_mid_token(plain)
     expected = _hf_responses(model, prompts, steps, eos=eos, pad=tokenizer.pad_token_id)
-    engine = RolloutEngine(model, tokenizer, EngineConfig(eos_token_ids=(eos,), compact_fraction=fraction))
+    engine = BuiltinEngine(model, tokenizer, EngineConfig(eos_token_ids=(eos,), compact_fraction=fraction))
     out = engine.generate(prompts, sampling=SamplingParams(max_new_tokens=steps), greedy=True)
     assert torch.equal(out.batch[RESPONSES], expected)
     lengths = _lengths(out)
@@ -100,7 +100,7 @@ def test_greedy_equals_hf_generate_with_left_padding_and_eos(name, fraction):
 
 def test_sampled_log_probs_equal_teacher_forcing(qwen):
     model, tokenizer = qwen
-    engine = RolloutEngine(model, tokenizer)
+    engine = BuiltinEngine(model, tokenizer)
     params = SamplingParams(temperature=0.7, top_p=0.9, top_k=20, max_new_tokens=10)
     out = engine.generate(_prompts(tokenizer), n=4, sampling=params, seed=0)
     expected = _teacher_forced_log_probs(model, out, temperature=0.7)
@@ -110,7 +110,7 @@ def test_sampled_log_probs_equal_teacher_forcing(qwen):
 
 def test_output_layout(qwen):
     model, tokenizer = qwen
-    engine = RolloutEngine(model, tokenizer)
+    engine = BuiltinEngine(model, tokenizer)
     prompts = _prompts(tokenizer, uid=["a", "b", "c", "d", "e"])
     n, steps = 3, 9
     out = engine.generate(prompts, n=n, sampling=SamplingParams(max_new_tokens=steps), seed=1)
@@ -174,7 +174,7 @@ def _expected_decode_batches(lengths: torch.Tensor, steps: int, fraction: float)
 @pytest.mark.parametrize("fraction", [0.0, 0.3])
 def test_prefill_once_per_prompt_and_finished_rows_stop_costing_compute(qwen, fraction):
     model, tokenizer = qwen
-    engine = RolloutEngine(model, tokenizer, EngineConfig(compact_fraction=fraction))
+    engine = BuiltinEngine(model, tokenizer, EngineConfig(compact_fraction=fraction))
     prompts = _prompts(tokenizer)
     n, steps = 6, 16
     recorder = _ForwardRecorder(model)
@@ -196,7 +196,7 @@ def test_prefill_once_per_prompt_and_finished_rows_stop_costing_compute(qwen, fr
 
 def test_seeded_sampling_is_reproducible(qwen):
     model, tokenizer = qwen
-    engine = RolloutEngine(model, tokenizer)
+    engine = BuiltinEngine(model, tokenizer)
     prompts, params = _prompts(tokenizer), SamplingParams(max_new_tokens=8)
     a = engine.generate(prompts, n=4, sampling=params, seed=7)
     b = engine.generate(prompts, n=4, sampling=params, seed=7)
@@ -210,7 +210,7 @@ def test_first_token_frequencies_follow_the_model(qwen):
     """n samples share one prefill: their first tokens must still be draws from the prompt's
     next-token distribution (here at temperature 1.5, no filtering)."""
     model, tokenizer = qwen
-    engine = RolloutEngine(model, tokenizer)
+    engine = BuiltinEngine(model, tokenizer)
     prompts = _prompts(tokenizer, texts=["max(3,8,1,5)=", "12"])
     n = 3000
     out = engine.generate(prompts, n=n, sampling=SamplingParams(temperature=1.5, max_new_tokens=1), seed=3)
@@ -225,7 +225,7 @@ def test_first_token_frequencies_follow_the_model(qwen):
 
 def test_greedy_samples_of_a_prompt_are_equal_and_top_k_one_is_greedy(qwen):
     model, tokenizer = qwen
-    engine = RolloutEngine(model, tokenizer)
+    engine = BuiltinEngine(model, tokenizer)
     prompts = _prompts(tokenizer)
     greedy = engine.generate(prompts, n=3, sampling=SamplingParams(max_new_tokens=6), greedy=True)
     single = engine.generate(prompts, sampling=SamplingParams(max_new_tokens=6), greedy=True)
@@ -238,7 +238,7 @@ def test_given_position_ids_are_used(qwen):
     """Position ids in the input replace the ones derived from the mask (shifting them by 5 changes
     a RoPE model's outputs; the engine must continue from the given last position)."""
     model, tokenizer = qwen
-    engine = RolloutEngine(model, tokenizer)
+    engine = BuiltinEngine(model, tokenizer)
     prompts = _prompts(tokenizer)
     shifted = prompts.select()
     mask = prompts.batch[ATTENTION_MASK]
@@ -252,7 +252,7 @@ def test_given_position_ids_are_used(qwen):
 def test_rejects_bad_n_and_bad_compact_fraction(qwen):
     model, tokenizer = qwen
     with pytest.raises(ValueError, match="n must be"):
-        RolloutEngine(model, tokenizer).generate(_prompts(tokenizer), n=0)
+        BuiltinEngine(model, tokenizer).generate(_prompts(tokenizer), n=0)
     with pytest.raises(ValueError, match="compact_fraction"):
         EngineConfig(compact_fraction=1.5)
 
@@ -261,7 +261,7 @@ def test_training_mode_is_restored(qwen):
     model, tokenizer = qwen
     model.train()
     try:
-        RolloutEngine(model, tokenizer).generate(_prompts(tokenizer), sampling=SamplingParams(max_new_tokens=2))
+        BuiltinEngine(model, tokenizer).generate(_prompts(tokenizer), sampling=SamplingParams(max_new_tokens=2))
         assert model.training
     finally:
         model.eval()
@@ -270,7 +270,7 @@ def test_training_mode_is_restored(qwen):
 def test_non_tensor_columns_survive_as_object_arrays(qwen):
     model, tokenizer = qwen
     extra = [{"index": i} for i in range(len(PROMPT_TEXTS))]
-    out = RolloutEngine(model, tokenizer).generate(
+    out = BuiltinEngine(model, tokenizer).generate(
         _prompts(tokenizer, extra_info=extra), n=2, sampling=SamplingParams(max_new_tokens=2), seed=0
     )
     assert isinstance(out.non_tensor_batch["extra_info"], np.ndarray)
@@ -281,9 +281,9 @@ def test_a_kv_cache_bound_decodes_in_chunks_with_the_same_greedy_outputs(qwen):
     model, tokenizer = qwen
     prompts = _prompts(tokenizer)
     sampling = SamplingParams(max_new_tokens=6)
-    whole = RolloutEngine(model, tokenizer).generate(prompts, n=2, sampling=sampling, greedy=True)
+    whole = BuiltinEngine(model, tokenizer).generate(prompts, n=2, sampling=sampling, greedy=True)
     # room for one prompt at a time; refill=False: chunks (tests/workers/test_continuous_batching.py refills)
-    bounded = RolloutEngine(model, tokenizer, EngineConfig(max_kv_cache_bytes=1, refill=False))
+    bounded = BuiltinEngine(model, tokenizer, EngineConfig(max_kv_cache_bytes=1, refill=False))
     width = prompts.batch["input_ids"].shape[1]
     assert len(bounded._prompt_chunks(prompts.batch["input_ids"].shape, 1, 6)) == len(prompts)
     per_row = bounded.kv_cache_bytes_per_row(width + 6)

@@ -24,7 +24,7 @@ from hybridflow.core.keys import (
     ROLLOUT_VERSIONS,
 )
 from hybridflow.workers.log_probs import response_log_probs
-from hybridflow.workers.rollout import EngineConfig, RolloutEngine, SamplingParams
+from hybridflow.workers.rollout import BuiltinEngine, EngineConfig, SamplingParams
 from hybridflow.workers.rollout.stream import RolloutStream
 
 TEXTS = [
@@ -64,7 +64,7 @@ def prompts_of(tokenizer, texts):
 
 
 def stream_of(model, tokenizer, swap="step"):
-    engine = RolloutEngine(model, tokenizer, EngineConfig(max_num_seqs=SLOTS))
+    engine = BuiltinEngine(model, tokenizer, EngineConfig(max_num_seqs=SLOTS))
     return engine, RolloutStream.builtin(engine, SLOTS, N, SamplingParams(max_new_tokens=STEPS), swap)
 
 

@@ -35,7 +35,7 @@ from hybridflow.core.keys import (
 from hybridflow.core.worker import free_ports
 from hybridflow.trainer.config_checks import ConfigError, check_config
 from hybridflow.workers.models import load_model_and_tokenizer
-from hybridflow.workers.rollout import RolloutEngine, SamplingParams, vllm_build
+from hybridflow.workers.rollout import BuiltinEngine, SamplingParams, vllm_build
 from hybridflow.workers.rollout.vllm_build import VLLMBuild, unavailable_reasons
 from hybridflow.workers.rollout.vllm_engine import (
     VLLMRolloutEngine,
@@ -411,7 +411,7 @@ def test_outputs_equal_the_builtin_engine_columns(spiky_qwen, greedy):
     texts = ["max(1,2)=", "7", "max(3,8,1,5)=", "(12+4)*3="]
     enc = tokenizer(texts, padding=True, return_tensors="pt")
     prompts = DataProto.from_dict({INPUT_IDS: enc["input_ids"], ATTENTION_MASK: enc["attention_mask"]}, {"text": texts})
-    engine = RolloutEngine(model, tokenizer)
+    engine = BuiltinEngine(model, tokenizer)
     sampling = SamplingParams(temperature=0.8, max_new_tokens=6)
     n = 3
     builtin = engine.generate(prompts, n=n, sampling=sampling, greedy=greedy, seed=5)

@@ -7,21 +7,22 @@ Per rank it holds the policy twice, in two layouts over the same ranks:
   (``actor.tensor_model_parallel_size``), its AdamW optimizer and the
   :class:`PPOActor` computation;
 * the *rollout layout* (the mesh named ``rollout``): groups of q consecutive
-  ranks (``rollout.tensor_model_parallel_size``), each rank holding its
-  Megatron-style block of every weight (``workers/rollout/tensor_parallel.py``)
-  for the built-in engine, or one vLLM engine per rank (``rollout.name=vllm``).
+  ranks (``rollout.tensor_model_parallel_size``), each rank holding its rollout
+  engine (``rollout.name``, built through ``workers/rollout/base.py``): the
+  built-in engine's Megatron-style block of every weight, or a vLLM engine.
 
-After every actor update the new weights move from the training shards into
-the rollout blocks in place, in memory, through a plan made once
-(``core/reshard.py``): no checkpoint, no full model on any rank, extra memory
-bounded by ``rollout.reshard_bucket_mb``. Each move stamps the rollout with the
+After every actor update (or, for an engine that sleeps through training, before
+the next generation) the engine loads the new weights in place from the training
+shards (the built-in engine reshards them through a plan made once,
+``core/reshard.py``: no checkpoint, no full model on any rank, extra memory
+bounded by ``rollout.reshard_bucket_mb``). Each load stamps the engine with the
 weight version (the number of updates so far); every generation reports the
 version it sampled with (``meta_info["weight_version"]``) and the driver checks it.
 
 With ``trainer.placement=split`` the rollout layout lives on ranks of its own
 (``workers/rollout/worker.py``), and with vLLM in server mode in a ``vllm serve``
-process (``workers/rollout/vllm_server.py``): this worker then builds no rollout
-model and no engine, and :meth:`send_weights` broadcasts the gathered weights
+process (``workers/rollout/vllm_server.py``): this worker then builds no
+engine, and :meth:`send_weights` broadcasts the gathered weights
 to those ranks after every update (``core/weight_transfer.py``).
 """
 
@@ -33,7 +34,7 @@ from typing import Any
 
 import torch
 
-from hybridflow.configs.roles import resolve_loss_scale_factor
+from hybridflow.configs.roles import RolloutPlacement, resolve_loss_scale_factor, rollout_placement
 from hybridflow.configs.schema import PPOConfig
 from hybridflow.core import DP_COMPUTE_METRIC, DP_COMPUTE_PROTO, ONE_TO_ALL, DataProto, Worker, register
 from hybridflow.core.keys import (
@@ -52,7 +53,6 @@ from hybridflow.core.keys import (
     WITH_SUM_PI_SQUARED,
 )
 from hybridflow.core.parallel_dims import ParallelDims
-from hybridflow.core.reshard import plan_reshard
 from hybridflow.core.weight_transfer import WeightTransfer, manifest_of
 from hybridflow.workers.actor.ppo_actor import PPOActor
 from hybridflow.workers.checkpointing import load_role, model_from_full_state, save_hf_files, save_role
@@ -61,13 +61,12 @@ from hybridflow.workers.loading import load_sharded_model, read_causal_lm
 from hybridflow.workers.lora import adapters_disabled, add_adapters, lora_config
 from hybridflow.workers.micro_batches import log_prob_batching
 from hybridflow.workers.models import load_tokenizer, torch_dtype
-from hybridflow.workers.offload import StateOffloader, drop_storages, restore_storages
+from hybridflow.workers.offload import StateOffloader
 from hybridflow.workers.optim import build_optimizer, state_bytes
 from hybridflow.workers.policy_weights import policy_weights
-from hybridflow.workers.rollout.tensor_parallel import build_tp_rollout_model
-from hybridflow.workers.rollout.tp_plan import rollout_slice
-from hybridflow.workers.rollout.vllm_server import uses_vllm_server
-from hybridflow.workers.rollout.worker import builtin_engine, call_seed, sampling_for, vllm_engine
+from hybridflow.workers.rollout.base import EngineContext, RolloutEngine, build_engine, tokenizer_info
+from hybridflow.workers.rollout.sources import TrainingWeights
+from hybridflow.workers.rollout.worker import call_seed, sampling_for
 
 logger = logging.getLogger(__name__)
 
@@ -82,21 +81,19 @@ class ActorRolloutWorker(Worker):
         super().__init__()
         self.config, self.dims = config, dims
         self.loss_agg_mode = loss_agg_mode
-        arr = config.actor_rollout_ref
         self.init_device_mesh(*dims.actor.mesh)
         self.tp_size = dims.rollout.tp
-        # the rollout runs on ranks of its own (workers/rollout/worker.py) or in a vllm serve process
-        self.split = dims.split or uses_vllm_server(config)
+        # elsewhere than here: on ranks of its own (workers/rollout/worker.py) or in a server process
+        self.split = rollout_placement(config) is not RolloutPlacement.COLOCATED
         self.rollout_mesh = None if self.split else self.init_device_mesh(*dims.rollout.mesh, name=ROLLOUT_MESH)
-        self.use_vllm = arr.rollout.name == "vllm"
         self.transfer: WeightTransfer | None = None  # to the rollout's ranks, when split
         self.weight_version = 0  # bumped by every optimizer update
-        self.rollout_version = -1  # the weight version the rollout layout holds
+        self.engine: RolloutEngine | None = None  # colocated: this rank's rollout engine
 
     @register(dispatch=ONE_TO_ALL, reads=())
     def init_model(self) -> None:
         """Load the model sharded (rank 0 reads it, the others receive their shards: ``workers/loading.py``),
-        build the optimizer, the rollout layout (filled by the reshard) and the engine."""
+        build the optimizer and, colocated, the rollout engine (loaded now if it keeps its weights)."""
         arr = self.config.actor_rollout_ref
         fsdp = arr.actor.fsdp_config
         adapters = lora_config(arr.model) if arr.model.lora_rank else None
@@ -137,7 +134,6 @@ class ActorRolloutWorker(Worker):
         self.weights = policy_weights(self.model)  # what the rollout and exports see (merged, with LoRA)
         self.tokenizer = tokenizer = load_tokenizer(arr.model.path)
         self.hf_config, self.generation_config = self.model.config, self.model.generation_config
-        rollout_model = None if self.use_vllm or self.split else self._build_rollout_model(self.model)
         self.optimizer, self.scheduler = build_optimizer(self.model, arr.actor.optim)
         self.offload = StateOffloader(
             self.model, self.optimizer, params=fsdp.param_offload, optimizer_state=fsdp.optimizer_offload
@@ -157,14 +153,15 @@ class ActorRolloutWorker(Worker):
             loss_scale_factor=resolve_loss_scale_factor(self.config),  # from the config alone: resolved here
             rollout_correction=self.config.algorithm.rollout_correction,
         )
-        if self.split:
-            self.engine = None
-        elif self.use_vllm:
-            self._init_vllm()
-        else:
-            self.engine = builtin_engine(rollout_model, tokenizer, arr.rollout, self.device)
-            self.reshard_plan = self._plan_reshard(rollout_model)
-            self._sync_rollout_weights()
+        if not self.split:
+            tp_group = self.rollout_mesh.get_group("tp") if self.tp_size > 1 else None
+            context = EngineContext(
+                self.config, self.dims, tokenizer, self.device, tp_group, self.rollout_tp_rank, policy=self.model
+            )
+            self.engine = build_engine(context)
+            if self.engine.keeps_weights:
+                self._sync_rollout_weights()
+            self.engine.sleep()
         self.offload.offload()  # with offloading on, the training state waits in host memory from here
 
     @property
@@ -172,72 +169,23 @@ class ActorRolloutWorker(Worker):
         """This rank's position in its rollout tensor-parallel group."""
         return self.rollout_mesh.get_local_rank("tp") if self.tp_size > 1 else 0
 
-    def _build_rollout_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        """This rank's tp block of the policy (weights are written by the reshard)."""
-        tp_group = self.rollout_mesh.get_group("tp") if self.tp_size > 1 else None
-        arr = self.config.actor_rollout_ref
-        dtype = torch_dtype(arr.actor.fsdp_config.compute_dtype(arr.model))  # the reshard casts the master weights
-        return build_tp_rollout_model(
-            model, tp_group, self.rollout_tp_rank, self.tp_size, dtype=dtype, device=self.device
-        )
-
-    def _plan_reshard(self, rollout_model: torch.nn.Module):
-        """The train-to-rollout move, planned once (collective); its runs overwrite the rollout blocks."""
-        sources = self.weights.sharded()
-        targets = dict(rollout_model.named_parameters())
-        shapes = {name: tuple(param.shape) for name, param in sources}
-        slices = {
-            name: rollout_slice(name, shapes[name], self.hf_config, self.rollout_tp_rank, self.tp_size)
-            for name in targets
-        }
-        return plan_reshard(sources, targets, slices)
-
-    def _init_vllm(self) -> None:
-        self.engine = vllm_engine(self.config, self.dims, self.tokenizer)
-        self.engine.sleep()
-
     @register(dispatch=ONE_TO_ALL, reads=())
     def tokenizer_info(self) -> dict[str, Any]:
         """The pad token id the driver pads prompts with, the engine's first EOS id and all of them."""
         if self.engine is None:
             raise RuntimeError("trainer.placement=split: ask the rollout group for its tokenizer info")
-        return {
-            "pad_token_id": self.engine.pad_token_id,
-            "eos_token_id": self.engine.eos_token_ids[0],
-            "eos_token_ids": list(self.engine.eos_token_ids),
-        }
+        return tokenizer_info(self.engine)
 
     def _sync_rollout_weights(self) -> dict[str, float]:
-        """Move the current training weights into the rollout layout if they changed (collective).
+        """Load the current training weights into the engine if it holds another version (collective).
 
-        Returns the ``reshard/*`` metrics of the move (empty when nothing moved, and always when split:
-        the driver calls :meth:`send_weights` then).
+        Returns the load's metrics (``reshard/*`` or ``weight_sync/*``; empty when nothing moved, and always
+        when split: the driver calls :meth:`send_weights` then).
         """
-        if self.split or self.rollout_version == self.weight_version:
+        if self.engine is None or self.engine.weight_version == self.weight_version:
             return {}
         with self.offload.on_device(params=True):
-            stats = self._move_weights()
-        self.rollout_version = self.weight_version
-        return stats
-
-    def _move_weights(self) -> dict[str, float]:
-        if self.use_vllm:
-            cuda = self.device.type == "cuda"
-            if cuda:
-                torch.cuda.reset_peak_memory_stats()
-            before = torch.cuda.memory_allocated() if cuda else 0
-            self.engine.update_weights(self.weights.full(), version=self.weight_version)
-            stats = self.engine.sync_metrics()
-            if cuda:  # torch's allocator sees the gathered tensors; a CPU has no such counter
-                stats["weight_sync/peak_extra_bytes"] = float(max(torch.cuda.max_memory_allocated() - before, 0))
-        else:
-            restore_storages(getattr(self, "_dropped", []))  # sizes back; the move below writes every value
-            self._dropped = []
-            bucket = int(self.config.actor_rollout_ref.rollout.reshard_bucket_mb * 2**20)
-            self.weights.refresh()  # LoRA: the merged shards the plan reads
-            run = self.reshard_plan.run(bucket)
-            stats = {"reshard/seconds": run.seconds, "reshard/peak_extra_bytes": float(run.peak_extra_bytes)}
-        return stats
+            return self.engine.load_weights(TrainingWeights(self.weights, self.weight_version))
 
     @register(dispatch=DP_COMPUTE_PROTO, mesh=ROLLOUT_MESH, reads=SEQUENCE_COLUMNS)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
@@ -249,16 +197,13 @@ class ActorRolloutWorker(Worker):
         Every rank of a rollout tp group gets the same prompts (the rollout
         mesh's data-parallel layout) and samples the same tokens.
         """
-        if self.split:
+        if self.engine is None:
             raise RuntimeError("trainer.placement=split: the rollout runs on its own ranks; call the rollout group")
-        if self.use_vllm:
-            self.engine.wake_up(["weights"])
-        # vLLM takes the weights here, after the update; the built-in engine's move runs in update_actor,
-        # so this is a no-op for it unless a checkpoint was loaded or its copy was offloaded
+        self.engine.wake_up(["weights"])
+        # an engine that sleeps through training takes the weights here; one that keeps them took them in
+        # update_actor, so this loads nothing unless a checkpoint was loaded or the engine let its copy go
         synced = self._sync_rollout_weights()
-        if self.use_vllm:
-            self.engine.wake_up(["kv_cache"])
-        rollout = self.config.actor_rollout_ref.rollout
+        self.engine.wake_up(["kv_cache"])
         meta = prompts.meta_info
         out = self.engine.generate(
             prompts,
@@ -268,15 +213,11 @@ class ActorRolloutWorker(Worker):
             seed=call_seed(meta, self.dp_layout(ROLLOUT_MESH).dp_rank),
             stop_token_ids=tuple(meta.get(STOP_TOKEN_IDS, ())),
         )
-        out.meta_info[WEIGHT_VERSION] = self.rollout_version
+        out.meta_info[WEIGHT_VERSION] = self.engine.weight_version
         out.meta_info.setdefault(METRICS, {}).update(
             {k: v for k, v in synced.items() if k.startswith(WEIGHT_SYNC_PREFIX)}
         )
-        if self.use_vllm:
-            self.engine.sleep()
-        elif rollout.offload_weights:  # the rollout copy takes no memory until the next generation
-            self._dropped = drop_storages(self.engine.model.parameters())
-            self.rollout_version = -1
+        self.engine.sleep()
         return out
 
     @register(dispatch=DP_COMPUTE_PROTO, reads=LOG_PROB_INPUTS)
@@ -321,8 +262,8 @@ class ActorRolloutWorker(Worker):
             metrics["actor/optimizer_state_bytes_per_rank"] = float(state_bytes(self.optimizer))
             metrics["actor/param_bytes_per_rank"] = float(parameter_bytes(self.model))
             self.weight_version += 1
-            # vLLM sleeps while the actor trains and takes the weights when woken; an offloaded rollout copy too
-            if not (self.use_vllm or self.config.actor_rollout_ref.rollout.offload_weights):
+            # an engine that sleeps while the actor trains takes the weights when it wakes to generate
+            if self.engine is not None and self.engine.keeps_weights:
                 metrics.update(self._sync_rollout_weights())
         return metrics
 
@@ -369,7 +310,8 @@ class ActorRolloutWorker(Worker):
             extra = load_role(directory, "actor", self.model, self.optimizer)
         self.scheduler.load_state_dict(extra["scheduler"])
         self.weight_version = extra["weight_version"]
-        self.rollout_version = -1
+        if self.engine is not None:
+            self.engine.weight_version = -1  # whatever it holds, the next generation loads what was restored
 
     @register(dispatch=ONE_TO_ALL, reads=())
     def save_hf_model(self, directory: str) -> None:

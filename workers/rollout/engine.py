@@ -55,7 +55,7 @@ from hybridflow.workers.rollout.continuous import decode_continuous
 from hybridflow.workers.rollout.kv_cache import make_generation_cache, preallocatable
 from hybridflow.workers.rollout.sampling import sample_next_tokens
 
-__all__ = ["EngineConfig", "RolloutEngine", "assemble_rollout", "positions_from_mask"]
+__all__ = ["EngineConfig", "BuiltinEngine", "assemble_rollout", "positions_from_mask"]
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ class _DecodeState:
         self.attention_mask, self.next_position = self.attention_mask[index], self.next_position[index]
 
 
-class RolloutEngine:
+class BuiltinEngine:
     """Samples ``n`` responses per prompt from ``model`` (see the module docstring)."""
 
     def __init__(
@@ -240,7 +240,7 @@ class RolloutEngine:
         element = next(self.model.parameters()).element_size()
         return 2 * config.num_hidden_layers * kv_heads * head_dim * capacity * element
 
-    def _rows_at_once(self, capacity: int) -> int | None:
+    def rows_at_once(self, capacity: int) -> int | None:
         """The most rows decoded together (``max_num_seqs``, and the rows whose ``capacity``-position caches
         fit ``max_kv_cache_bytes``); None: no bound."""
         bounds = [self.config.max_num_seqs]
@@ -252,7 +252,7 @@ class RolloutEngine:
     def _prompt_chunks(self, shape: torch.Size, n: int, steps: int) -> list[slice]:
         """Consecutive prompt ranges that are decoded together (one range when nothing bounds the rows)."""
         prompts, width = shape
-        rows = self._rows_at_once(width + steps)
+        rows = self.rows_at_once(width + steps)
         size = prompts if rows is None else max(1, min(prompts, rows // n))
         return [slice(i, i + size) for i in range(0, prompts, size)]
 
@@ -262,7 +262,7 @@ class RolloutEngine:
         prompts, width = shape
         if not self.config.refill or not preallocatable(self.model.config):
             return None
-        rows = self._rows_at_once(width + 2 * steps)  # continuous caches hold P + 2T positions
+        rows = self.rows_at_once(width + 2 * steps)  # continuous caches hold P + 2T positions
         if rows is None or rows >= prompts * n:
             return None
         return max(rows, n)  # a prompt's samples are admitted together
@@ -337,7 +337,7 @@ def assemble_rollout(
     log_probs: torch.Tensor,
     lengths: torch.Tensor,
 ) -> DataProto:
-    """The rollout DataProto every engine returns (the columns :meth:`RolloutEngine.generate` lists).
+    """The rollout DataProto every engine returns (the columns :meth:`BuiltinEngine.generate` lists).
 
     ``input_ids`` / ``attention_mask`` / ``positions`` are the (B, P) prompts
     on the decode device; ``responses`` / ``log_probs`` (B*n, T) and

@@ -18,7 +18,7 @@ decoder has run dry, so every sample comes from one version.
 
 A request that arrives at an idle decoder reseeds the sampling generator with
 its seed, so a stream fed one request at a time samples exactly what
-:meth:`RolloutEngine.generate` samples for the same call with the same row
+:meth:`BuiltinEngine.generate` samples for the same call with the same row
 slots (the ``max_staleness=0`` equivalence the tests check).
 
 The stream drives any decoder with :class:`SlotDecoder`'s shape (``add``,
@@ -43,13 +43,24 @@ from hybridflow.core.keys import ATTENTION_MASK, INPUT_IDS, METRICS, POSITION_ID
 from hybridflow.core.rollout_batch import positions_from_mask
 from hybridflow.core.sampling import SamplingParams
 from hybridflow.workers.rollout.continuous import SlotDecoder
-from hybridflow.workers.rollout.engine import RolloutEngine, assemble_rollout
+from hybridflow.workers.rollout.engine import BuiltinEngine, assemble_rollout
 
-__all__ = ["BuiltinDecoder", "RolloutStream", "SWAP_POINTS"]
+__all__ = ["BuiltinDecoder", "RolloutStream", "StreamCall", "SWAP_POINTS"]
 
 SWAP_POINTS = ("step", "drained")
 """When new weights may enter: between any two decode steps (``async``) or only when nothing decodes
 (``one_step_off``)."""
+
+
+@dataclass(frozen=True)
+class StreamCall:
+    """A stream request's options other than the training rollout's, for an engine whose stream takes every call
+    (``generates_through_stream``): greedy decoding (one request per prompt, its response repeated ``n`` times,
+    as ``generate`` does), the sampling and extra stop tokens."""
+
+    greedy: bool = False
+    sampling: SamplingParams | None = None
+    stop_token_ids: tuple[int, ...] = ()
 
 
 @dataclass
@@ -92,7 +103,7 @@ class RolloutStream:
 
     @classmethod
     def builtin(
-        cls, engine: RolloutEngine, slots: int, n: int, sampling: SamplingParams, swap: str = "step"
+        cls, engine: BuiltinEngine, slots: int, n: int, sampling: SamplingParams, swap: str = "step"
     ) -> RolloutStream:
         """A stream over the built-in engine's model: a :class:`SlotDecoder` of ``slots`` row slots
         (``rollout.max_num_seqs``) with the training rollout's sampling (temperature, top-p, top-k,
@@ -113,7 +124,7 @@ class RolloutStream:
             self.wake.notify_all()
 
     def take(self, request_id: int, timeout_s: float | None = None) -> DataProto:
-        """Wait for every row of ``request_id``; its rollout (the columns :meth:`RolloutEngine.generate`
+        """Wait for every row of ``request_id``; its rollout (the columns :meth:`BuiltinEngine.generate`
         returns, plus ``rollout_versions``) with ``rollout/*`` metrics: ``rollout/stream_idle_s`` is the time the
         thread had nothing to decode since the previous take, ``rollout/slot_utilization`` the live share of the
         slots over the stream's life."""
@@ -259,7 +270,7 @@ class BuiltinDecoder(SlotDecoder):
     with a request's seed when the request arrives at an idle decoder (so it samples as a call of its own
     would); the training rollout's sampling only."""
 
-    def __init__(self, engine: RolloutEngine, slots: int, n: int, sampling: SamplingParams) -> None:
+    def __init__(self, engine: BuiltinEngine, slots: int, n: int, sampling: SamplingParams) -> None:
         self.generator = torch.Generator(device=engine.device)
         super().__init__(engine, slots, n, sampling, False, self.generator, engine.eos_token_ids)
 

@@ -11,7 +11,7 @@ this module builds the model that holds exactly those blocks and runs it::
 
 Every rank of a group ends each layer with the same hidden states and the same
 full logits, so the sampler (seeded alike) makes the same choices everywhere:
-:class:`~hybridflow.workers.rollout.engine.RolloutEngine` runs the model unchanged.
+:class:`~hybridflow.workers.rollout.engine.BuiltinEngine` runs the model unchanged.
 
 The parallel layers keep their local shard as plain ``nn.Parameter`` named
 ``weight`` / ``bias`` (not DTensor: its per-op dispatch costs too much in a CPU

@@ -95,3 +95,20 @@ def rollout_slice(
             return TensorSlice(1, tp_rank * per * head_dim, (tp_rank + 1) * per * head_dim)
         return TensorSlice(1, *_even_block(full_shape[1], tp_rank, tp_size))
     return TensorSlice.full()
+
+
+def tp_size_problems(model_path: str, sizes: dict[str, int]) -> list[str]:
+    """For each config key whose tensor-parallel size is above 1, why the model at ``model_path`` (a directory
+    or ``builtin:<name>``) cannot be split that way; reads only the model's config, and only when asked."""
+    if max(sizes.values(), default=1) <= 1:
+        return []
+    from hybridflow.workers.models import load_model_config  # noqa: PLC0415 - transformers' config reader
+
+    model_config = load_model_config(model_path)
+    problems = []
+    for key, size in sizes.items():
+        try:
+            check_tp_size(model_config, size)
+        except ValueError as err:
+            problems.append(f"{key}={size}: {err}")
+    return problems

@@ -313,3 +313,32 @@ def launcher_environment(device: str, tp_size: int = 1) -> Iterator[None]:
                 os.environ.pop("LOCAL_RANK", None)
             else:
                 os.environ["LOCAL_RANK"] = saved_rank
+
+
+def config_problems(config: Any) -> list[str]:
+    """What stops ``rollout.name=vllm`` with ``trainer.device``: when the workers run on this machine (no Ray
+    address), a vLLM build that cannot drive that device, a version the adapter does not support, a broken
+    torchvision beside the CPU build; anywhere, a model whose heads the CPU build's attention cannot run.
+    Package metadata only: vLLM is not imported."""
+    model, trainer = config.actor_rollout_ref.model, config.trainer
+    key = "actor_rollout_ref.rollout.name='vllm'"
+    problems = []
+    if not (trainer.ray_address or os.environ.get("RAY_ADDRESS")):
+        problems.extend(f"{key}: {reason}" for reason in unavailable_reasons(trainer.device))
+        if not problems and trainer.device == "cpu":
+            broken = torchvision_problem()
+            if broken:
+                problems.append(f"{key}: {broken}")
+    path = str(model.path or "")
+    if path and (path.startswith("builtin:") or os.path.isdir(path)):
+        from hybridflow.workers.models import load_model_config  # noqa: PLC0415 - transformers: only for vllm
+
+        try:
+            head = head_size_problem(load_model_config(path), trainer.device)
+        except (ValueError, OSError):
+            head = None  # an unknown builtin or an unreadable config is _model_problems' to report
+        if head:
+            problems.append(
+                f"actor_rollout_ref.model.path={path!r} with {key} and trainer.device={trainer.device!r}: {head}"
+            )
+    return problems

@@ -45,7 +45,9 @@ from hybridflow.core.keys import (
     POSITION_IDS,
 )
 from hybridflow.core.sampling import SamplingParams
+from hybridflow.workers.rollout.base import SLEEP_TAGS, EngineContext, WeightSource
 from hybridflow.workers.rollout.engine import assemble_rollout, positions_from_mask
+from hybridflow.workers.rollout.stream import RolloutStream
 from hybridflow.workers.rollout.vllm_build import (
     cpu_kv_cache_bytes,
     head_size_problem,
@@ -70,9 +72,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-SLEEP_TAGS = ("weights", "kv_cache")
-"""What vLLM's sleep mode frees and ``wake_up(tags=...)`` restores, in the order the adapter wakes them."""
 
 # Module names that wrappers insert into parameter paths: FSDP1, torch.compile, activation checkpointing.
 _WRAPPER_COMPONENTS = frozenset({"_fsdp_wrapped_module", "_orig_mod", "_checkpoint_wrapped_module"})
@@ -347,7 +346,7 @@ def refresh_tied_head(model: nn.Module) -> bool:
 
 
 class VLLMRolloutEngine:
-    """The built-in engine's ``generate`` contract on top of a ``vllm.LLM`` of this rank.
+    """A :class:`~hybridflow.workers.rollout.base.RolloutEngine` on top of a ``vllm.LLM`` of this rank.
 
     Build it with :meth:`create` (which builds the LLM); the constructor wraps an existing one.
     ``rollout_log_probs`` are vLLM's sampled-token log-probs under the temperature-scaled
@@ -356,6 +355,9 @@ class VLLMRolloutEngine:
     The actor recomputes the old log-probs under its training layout before every update
     (``actor.recompute_old_log_prob=auto``); ``rollout/log_prob_gap_max`` reports the difference.
     """
+
+    keeps_weights = False  # it sleeps through training: new weights are loaded when it wakes to generate
+    generates_through_stream = True  # a stream alone steps vLLM's engine loop
 
     def __init__(
         self,
@@ -390,8 +392,8 @@ class VLLMRolloutEngine:
             pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
         self.pad_token_id = int(pad_token_id)
         self.weights_loaded = weights_loaded
-        self.weight_version: int | None = None
-        """The actor weight version last pushed (:meth:`update_weights`'s ``version``)."""
+        self.weight_version = -1
+        """The policy version last pushed (:meth:`update_weights`'s ``version``); -1: none, or discarded."""
         self.last_sync_bytes = 0
         self.last_sync_seconds = 0.0
         self._awake = set(SLEEP_TAGS)  # a new engine holds its weights and KV cache
@@ -477,7 +479,7 @@ class VLLMRolloutEngine:
         seed: int | None = None,
         stop_token_ids: tuple[int, ...] = (),
     ) -> DataProto:
-        """Generate ``n`` responses per prompt; arguments and returned columns as ``RolloutEngine.generate``.
+        """Generate ``n`` responses per prompt; arguments and returned columns as ``BuiltinEngine.generate``.
 
         Prompts go to vLLM un-padded (token id lists). Prompt ``i`` is seeded with ``seed + i*n`` (vLLM
         seeds its sample ``j`` with that plus ``j``), so every sample of the batch has its own seed and
@@ -582,7 +584,7 @@ class VLLMRolloutEngine:
             )
         self.last_sync_seconds = time.perf_counter() - start
         self.weights_loaded = True
-        self.weight_version = version
+        self.weight_version = -1 if version is None else version
         self.last_sync_bytes = counts["bytes"]
         logger.debug(
             "pushed %d tensors (%.1f MiB) into vLLM in %.3f s, weight version %s",
@@ -592,6 +594,19 @@ class VLLMRolloutEngine:
             version,
         )
         return counts["tensors"]
+
+    def load_weights(self, source: WeightSource, *, requests_in_flight: bool = False) -> dict[str, float]:
+        """:meth:`update_weights` with every weight of ``source`` whole; ``weight_sync/*`` metrics, with the
+        gathered tensors' peak on a GPU (torch's allocator sees them; a CPU has no such counter)."""
+        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated() if cuda else 0
+        self.update_weights(source.full(), version=source.version, requests_in_flight=requests_in_flight)
+        stats = self.sync_metrics()
+        if cuda:
+            stats["weight_sync/peak_extra_bytes"] = float(max(torch.cuda.max_memory_allocated() - before, 0))
+        return stats
 
     def sync_metrics(self) -> dict[str, float]:
         """``weight_sync/seconds`` and ``weight_sync/bytes`` of the last :meth:`update_weights`."""
@@ -610,6 +625,7 @@ class VLLMRolloutEngine:
         self._awake.clear()
         if self.sleep_level == 2:
             self.weights_loaded = False  # discarded: generate waits for the next update_weights
+            self.weight_version = -1
 
     def wake_up(self, tags: Sequence[str] | None = None) -> None:
         """Restore ``tags`` (``"weights"``, ``"kv_cache"``; None: both) before a weight push or generate.
@@ -630,6 +646,13 @@ class VLLMRolloutEngine:
         self.llm.wake_up(tags=todo)
         self._awake.update(todo)
 
+    def stream(self, n: int, slots: int, sampling: SamplingParams, swap: str) -> RolloutStream:
+        """A stream over vLLM's own continuous batching (``slots`` aside: vLLM's scheduler bounds the rows, by
+        ``max_num_seqs`` and its KV cache); build the engine ``stepwise`` for it."""
+        from hybridflow.workers.rollout.vllm_stream import VLLMDecoder  # noqa: PLC0415 - it imports this module
+
+        return RolloutStream(VLLMDecoder(self, n, sampling), n, swap)
+
     @property
     def awake(self) -> frozenset[str]:
         """Which of ``weights`` / ``kv_cache`` are resident now."""
@@ -647,3 +670,24 @@ def generation_eos_ids(model_dir: str) -> list[int]:
     if eos is None:
         return []
     return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
+
+
+def build_vllm(context: EngineContext) -> VLLMRolloutEngine:
+    """The ``vllm`` engine's factory (registered in ``workers/rollout/engines.py``): this rank's engine, built
+    with dummy weights (the first load fills them). Its KV cache on a CPU holds ``context.batches`` steps' rows
+    of this rank (or ``rollout.max_num_seqs`` rows) at full length; vLLM queues what does not fit."""
+    config, dims = context.config, context.dims
+    arr = config.actor_rollout_ref
+    rows = arr.rollout.max_num_seqs or context.batches * dims.rows_per_step // dims.rollout.dp
+    return VLLMRolloutEngine.create(
+        arr.model.path,
+        context.tokenizer,
+        arr.rollout,
+        dims.rollout.tp,
+        device=config.trainer.device,
+        rows=rows,
+        max_model_len=config.data.max_prompt_length + arr.rollout.response_length,
+        dtype=arr.actor.fsdp_config.compute_dtype(arr.model),
+        seed=config.trainer.seed,
+        stepwise=context.stepwise,
+    )

@@ -32,15 +32,9 @@ from typing import Any
 
 from hybridflow.configs.schema import PPOConfig
 
-__all__ = ["VLLMServer", "uses_vllm_server"]
+__all__ = ["VLLMServer"]
 
 logger = logging.getLogger(__name__)
-
-
-def uses_vllm_server(config: PPOConfig) -> bool:
-    """Whether the rollout is a ``vllm serve`` process (vLLM with the agent loops in server mode)."""
-    rollout = config.actor_rollout_ref.rollout
-    return rollout.name == "vllm" and rollout.mode == "server"
 
 
 class VLLMServer:
@@ -206,16 +200,15 @@ class VLLMServer:
         self.stop()
 
     # ------------------------------------------------------------ what the trainer asks
-    def tokenizer_info(self) -> list[dict[str, Any]]:
-        """The pad token id, first EOS id and all EOS ids (tokenizer and generation config), as a worker group's
-        ``tokenizer_info()`` returns them (one entry)."""
+    def tokenizer_info(self) -> dict[str, Any]:
+        """The pad token id, first EOS id and all EOS ids (tokenizer and generation config)."""
         from hybridflow.workers.models import load_tokenizer  # noqa: PLC0415
         from hybridflow.workers.rollout.vllm_engine import generation_eos_ids  # noqa: PLC0415
 
         tokenizer = load_tokenizer(self.config.actor_rollout_ref.model.path)
         eos = list(dict.fromkeys([tokenizer.eos_token_id, *generation_eos_ids(self.directory)]))
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
-        return [{"pad_token_id": int(pad), "eos_token_id": int(eos[0]), "eos_token_ids": [int(e) for e in eos]}]
+        return {"pad_token_id": int(pad), "eos_token_id": int(eos[0]), "eos_token_ids": [int(e) for e in eos]}
 
     def join_weight_transfer(self, host: str, port: int, members: int) -> None:
         """The server's workers join the trainer's transfer group as members 1.. (blocks until the group forms)."""

@@ -11,7 +11,7 @@ version whose weights sampled it (``rollout_versions``). The push resets vLLM's 
 running requests preempted (``reset_prefix_cache(reset_running_requests=True)``): they resume with their
 KV recomputed under the new weights, and no new request reads KV of the old ones.
 
-Validation and agent turns go through the same loop with their own options (:class:`VLLMCall`): one
+Validation and agent turns go through the same loop with their own options (:class:`StreamCall`): one
 engine serves every call, as vLLM's ``LLM.generate`` would collect the stream's requests as its own.
 """
 
@@ -26,19 +26,10 @@ from hybridflow.core.data_proto import DataProto
 from hybridflow.core.keys import ATTENTION_MASK, INPUT_IDS
 from hybridflow.core.sampling import SamplingParams
 from hybridflow.workers.rollout.continuous import FinishedRows
+from hybridflow.workers.rollout.stream import StreamCall
 from hybridflow.workers.rollout.vllm_engine import completion_arrays
 
-__all__ = ["VLLMCall", "VLLMDecoder"]
-
-
-@dataclass(frozen=True)
-class VLLMCall:
-    """A stream request's options other than the training rollout's: greedy decoding (one request per prompt,
-    its response repeated ``n`` times, as ``generate`` does), the sampling and extra stop tokens."""
-
-    greedy: bool = False
-    sampling: SamplingParams | None = None
-    stop_token_ids: tuple[int, ...] = ()
+__all__ = ["VLLMDecoder"]
 
 
 @dataclass
@@ -97,11 +88,11 @@ class VLLMDecoder:
         *,
         seed: int | None = None,
         n: int | None = None,
-        call: VLLMCall | None = None,
+        call: StreamCall | None = None,
     ) -> None:
         """Add prompt rows (B, P) left-padded as vLLM requests, each row with its tag; positions are vLLM's own."""
         n = self.n if n is None else n
-        call = call or VLLMCall()
+        call = call or StreamCall()
         sampling = call.sampling or self.sampling
         prompts = self.engine.token_prompts(DataProto.from_dict({INPUT_IDS: input_ids, ATTENTION_MASK: attention_mask}))
         if call.greedy:  # decoded once, repeated n times

@@ -1,8 +1,7 @@
 """The rollout worker: the policy's rollout layout on ranks of its own (``trainer.placement=split``).
 
-It holds only what generation needs: this rank's tensor-parallel block of
-the policy (``workers/rollout/tensor_parallel.py``) and the built-in engine, or
-this rank's vLLM engine (``rollout.name=vllm``), and one end of the weight
+It holds only what generation needs: this rank's rollout engine (whichever
+``rollout.name`` names, ``workers/rollout/base.py``) and one end of the weight
 transfer (``core/weight_transfer.py``). It never loads
 a checkpoint: the weights arrive from the trainer's ranks, versioned, right
 after start and after every update, and each generation reports the version
@@ -10,8 +9,8 @@ it sampled with. Besides plain generation calls it runs a
 :class:`~hybridflow.workers.rollout.stream.RolloutStream` for the pipelined
 modes (``trainer.rollout_mode``): ``generate_stream`` calls may be in flight
 several at once (the group's actors are threaded) and all decode in one
-loop that keeps its row slots full. With vLLM that loop steps vLLM's own
-engine (``workers/rollout/vllm_stream.py``), and every call joins it.
+loop that keeps its row slots full; the engine makes the stream (vLLM's steps
+its own engine loop, and every call joins it).
 """
 
 from __future__ import annotations
@@ -38,12 +37,10 @@ from hybridflow.core.keys import (
 from hybridflow.core.parallel_dims import ParallelDims
 from hybridflow.core.sampling import SamplingParams
 from hybridflow.core.weight_transfer import WeightTransfer
-from hybridflow.workers.models import load_model_config, load_tokenizer, torch_dtype
-from hybridflow.workers.rollout.engine import EngineConfig, RolloutEngine
-from hybridflow.workers.rollout.stream import RolloutStream
-from hybridflow.workers.rollout.tensor_parallel import build_tp_rollout_model
-from hybridflow.workers.rollout.tp_plan import rollout_slice
-from hybridflow.workers.rollout.vllm_stream import VLLMCall, VLLMDecoder
+from hybridflow.workers.models import load_tokenizer
+from hybridflow.workers.rollout.base import EngineContext, build_engine, tokenizer_info
+from hybridflow.workers.rollout.sources import ReceivedWeights
+from hybridflow.workers.rollout.stream import RolloutStream, StreamCall
 
 SWAP_FOR_MODE = {"async": "step", "one_step_off": "drained"}
 """When a stream lets new weights in, per pipelined ``trainer.rollout_mode`` (``workers/rollout/stream.py``)."""
@@ -59,57 +56,9 @@ def sampling_for(config: PPOConfig, meta: dict[str, Any]) -> SamplingParams:
     )
 
 
-def builtin_engine(model: torch.nn.Module, tokenizer: Any, rollout: Any, device: torch.device) -> RolloutEngine:
-    """The built-in engine over ``model`` with the rollout config's row bounds; on a GPU its KV cache is bounded
-    by ``rollout.gpu_memory_utilization`` of the device (none on a CPU)."""
-    budget = None
-    if device.type == "cuda":
-        budget = int(rollout.gpu_memory_utilization * torch.cuda.get_device_properties(device).total_memory)
-    return RolloutEngine(
-        model,
-        tokenizer,
-        EngineConfig(max_kv_cache_bytes=budget, max_num_seqs=rollout.max_num_seqs, refill=rollout.refill),
-    )
-
-
-def vllm_engine(
-    config: PPOConfig, dims: ParallelDims, tokenizer: Any, *, batches: int = 1, stepwise: bool = False
-) -> Any:
-    """This rank's vLLM engine (``rollout.name=vllm``; collective over the rank's torch.distributed world), built
-    with dummy weights: the first push fills them. Its KV cache on a CPU holds ``batches`` steps' rows of this
-    rank (or ``rollout.max_num_seqs`` rows) at full length; vLLM queues what does not fit. ``stepwise``: a
-    stream steps it (:func:`~hybridflow.workers.rollout.vllm_engine.vllm_engine_kwargs`)."""
-    from hybridflow.workers.rollout.vllm_engine import VLLMRolloutEngine  # noqa: PLC0415 - imports vLLM when built
-
-    arr = config.actor_rollout_ref
-    rows = arr.rollout.max_num_seqs or batches * dims.rows_per_step // dims.rollout.dp
-    return VLLMRolloutEngine.create(
-        arr.model.path,
-        tokenizer,
-        arr.rollout,
-        dims.rollout.tp,
-        device=config.trainer.device,
-        rows=rows,
-        max_model_len=config.data.max_prompt_length + arr.rollout.response_length,
-        dtype=arr.actor.fsdp_config.compute_dtype(arr.model),
-        seed=config.trainer.seed,
-        stepwise=stepwise,
-    )
-
-
 def call_seed(meta: dict[str, Any], dp_rank: int) -> int:
     """The sampling seed of one generation call on rollout dp rank ``dp_rank`` (tp peers share it)."""
     return meta[SEED] * 1_000_003 + dp_rank
-
-
-def block_writer(params: dict[str, torch.Tensor], hf_config: Any, tp_rank: int, tp_size: int):
-    """``write(name, full)`` for :meth:`WeightTransfer.receive`: copy tp rank ``tp_rank``'s block of the full
-    weight into the rollout parameter ``name`` (in place: the engine keeps seeing the same tensors)."""
-
-    def write(name: str, full: torch.Tensor) -> None:
-        params[name].copy_(rollout_slice(name, tuple(full.shape), hf_config, tp_rank, tp_size).take(full))
-
-    return write
 
 
 class RolloutWorker(Worker):
@@ -120,10 +69,8 @@ class RolloutWorker(Worker):
         self.config, self.dims = config, dims
         self.init_device_mesh(*dims.rollout.mesh)
         self.tp_size = dims.rollout.tp
-        self.version = -1  # no weights yet
         self.transfer: WeightTransfer | None = None
         self.stream: RolloutStream | None = None
-        self.use_vllm = config.actor_rollout_ref.rollout.name == "vllm"
         self._calls = itertools.count(-1, -1)  # stream ids of generate_sequences calls, apart from the driver's
 
     @property
@@ -133,44 +80,28 @@ class RolloutWorker(Worker):
 
     @register(dispatch=ONE_TO_ALL, reads=())
     def init_model(self) -> None:
-        """Build this rank's block of the policy (zeros until the first weight transfer) and the engine; with
-        ``rollout.name=vllm``, this rank's vLLM engine (dummy weights until the first transfer) and, for a
-        pipelined ``trainer.rollout_mode``, the stream that steps it."""
+        """Build this rank's engine (no weights until the first transfer) and, for a pipelined
+        ``trainer.rollout_mode``, the stream that steps it."""
         arr = self.config.actor_rollout_ref
-        self.tokenizer = load_tokenizer(arr.model.path)
-        self.hf_config = load_model_config(arr.model.path)
-        if self.use_vllm:
-            pipelined = self.config.trainer.rollout_mode in SWAP_FOR_MODE
-            self.engine = vllm_engine(
-                self.config,
-                self.dims,
-                self.tokenizer,
-                stepwise=pipelined,
-                batches=1 + self.config.trainer.batches_ahead(),
-            )
-            if pipelined:  # every call goes through the stream: it alone steps the engine
-                self._stream(arr.rollout.n)
-            return
-        tp_group = self.device_mesh.get_group("tp") if self.tp_size > 1 else None
-        model = build_tp_rollout_model(
-            self.hf_config,
-            tp_group,
+        pipelined = self.config.trainer.rollout_mode in SWAP_FOR_MODE
+        context = EngineContext(
+            self.config,
+            self.dims,
+            load_tokenizer(arr.model.path),
+            self.device,
+            self.device_mesh.get_group("tp") if self.tp_size > 1 else None,
             self.tp_rank,
-            self.tp_size,
-            dtype=torch_dtype(arr.actor.fsdp_config.compute_dtype(arr.model)),
-            device=self.device,
+            batches=1 + self.config.trainer.batches_ahead(),
+            stepwise=pipelined,
         )
-        self.params = dict(model.named_parameters())
-        self.engine = builtin_engine(model, self.tokenizer, arr.rollout, self.device)
+        self.engine = build_engine(context)
+        if pipelined:
+            self.stream = self._new_stream(arr.rollout.n)
 
     @register(dispatch=ONE_TO_ALL, reads=())
     def tokenizer_info(self) -> dict[str, Any]:
         """The pad token id the driver pads prompts with, the engine's first EOS id and all of them."""
-        return {
-            "pad_token_id": self.engine.pad_token_id,
-            "eos_token_id": self.engine.eos_token_ids[0],
-            "eos_token_ids": list(self.engine.eos_token_ids),
-        }
+        return tokenizer_info(self.engine)
 
     @register(dispatch=ONE_TO_ALL, reads=())
     def join_weight_transfer(self, host: str, port: int, members: int) -> None:
@@ -182,21 +113,13 @@ class RolloutWorker(Worker):
 
     @register(dispatch=ONE_TO_ALL, reads=())
     def receive_weights(self) -> dict[str, float]:
-        """Receive one transfer into the rollout blocks (with the trainer's ``send_weights``); its ``weight_sync/*``
+        """Receive one transfer into the engine (with the trainer's ``send_weights``); its ``weight_sync/*``
         metrics. Inside a running stream it waits for the stream's swap point (``stream.paused``)."""
         bucket = int(self.config.actor_rollout_ref.rollout.reshard_bucket_mb * 2**20)
         with torch.no_grad(), self._paused():
-            if self.use_vllm:  # vLLM pulls each weight from the transfer into its in-place reload
-                incoming = self.transfer.incoming(bucket)
-                self.engine.update_weights(
-                    incoming, version=incoming.version, requests_in_flight=self.stream is not None
-                )
-                stats = incoming.stats()
-            else:
-                stats = self.transfer.receive(
-                    block_writer(self.params, self.hf_config, self.tp_rank, self.tp_size), bucket
-                )
-            self.version = stats.version
+            source = ReceivedWeights(self.transfer.incoming(bucket))
+            self.engine.load_weights(source, requests_in_flight=self.stream is not None)
+            stats = source.stats()
             if self.stream is not None:
                 self.stream.set_version(stats.version)
         return stats.metrics()
@@ -204,12 +127,13 @@ class RolloutWorker(Worker):
     @register(dispatch=DP_COMPUTE_PROTO, reads=SEQUENCE_COLUMNS)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """One generation call, as the actor's (``meta_info``: ``n``, ``greedy``, ``seed``, optionally
-        ``max_new_tokens``, ``stop_token_ids``); a running stream pauses for it."""
+        ``max_new_tokens``, ``stop_token_ids``); a running stream pauses for it, or takes it as one more request
+        where the stream alone steps the engine."""
         meta = prompts.meta_info
         stops = tuple(meta.get(STOP_TOKEN_IDS, ()))
-        if self.use_vllm and self.stream is not None:  # vLLM's engine is the stream's: the call joins its loop
+        if self.engine.generates_through_stream and self.stream is not None:
             request = next(self._calls)
-            call = VLLMCall(greedy=meta[GREEDY], sampling=sampling_for(self.config, meta), stop_token_ids=stops)
+            call = StreamCall(greedy=meta[GREEDY], sampling=sampling_for(self.config, meta), stop_token_ids=stops)
             self.stream.submit(request, prompts, self._seed(meta), n=meta[N_SAMPLES], call=call)
             out = self.stream.take(request)
             out.batch.pop(ROLLOUT_VERSIONS)
@@ -223,7 +147,7 @@ class RolloutWorker(Worker):
                     seed=self._seed(meta),
                     stop_token_ids=stops,
                 )
-        out.meta_info[WEIGHT_VERSION] = self.version
+        out.meta_info[WEIGHT_VERSION] = self.engine.weight_version
         return out
 
     @register(dispatch=DP_COMPUTE_PROTO, reads=SEQUENCE_COLUMNS)
@@ -232,29 +156,20 @@ class RolloutWorker(Worker):
         their rollout: the columns of :meth:`generate_sequences` plus ``rollout_versions`` (each token's weight
         version, which the driver checks against its staleness bound)."""
         meta = prompts.meta_info
-        stream = self._stream(meta[N_SAMPLES])
-        stream.submit(int(meta[STREAM_REQUEST]), prompts, self._seed(meta))
-        return stream.take(int(meta[STREAM_REQUEST]))
-
-    def _stream(self, n: int) -> RolloutStream:
-        if self.stream is None and self.use_vllm:
-            decoder = VLLMDecoder(self.engine, n, sampling_for(self.config, {}))
-            self.stream = RolloutStream(decoder, n, SWAP_FOR_MODE[self.config.trainer.rollout_mode])
-            self.stream.set_version(self.version)
         if self.stream is None:
-            rows = self.dims.rows_per_step // self.dims.rollout.dp  # one step's rows on this rank
-            # by default a slot for every row that may be in flight: this step's and those submitted ahead
-            slots = self.config.actor_rollout_ref.rollout.max_num_seqs or rows * (
-                1 + self.config.trainer.batches_ahead()
-            )
-            sampling = sampling_for(self.config, {})
-            bound = self.engine._rows_at_once(self.config.data.max_prompt_length + 2 * sampling.max_new_tokens)
-            slots = max(n, min(slots, bound) if bound is not None else slots)
-            self.stream = RolloutStream.builtin(
-                self.engine, slots, n, sampling, SWAP_FOR_MODE[self.config.trainer.rollout_mode]
-            )
-            self.stream.set_version(self.version)
-        return self.stream
+            raise RuntimeError(f"trainer.rollout_mode={self.config.trainer.rollout_mode!r} streams nothing")
+        self.stream.submit(int(meta[STREAM_REQUEST]), prompts, self._seed(meta))
+        return self.stream.take(int(meta[STREAM_REQUEST]))
+
+    def _new_stream(self, n: int) -> RolloutStream:
+        rows = self.dims.rows_per_step // self.dims.rollout.dp  # one step's rows on this rank
+        # by default a slot for every row that may be in flight: this step's and those submitted ahead
+        slots = self.config.actor_rollout_ref.rollout.max_num_seqs or rows * (1 + self.config.trainer.batches_ahead())
+        stream = self.engine.stream(
+            n, slots, sampling_for(self.config, {}), SWAP_FOR_MODE[self.config.trainer.rollout_mode]
+        )
+        stream.set_version(self.engine.weight_version)
+        return stream
 
     def _paused(self) -> AbstractContextManager:
         return self.stream.paused() if self.stream is not None else nullcontext()
