@@ -743,6 +743,9 @@ class TimeoutsConfig:
     """While the driver waits on a call it asks each rank still in it, this often, whether it is alive (on a
     thread of the rank's own, so a rank busy in the call answers). Worker start-up is not asked (its imports and
     model builds hold Python's lock for seconds); the groups' start timeout bounds it. None: no heartbeat."""
+    server_start_s: float = 600.0
+    """Bound of starting a rollout server process (``rollout.mode=server`` with vLLM: ``vllm serve``) until it
+    answers ``/health``."""
     stall_s: float = 60.0
     """A rank that has not answered the heartbeat for this long (stopped, or frozen without releasing Python's
     lock) is named with its role, node, pid and the call it is in, and the run stops: within ``stall_s +
@@ -750,7 +753,7 @@ class TimeoutsConfig:
 
     def problems(self) -> list[str]:
         """Broken rules of this section."""
-        return greater_than(self, 0, "collective_s", "weight_sync_s", "stall_s") + greater_than(
+        return greater_than(self, 0, "collective_s", "weight_sync_s", "server_start_s", "stall_s") + greater_than(
             self, 0, "call_s", "heartbeat_s", optional=True
         )
 

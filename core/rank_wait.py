@@ -25,10 +25,14 @@ timeout (``Worker.init_process_group``) ends the call instead.
 from __future__ import annotations
 
 import re
+import threading
 import time
-from collections.abc import Sequence
+import urllib.request
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import ray
 from ray.exceptions import RayActorError, RayError
@@ -38,9 +42,12 @@ __all__ = [
     "Heartbeat",
     "RankCall",
     "RankLabel",
+    "ServiceWatch",
+    "Watch",
     "WorkerError",
     "WorkerStalledError",
     "WorkerTimeoutError",
+    "in_daemon_thread",
     "wait_ranks",
 ]
 
@@ -76,6 +83,11 @@ class Heartbeat:
     interval_s: float
     stall_s: float
 
+    @classmethod
+    def from_timeouts(cls, timeouts: Any) -> Heartbeat | None:
+        """The heartbeat ``trainer.timeouts`` asks for (``heartbeat_s``, ``stall_s``); None without one."""
+        return None if timeouts.heartbeat_s is None else cls(timeouts.heartbeat_s, timeouts.stall_s)
+
 
 @dataclass(frozen=True)
 class RankCall:
@@ -110,12 +122,28 @@ class WorkerStalledError(WorkerError, TimeoutError):
     """A rank stopped answering the heartbeat during a call."""
 
 
+class Watch(Protocol):
+    """A participant of a wait that is not a rank (:class:`ServiceWatch`): asked to look at every wake-up."""
+
+    def next_wake(self) -> float | None:
+        """The monotonic time it must be looked at again by (None: no need)."""
+        ...
+
+    def check(self) -> None:
+        """Raise a :class:`WorkerError` if it failed or stalled."""
+        ...
+
+
 def wait_ranks(
-    calls: Sequence[RankCall], timeout_s: float | None = None, heartbeat: Heartbeat | None = None
+    calls: Sequence[RankCall],
+    timeout_s: float | None = None,
+    heartbeat: Heartbeat | None = None,
+    watches: Sequence[Watch] = (),
 ) -> list[Any]:
     """Every call's value, in order, once all have finished; raises as the module docstring says.
 
-    ``timeout_s`` bounds the whole wait (None: no bound); ``heartbeat`` None asks no rank anything.
+    ``timeout_s`` bounds the whole wait (None: no bound); ``heartbeat`` None asks no rank anything; ``watches``
+    are checked at every wake-up beside the ranks (a server process doing its part of the same call).
     """
     index = {call.ref: i for i, call in enumerate(calls)}
     values: dict[int, Any] = {}
@@ -127,7 +155,8 @@ def wait_ranks(
         now = time.monotonic()
         if deadline is not None and now >= deadline:
             raise _timed_out(calls, [calls[index[r]] for r in pending], timeout_s)
-        wakes = [t for t in (deadline, pings.next_wake() if pings else None) if t is not None]
+        wakes = [deadline, pings.next_wake() if pings else None, *(w.next_wake() for w in watches)]
+        wakes = [t for t in wakes if t is not None]
         ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, min(wakes) - now) if wakes else None)
         for ref in ready:
             try:
@@ -136,6 +165,8 @@ def wait_ranks(
                 raise _failed(calls, index, ref, err, pending) from err
         if pings is not None and pending:
             pings.check([calls[index[r]] for r in pending])
+        for watch in watches:
+            watch.check()
     return [values[i] for i in range(len(calls))]
 
 
@@ -259,3 +290,110 @@ class _Pings:
             call.label.rank,
             None,
         )
+
+
+SERVICE_ROLE = "server"
+"""The role a :class:`ServiceWatch`'s errors carry (a rank's carry its group's role)."""
+
+
+class ServiceWatch:
+    """A participant of a wait that is not a Ray actor: a server process the driver talks to over HTTP (a
+    ``vllm serve``), doing its part of a call in a thread of the driver (``pending``). The heartbeat asks it
+    ``health_url`` every ``interval_s`` on a thread of its own; a server that has not answered one for ``stall_s``
+    is stopped or frozen: :meth:`check` raises :class:`WorkerStalledError` naming it, as it names a rank. Its part
+    failing (``pending`` raising) or its process gone (the ping refused) raise :class:`WorkerError` at once."""
+
+    def __init__(self, name: str, method: str, health_url: str, pending: Future, heartbeat: Heartbeat | None) -> None:
+        """``name``: who the service is in messages (``rollout server (vllm serve, pid 123)``); ``method``: the
+        part it does (``receive_weights``); ``pending``: that part's future (:func:`in_daemon_thread`)."""
+        self.name, self.method, self.health_url = name, method, health_url
+        self.pending, self.heartbeat = pending, heartbeat
+        self.start = time.monotonic()
+        self.next_round = self.start + (heartbeat.interval_s if heartbeat else float("inf"))
+        self.ping: tuple[Future, float] | None = None  # (the ping in flight, sent at)
+        self.last_answer: float | None = None
+
+    def next_wake(self) -> float | None:
+        """When the wait must look again (None: only when a rank answers)."""
+        if self.heartbeat is None:
+            return None
+        wakes = [self.next_round, time.monotonic() + 0.2]  # also notice the pending part ending
+        if self.ping is not None:
+            wakes.append(self.ping[1] + self.heartbeat.stall_s)
+        return min(wakes)
+
+    def check(self) -> None:
+        """Raise if the service's part failed, its process is gone, or it stopped answering; ping when due."""
+        if self.pending.done() and self.pending.exception() is not None:
+            err = self.pending.exception()
+            raise WorkerError(f"{self.method}: {self.name} failed: {err}", SERVICE_ROLE, self.method, None, err)
+        if self.heartbeat is None:
+            return
+        now = time.monotonic()
+        if self.ping is not None:
+            future, sent = self.ping
+            if future.done():
+                self.ping = None
+                err = future.exception()
+                if isinstance(err, ConnectionRefusedError) or isinstance(
+                    getattr(err, "reason", None), ConnectionRefusedError
+                ):
+                    message = f"{self.method}: {self.name} is gone ({self.health_url}: {err})"
+                    raise WorkerError(message, SERVICE_ROLE, self.method, None, err)
+                if err is None:
+                    self.last_answer = now
+            elif now - sent >= self.heartbeat.stall_s:
+                raise self._stalled(now)
+        if now >= self.next_round and self.ping is None:
+            # its own timeout past the stall bound: the check above names a silent server first
+            timeout_s = self.heartbeat.stall_s + self.heartbeat.interval_s
+            self.ping = (in_daemon_thread(_get, self.health_url, timeout_s), now)
+            self.next_round = now + self.heartbeat.interval_s
+
+    def result(self) -> Any:
+        """The pending part's value, waited for under the same checks."""
+        while True:
+            self.check()
+            wake = self.next_wake()
+            try:
+                return self.pending.result(timeout=None if wake is None else max(0.0, wake - time.monotonic()))
+            except FutureTimeout:
+                continue
+
+    def _stalled(self, now: float) -> WorkerStalledError:
+        heard = (
+            f"its last answer {now - self.last_answer:.1f} s ago"
+            if self.last_answer is not None
+            else "it has not answered since the call began"
+        )
+        return WorkerStalledError(
+            f"{self.method}: {self.name} stopped answering the heartbeat: no answer to {self.health_url} for "
+            f"{self.heartbeat.stall_s:g} s (stopped, or frozen); {heard}",
+            SERVICE_ROLE,
+            self.method,
+            None,
+            None,
+        )
+
+
+def in_daemon_thread(fn: Callable[..., Any], *args: Any) -> Future:
+    """``fn(*args)`` in a daemon thread, as a future: a call into a process that never answers leaves a thread
+    that does not keep the driver from exiting (a ``ThreadPoolExecutor``'s would, at interpreter exit)."""
+    future: Future = Future()
+
+    def run() -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            future.set_result(fn(*args))
+        except BaseException as err:  # noqa: BLE001 - handed to whoever waits on the future
+            future.set_exception(err)
+
+    threading.Thread(target=run, name=f"call-{getattr(fn, '__name__', 'fn')}", daemon=True).start()
+    return future
+
+
+def _get(url: str, timeout_s: float) -> None:
+    with urllib.request.urlopen(url, timeout=timeout_s) as answer:
+        if answer.status != 200:
+            raise RuntimeError(f"{url}: HTTP {answer.status}")

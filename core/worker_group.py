@@ -53,6 +53,7 @@ from hybridflow.core.rank_wait import (
     Heartbeat,
     RankCall,
     RankLabel,
+    Watch,
     WorkerError,
     WorkerStalledError,
     WorkerTimeoutError,
@@ -154,12 +155,13 @@ class GroupFuture(Pending):
         return f"GroupFuture({self.calls[0].name}, {len(self.calls)} ranks)"
 
 
-def gather(*futures: GroupFuture) -> list[Any]:
+def gather(*futures: GroupFuture, watches: Sequence[Watch] = ()) -> list[Any]:
     """The results of calls that need each other (a weight sync: the sender and its receivers), waited on as one:
     a rank that fails or stalls in any of them ends the wait at once, named, rather than after the others'
-    timeouts. The first future's timeout and heartbeat apply."""
+    timeouts. The first future's timeout and heartbeat apply; ``watches`` join the wait (a server process
+    receiving what the ranks send, :class:`~hybridflow.core.rank_wait.ServiceWatch`)."""
     calls = [call for future in futures for call in future.calls]
-    values = wait_ranks(calls, futures[0].timeout_s, futures[0].heartbeat)
+    values = wait_ranks(calls, futures[0].timeout_s, futures[0].heartbeat, watches)
     out, at = [], 0
     for future in futures:
         out.append(future.collect(values[at : at + len(future.calls)]))

@@ -183,12 +183,11 @@ def group_options(config: PPOConfig, **settings: Any):
     from hybridflow.core import GroupOptions, Heartbeat
 
     timeouts = config.trainer.timeouts
-    heartbeat = None if timeouts.heartbeat_s is None else Heartbeat(timeouts.heartbeat_s, timeouts.stall_s)
     return GroupOptions(
         cpu_torch_threads=config.trainer.cpu_threads_per_rank,
         call_timeout_s=timeouts.call_s,
         collective_timeout_s=timeouts.collective_s,
-        heartbeat=heartbeat,
+        heartbeat=Heartbeat.from_timeouts(timeouts),
         **settings,
     )
 

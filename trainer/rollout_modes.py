@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -41,6 +40,7 @@ from hybridflow.core.keys import (
     WEIGHT_SYNC_PREFIX,
     WEIGHT_VERSION,
 )
+from hybridflow.core.rank_wait import in_daemon_thread
 from hybridflow.core.worker_group import gather
 
 logger = logging.getLogger(__name__)
@@ -98,26 +98,39 @@ class GroupWeightSync:
 
 class ServerWeightSync:
     """The trainer's weights to a ``vllm serve`` process after each update (and once at start), in memory: the
-    same transfer, received by vLLM's weight-transfer routes (``workers/rollout/vllm_server.py``)."""
+    same transfer, received by vLLM's weight-transfer routes (``workers/rollout/vllm_server.py``).
+
+    Every wait is the groups' wait: the actor's ranks under their heartbeat and ``trainer.timeouts``, the server
+    beside them under the same heartbeat (its ``/health``: a stopped or frozen server is named within
+    ``heartbeat_s + stall_s``, :class:`~hybridflow.core.rank_wait.ServiceWatch`); the server's HTTP calls run
+    in daemon threads, so a server that never answers does not hold the driver."""
 
     def __init__(self, actor: Any, server: Any) -> None:
         self.actor, self.server = actor, server
         host, port = actor.hosts.free_port()
         members = 1 + server.config.actor_rollout_ref.rollout.tensor_model_parallel_size
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm-server-sync")
-        joined = self.pool.submit(server.join_weight_transfer, host, port, members)  # both ends wait for the group
-        actor.join_weight_transfer(host, port, members)
-        joined.result()
+        joined = in_daemon_thread(server.join_weight_transfer, host, port, members)  # both ends wait for the group
+        self._together(
+            actor.join_weight_transfer.options(blocking=False)(host, port, members), joined, "join_weight_transfer"
+        )
 
     def __call__(self) -> dict[str, float]:
         """Send the current weights while the server receives them, then commit them under their version."""
         start = time.perf_counter()
-        receiving = self.pool.submit(self.server.receive_weights)
-        out = dict(self.actor.send_weights()[0])
-        out.update(receiving.result())
-        self.server.commit_weights(int(out["weight_sync/version"]))
+        receiving = in_daemon_thread(self.server.receive_weights)
+        sent, received = self._together(self.actor.send_weights.options(blocking=False)(), receiving, "receive_weights")
+        out = {**sent[0], **received}
+        committing = in_daemon_thread(self.server.commit_weights, int(out["weight_sync/version"]))
+        self.server.watch(committing, "commit_weights", self.heartbeat).result()
         out["timing_s/weight_sync"] = time.perf_counter() - start
         return out
+
+    def _together(self, ranks: Any, server_part: Any, method: str) -> tuple[Any, Any]:
+        """Wait for the actor's ranks and the server's part (its ``method``, running) of one step as one wait."""
+        self.heartbeat = ranks.heartbeat  # the actor group's: the server is held to the same bound
+        watch = self.server.watch(server_part, method, self.heartbeat)
+        (from_ranks,) = gather(ranks, watches=[watch])
+        return from_ranks, watch.result()
 
 
 @dataclass(frozen=True)

@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import math
 import os
+import signal
+import time
 
 import pytest
 from support import read_metrics, small_config
 
+from hybridflow.core import WorkerStalledError
+from hybridflow.trainer.checkpoint import list_checkpoints
 from hybridflow.trainer.main import build_and_fit
 from hybridflow.workers.rollout.vllm_build import installed_build
+from hybridflow.workers.rollout.vllm_server import VLLMServer
 
 BUILD = installed_build()
 if BUILD is None or BUILD.device != "cpu":
@@ -167,3 +172,55 @@ def test_lora_pushes_merged_weights_that_vllm_samples_with(ray_session, tmp_path
         assert m["rollout/log_prob_gap_max"] < 1e-4, m["rollout/log_prob_gap_max"]
     pushed = [m for m in steps if "weight_sync/bytes" in m]
     assert pushed and all(m["weight_sync/bytes"] == PARAM_BYTES for m in pushed)
+
+
+def test_a_vllm_serve_stopped_during_a_weight_sync_is_named_within_the_heartbeats_bound(
+    ray_session, monkeypatch, tmp_path, caplog
+):
+    """The server's sync waits as the groups' syncs do (``trainer.timeouts``, beside tests/trainer/test_stalls.py):
+    the ``vllm serve`` process, stopped (SIGSTOP, its whole session) as the sync after step 1 begins, stops
+    answering the heartbeat's ``/health`` and is named within ``heartbeat_s + stall_s``, not after the
+    transfer's ``weight_sync_s``; step 1's checkpoint stays."""
+    heartbeat_s, stall_s = 0.5, 5.0
+    config = small_config(
+        tmp_path,
+        **VLLM,
+        **{
+            "data.synthetic_task": "tool",
+            "actor_rollout_ref.rollout.mode": "server",
+            "actor_rollout_ref.rollout.agent_loop": "tool_calling",
+            "actor_rollout_ref.rollout.agent.tools": ["reveal"],
+            "actor_rollout_ref.rollout.agent.options": {"format": "compact", "default_tool": "reveal", "max_turns": 2},
+            "trainer.total_training_steps": 2,
+            "trainer.save_freq": 1,
+            "trainer.timeouts.heartbeat_s": heartbeat_s,
+            "trainer.timeouts.stall_s": stall_s,
+        },
+    )
+    stopped = {}
+    real = VLLMServer.receive_weights
+
+    def receive_weights(self):
+        if self.version == 1 and not stopped:  # the sync after step 1's update (the first one made version 1)
+            stopped.update(pid=self.process.pid, at=time.time())
+            os.killpg(self.process.pid, signal.SIGSTOP)
+        return real(self)
+
+    monkeypatch.setattr(VLLMServer, "receive_weights", receive_weights)
+    try:
+        with pytest.raises(WorkerStalledError) as info:
+            build_and_fit(config, tmp_path / "run")
+        ended = time.time() - stopped["at"]
+    finally:
+        if stopped:
+            try:
+                os.killpg(stopped["pid"], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    message = str(info.value)
+    assert f"pid {stopped['pid']}" in message and "stopped answering the heartbeat" in message, message
+    (named,) = [r.created for r in caplog.records if "stopped answering the heartbeat" in r.getMessage()]
+    waited = named - stopped["at"]  # the driver's log of the error: the moment it was named
+    assert waited < heartbeat_s + stall_s + 4.0, waited  # not the transfer's weight_sync_s (600 s)
+    assert ended < waited + 30.0, ended  # and the stopped server does not hold the run's exit for long
+    assert [step for step, _ in list_checkpoints(tmp_path / "run" / "checkpoints")] == [1]

@@ -27,10 +27,12 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 from hybridflow.configs.schema import PPOConfig
+from hybridflow.core.rank_wait import Heartbeat, ServiceWatch
 
 __all__ = ["VLLMServer"]
 
@@ -66,9 +68,20 @@ class VLLMServer:
         return self.root + "/v1"
 
     # ------------------------------------------------------------ process
-    def start(self, timeout_s: float = 600.0) -> str:
-        """Start ``vllm serve`` (or use ``rollout.server.url``), wait until it answers ``/health``; returns
-        :attr:`url`."""
+    @property
+    def label(self) -> str:
+        """Who the server is in messages: the process this object started, or the address of the user's."""
+        pid = f", pid {self.process.pid}" if self.process is not None else ""
+        return f"rollout server (vllm serve{pid}, {self.root})"
+
+    def watch(self, pending: Future, method: str, heartbeat: Heartbeat | None) -> ServiceWatch:
+        """The heartbeat of this server while ``pending`` (its ``method``, in a thread) runs: ``/health``."""
+        return ServiceWatch(self.label, method, self.root + "/health", pending, heartbeat)
+
+    def start(self, timeout_s: float | None = None) -> str:
+        """Start ``vllm serve`` (or use ``rollout.server.url``), wait until it answers ``/health`` (at most
+        ``timeout_s``, default ``trainer.timeouts.server_start_s``); returns :attr:`url`."""
+        timeout_s = self.config.trainer.timeouts.server_start_s if timeout_s is None else timeout_s
         server = self.config.actor_rollout_ref.rollout.server
         if server.url:
             self.root = server.url.rstrip("/").removesuffix("/v1")
@@ -181,13 +194,15 @@ class VLLMServer:
         except OSError:
             return "(no log)"
 
-    def stop(self) -> None:
-        """Stop the process this object started (its whole session: vLLM's engine process too)."""
+    def stop(self, grace_s: float = 30.0) -> None:
+        """Stop the process this object started (its whole session: vLLM's engine process too), killing what has
+        not exited after ``grace_s``."""
         if self.process is None or self.process.poll() is not None:
             return
         os.killpg(self.process.pid, signal.SIGTERM)
+        os.killpg(self.process.pid, signal.SIGCONT)  # a stopped server takes the SIGTERM only once continued
         try:
-            self.process.wait(timeout=30)
+            self.process.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(timeout=30)
@@ -196,8 +211,9 @@ class VLLMServer:
         self.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        # a failed run may leave the server mid-transfer, where its shutdown waits for the transfer's bound
+        self.stop(grace_s=30.0 if exc_type is None else 2.0)
 
     # ------------------------------------------------------------ what the trainer asks
     def tokenizer_info(self) -> dict[str, Any]:
@@ -237,28 +253,32 @@ class VLLMServer:
         """Finish the sync received (vLLM's layerwise reload ends: the weights are in the kernels), record it as
         ``version`` and drop the prefix cache, whose KV the old weights computed."""
         self._post("/finish_weight_update", {"weight_version": str(version)})
-        self._post("/reset_prefix_cache", None)
+        self._post("/reset_prefix_cache", None, quick=True)
         self.version = version
 
     def weight_version(self) -> int | None:
         """The weight version the server holds (vLLM's ``/weight_info``), None before the first sync."""
-        answer = self._get("/weight_info")
+        answer = self._get("/weight_info", quick=True)
         version = answer.get("weight_version")
         return None if version in (None, "") else int(version)
 
-    def _post(self, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
+    def _post(self, path: str, body: dict[str, Any] | None, quick: bool = False) -> dict[str, Any]:
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(
             self.root + path, data=data, method="POST", headers={"Content-Type": "application/json"}
         )
-        return self._send(request, path)
+        return self._send(request, path, quick)
 
-    def _get(self, path: str) -> dict[str, Any]:
-        return self._send(urllib.request.Request(self.root + path, method="GET"), path)
+    def _get(self, path: str, quick: bool = False) -> dict[str, Any]:
+        return self._send(urllib.request.Request(self.root + path, method="GET"), path, quick)
 
-    def _send(self, request: urllib.request.Request, path: str) -> dict[str, Any]:
+    def _send(self, request: urllib.request.Request, path: str, quick: bool) -> dict[str, Any]:
+        """One request. A ``quick`` route answers at once: a server that has not within ``stall_s`` is stalled.
+        The sync's routes take as long as the transfer; they are bounded by ``call_s`` and, in the trainer's
+        weight sync, by the heartbeat (:meth:`watch`)."""
+        timeouts = self.config.trainer.timeouts
         try:
-            with urllib.request.urlopen(request, timeout=3600) as answer:
+            with urllib.request.urlopen(request, timeout=timeouts.stall_s if quick else timeouts.call_s) as answer:
                 text = answer.read().decode() or "{}"
         except urllib.error.HTTPError as err:
             raise RuntimeError(

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The same benchmark on an earlier commit and on the working tree, taking turns on this machine (a change's
+# before and after, side by side, as docs/benchmarks.md asks):
+#
+#   bash bench/ab_commit.sh COMMIT ROUNDS bench/bench_vllm.py step --repeats 1 --steps 10 --response-length 64
+#
+# The earlier commit is checked out in a temporary git worktree and imported through a PYTHONPATH shim
+# (<shim>/hybridflow -> the worktree), which Python's path finder consults before the editable install; the
+# runs' own subprocesses and Ray workers inherit it. Each round runs the earlier commit's copy of the bench,
+# then the working tree's.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+commit=$1 rounds=$2
+shift 2
+scratch=$(mktemp -d)
+trap 'git worktree remove --force "$scratch/tree" >/dev/null 2>&1 || true; rm -rf "$scratch"' EXIT
+git worktree add --detach -q "$scratch/tree" "$commit"
+mkdir "$scratch/shim" && ln -s "$scratch/tree" "$scratch/shim/hybridflow"
+for round in $(seq 1 "$rounds"); do
+  echo "== $commit, round $round"
+  PYTHONPATH="$scratch/shim" .venv/bin/python "$scratch/tree/$1" "${@:2}"
+  echo "== working tree, round $round"
+  .venv/bin/python "$@"
+done
