@@ -17,7 +17,7 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 
 from hybridflow.configs.rules import at_least, one_of
-from hybridflow.configs.schema import DEVICES, MODEL_DTYPES, FSDPConfig, OptimConfig
+from hybridflow.configs.schema import DEVICES, MODEL_DTYPES, FSDPConfig, OptimConfig, TimeoutsConfig
 
 SCHEMA_NAME = "rm_trainer_schema"
 """The name the schema is stored under in Hydra's ConfigStore (``train_rm.yaml``'s first default)."""
@@ -106,6 +106,9 @@ class RMTrainerConfig:
     ray_address: Optional[str] = None
     """Join this Ray cluster (``auto``, ``host:port``, ``ray://...``). None: ``RAY_ADDRESS`` if set, else a fresh
     local instance of this run's own."""
+    timeouts: TimeoutsConfig = field(default_factory=TimeoutsConfig)
+    """How long the driver waits on the ranks: the RL trainer's ``trainer.timeouts``, the same keys and bounds
+    (collectives, calls, the heartbeat that names a stopped rank); the weight-sync keys have nothing to bound here."""
 
     def problems(self) -> list[str]:
         """Broken rules of this section."""

@@ -3,7 +3,10 @@
 import contextlib
 import json
 import os
+import signal
 import sys
+import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -315,3 +318,28 @@ def editable_install(example, workdir, distribution, module):
         subprocess.run([*pip, "uninstall", "--yes", distribution], capture_output=True, timeout=170)
         sys.modules.pop(module, None)
         reset_plugin_manager()
+
+
+def faulty(base: type, method: str, rank: int, call: int, action: str, record: Path) -> type:
+    """``base`` whose rank ``rank`` stops itself (``action="stop"``) or sleeps for good (``"sleep"``) as call
+    ``call`` of ``method`` begins, after writing its pid and the time to ``record``. A class made here is sent to
+    the workers by value, faults and all."""
+
+    def __init__(self, *args, **kwargs):
+        base.__init__(self, *args, **kwargs)
+        if self.rank != rank:
+            return
+        real, calls = getattr(self, method), [0]
+
+        def wrapped(*a, **kw):
+            calls[0] += 1
+            if calls[0] == call:
+                record.write_text(json.dumps({"pid": os.getpid(), "at": time.time()}))
+                if action == "stop":
+                    os.kill(os.getpid(), signal.SIGSTOP)
+                time.sleep(600)
+            return real(*a, **kw)
+
+        setattr(self, method, wrapped)
+
+    return type(f"Faulty{base.__name__}", (base,), {"__init__": __init__})

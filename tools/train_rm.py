@@ -283,7 +283,8 @@ def build_and_fit(config: RMConfig, run_dir: Path) -> RMSummary:
             )
     import ray
 
-    from hybridflow.core import ColocatedWorkerGroup, GroupOptions, RoleSpec, init_ray, shutdown
+    from hybridflow.core import ColocatedWorkerGroup, RoleSpec, init_ray, shutdown
+    from hybridflow.trainer.main import group_options
     from hybridflow.workers.reward_model_trainer import RewardModelTrainerWorker
 
     started_ray = not ray.is_initialized()
@@ -291,7 +292,7 @@ def build_and_fit(config: RMConfig, run_dir: Path) -> RMSummary:
     pool = None
     try:
         pool = _resource_pool(config)
-        options = GroupOptions(cpu_torch_threads=config.trainer.cpu_threads_per_rank, name="hybridflow-rm")
+        options = group_options(config, name="hybridflow-rm")  # the RL trainer's: its threads and timeouts
         roles = {"rm": RoleSpec(RewardModelTrainerWorker, kwargs={"config": config})}
         with ColocatedWorkerGroup(pool, roles, options) as group:
             group.rm.init_model()

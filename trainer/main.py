@@ -178,8 +178,9 @@ def _rollout_group(config: PPOConfig, dims, pool):
     )
 
 
-def group_options(config: PPOConfig, **settings: Any):
-    """A worker group's options from the config: its ranks' torch threads and ``trainer.timeouts``."""
+def group_options(config: Any, **settings: Any):
+    """A worker group's options from the config: its ranks' torch threads and ``trainer.timeouts`` (the RL
+    trainer's config or the reward-model trainer's: both have these keys)."""
     from hybridflow.core import GroupOptions, Heartbeat
 
     timeouts = config.trainer.timeouts

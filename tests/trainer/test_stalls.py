@@ -16,10 +16,10 @@ import os
 import re
 import signal
 import time
-from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
+from support import faulty
 
 from hybridflow.configs.schema import PPOConfig
 from hybridflow.core import WorkerError, WorkerStalledError
@@ -53,31 +53,6 @@ def config(files, placement="colocated"):
     }.items():
         OmegaConf.update(cfg, key, value)
     return OmegaConf.to_object(cfg)
-
-
-def faulty(base: type, method: str, rank: int, call: int, action: str, record: Path) -> type:
-    """``base`` whose rank ``rank`` stops itself (``action="stop"``) or sleeps for good (``"sleep"``) as call
-    ``call`` of ``method`` begins, after writing its pid and the time to ``record``. A class made here is sent to
-    the workers by value, faults and all."""
-
-    def __init__(self, *args, **kwargs):
-        base.__init__(self, *args, **kwargs)
-        if self.rank != rank:
-            return
-        real, calls = getattr(self, method), [0]
-
-        def wrapped(*a, **kw):
-            calls[0] += 1
-            if calls[0] == call:
-                record.write_text(json.dumps({"pid": os.getpid(), "at": time.time()}))
-                if action == "stop":
-                    os.kill(os.getpid(), signal.SIGSTOP)
-                time.sleep(600)
-            return real(*a, **kw)
-
-        setattr(self, method, wrapped)
-
-    return type(f"Faulty{base.__name__}", (base,), {"__init__": __init__})
 
 
 @pytest.fixture

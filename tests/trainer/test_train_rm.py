@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import pyarrow.parquet as pq
 import pytest
@@ -291,3 +292,47 @@ def test_two_ranks_train_as_one(runs):
         a = [line[key] for line in one if key in line]
         b = [line[key] for line in two if key in line]
         assert len(a) == len(b) > 0 and a == pytest.approx(b, rel=1e-4, abs=1e-5), key
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_stopped_rank_is_named_within_the_heartbeats_bound_as_in_the_rl_trainer(ray_session, monkeypatch, tmp_path):
+    """``hybridflow-train-rm`` waits on its ranks as ``hybridflow-train`` does (``trainer.timeouts``): a rank
+    stopped (SIGSTOP) as its second training step begins is named, not waited for."""
+    from omegaconf import OmegaConf
+    from support import faulty
+
+    from hybridflow import core
+    from hybridflow.core import WorkerStalledError
+    from hybridflow.tools.train_rm import build_and_fit
+
+    heartbeat_s, stall_s = 0.5, 5.0
+    cfg = OmegaConf.structured(RMConfig)
+    for key, value in {
+        "trainer.total_steps": 4,
+        "data.batch_size": 16,
+        "trainer.cpu_threads_per_rank": 1,
+        "data.synthetic_dir": str(tmp_path / "data"),
+        "trainer.timeouts.heartbeat_s": heartbeat_s,
+        "trainer.timeouts.stall_s": stall_s,
+    }.items():
+        OmegaConf.update(cfg, key, value)
+    record = tmp_path / "fault.json"
+    real_spec = core.RoleSpec
+    # the fault goes in where the group is described: the worker class itself stays importable by reference
+    monkeypatch.setattr(
+        core, "RoleSpec", lambda cls, **kw: real_spec(faulty(cls, "train_step", 0, 2, "stop", record), **kw)
+    )
+    try:
+        with pytest.raises(WorkerStalledError) as info:
+            build_and_fit(OmegaConf.to_object(cfg), tmp_path / "run")
+        waited = time.time() - json.loads(record.read_text())["at"]
+    finally:
+        if record.exists():
+            try:
+                os.kill(json.loads(record.read_text())["pid"], 9)
+            except ProcessLookupError:
+                pass
+    pid = json.loads(record.read_text())["pid"]
+    assert re.match(rf"rm\.train_step: rank 0 \(node [\d.]+ \w+, pid {pid}\) stopped answering", str(info.value))
+    assert waited < heartbeat_s + stall_s + 4.0, waited
