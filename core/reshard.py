@@ -61,6 +61,8 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
+from hybridflow.core import dtensor
+
 __all__ = ["Box", "ReshardPlan", "ReshardStats", "TensorSlice", "gather_full_state", "plan_reshard"]
 
 
@@ -181,10 +183,6 @@ def _held_box(tensor: torch.Tensor) -> Box:
     return Box(tuple(offset), local)
 
 
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
-
-
 def _check_tiling(name: str, full_shape: tuple[int, ...], boxes: Sequence[Box]) -> None:
     """Distinct held boxes must cover the tensor exactly once (catches non-block layouts)."""
     for i, a in enumerate(boxes):
@@ -301,7 +299,7 @@ class ReshardPlan:
     def _check_sources(self) -> None:
         """Fail clearly, instead of reading freed memory, when a source's storage is gone."""
         for name, tensor in self.sources.items():
-            local = _local(tensor)
+            local = dtensor.local(tensor)
             if local.numel() and local.untyped_storage().nbytes() == 0:
                 raise RuntimeError(
                     f"source {name}'s storage was freed since the plan was made; plan from the sharded "
@@ -309,7 +307,7 @@ class ReshardPlan:
                 )
 
     def _source_view(self, piece: _Piece) -> torch.Tensor:
-        return self.held[piece.name].view_of(_local(self.sources[piece.name]), piece.box)
+        return self.held[piece.name].view_of(dtensor.local(self.sources[piece.name]), piece.box)
 
     def _target_view(self, piece: _Piece) -> torch.Tensor:
         return self.wanted[piece.name].view_of(self.targets[piece.name], piece.box)
@@ -377,7 +375,7 @@ class ReshardPlan:
     def _device(self) -> torch.device:
         """Where the round buffers live: with the rollout tensors (nccl needs them on the GPU)."""
         tensors = [*self.targets.values(), *self.sources.values()]
-        return _local(tensors[0]).device if tensors else torch.device("cpu")
+        return dtensor.local(tensors[0]).device if tensors else torch.device("cpu")
 
 
 def plan_reshard(
@@ -444,4 +442,4 @@ def gather_full_state(sources: Sequence[tuple[str, torch.Tensor]]) -> dict[str, 
     memory is the whole model on every rank, which is what
     :func:`plan_reshard` avoids.
     """
-    return {name: t.full_tensor() if isinstance(t, DTensor) else t.detach() for name, t in sources}
+    return {name: dtensor.full(t) for name, t in sources}

@@ -40,6 +40,7 @@ from torch.distributed.tensor import Replicate
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from hybridflow.configs.schema import FSDPConfig
+from hybridflow.core import dtensor
 
 __all__ = [
     "data_parallel_group",
@@ -217,5 +218,4 @@ def full_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
 def parameter_bytes(model: nn.Module) -> int:
     """Bytes of this rank's parameter shards (the sharded layout; under LoRA the frozen base weights are held
     in the compute dtype, the adapters in the master dtype)."""
-    local = (p.to_local() if hasattr(p, "to_local") else p for p in model.parameters())
-    return sum(t.numel() * t.element_size() for t in local)
+    return sum(t.numel() * t.element_size() for t in map(dtensor.local, model.parameters()))

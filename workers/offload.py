@@ -24,20 +24,17 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from hybridflow.core import dtensor
 from hybridflow.workers.fsdp import reshard
 
 __all__ = ["StateOffloader", "drop_storages", "restore_storages"]
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor._local_tensor if hasattr(tensor, "_local_tensor") else tensor  # a DTensor's shard
 
 
 def _storages(tensors: Iterable[torch.Tensor]) -> list[torch.UntypedStorage]:
     """The distinct storages under ``tensors`` (tied parameters and views share one)."""
     seen: dict[int, torch.UntypedStorage] = {}
     for tensor in tensors:
-        storage = _local(tensor).untyped_storage()
+        storage = dtensor.local(tensor).untyped_storage()
         if storage.nbytes() and storage.data_ptr() not in seen:
             seen[storage.data_ptr()] = storage
     return list(seen.values())

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from hybridflow.configs.schema import OptimConfig
+from hybridflow.core import dtensor
 
 
 def build_optimizer(
@@ -29,10 +30,5 @@ def build_optimizer(
 
 def state_bytes(optimizer: torch.optim.Optimizer) -> int:
     """Bytes this rank's optimizer state holds (AdamW's moments and step counts over its shards)."""
-    local = (
-        t.to_local() if hasattr(t, "to_local") else t
-        for state in optimizer.state.values()
-        for t in state.values()
-        if isinstance(t, torch.Tensor)
-    )
-    return sum(t.numel() * t.element_size() for t in local)
+    tensors = (t for state in optimizer.state.values() for t in state.values() if isinstance(t, torch.Tensor))
+    return sum(t.numel() * t.element_size() for t in map(dtensor.local, tensors))

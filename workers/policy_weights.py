@@ -27,6 +27,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
+from hybridflow.core import dtensor
 from hybridflow.workers import lora
 from hybridflow.workers.fsdp import sharded_parameters
 from hybridflow.workers.rollout.vllm_engine import iter_full_weights
@@ -95,9 +96,9 @@ class MergedLoraWeights:
         """Write ``W + s * B @ A`` into each merged shard (collective: ``A`` is gathered whole, it is small;
         each rank's rows of ``B`` and ``W`` are the same rows, both sharded along the output dim)."""
         for buffer, weight, layer in self._merged:
-            lora_a = _full(layer.lora_A[lora.ADAPTER].weight)
-            lora_b = _local(layer.lora_B[lora.ADAPTER].weight)
-            _local(buffer).copy_(lora.merged(_local(weight), lora_a, lora_b, lora.scaling(layer)))
+            lora_a = dtensor.full(layer.lora_A[lora.ADAPTER].weight)
+            lora_b = dtensor.local(layer.lora_B[lora.ADAPTER].weight)
+            dtensor.local(buffer).copy_(lora.merged(dtensor.local(weight), lora_a, lora_b, lora.scaling(layer)))
 
     def full(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Every weight gathered, adapted ones merged, one at a time (collective, the same order on every rank)."""
@@ -105,13 +106,13 @@ class MergedLoraWeights:
             if lora.is_adapter_parameter(name):
                 continue
             with torch.no_grad():
-                full = _full(param)
+                full = dtensor.full(param)
                 layer = self.layers.get(name)
                 if layer is not None:
                     full = lora.merged(
                         full,
-                        _full(layer.lora_A[lora.ADAPTER].weight),
-                        _full(layer.lora_B[lora.ADAPTER].weight),
+                        dtensor.full(layer.lora_A[lora.ADAPTER].weight),
+                        dtensor.full(layer.lora_B[lora.ADAPTER].weight),
                         lora.scaling(layer),
                     )
             yield lora.model_name(name), full
@@ -121,14 +122,6 @@ class MergedLoraWeights:
 def policy_weights(model: nn.Module) -> PlainWeights | MergedLoraWeights:
     """The view of ``model``'s weights the outside gets (see the module docstring)."""
     return MergedLoraWeights(model) if lora.has_adapters(model) else PlainWeights(model)
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
-
-
-def _full(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor.detach()
 
 
 def _empty_like(param: torch.Tensor) -> torch.Tensor:

@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from hybridflow.configs.schema import RolloutConfig
+from hybridflow.core import dtensor
 from hybridflow.core.data_proto import DataProto
 from hybridflow.core.keys import (
     ATTENTION_MASK,
@@ -118,9 +119,9 @@ def iter_full_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
         # no_grad only around the gather: a grad-mode context held across a
         # ``yield`` would leak into the consumer's code.
         with torch.no_grad():
-            full = param.full_tensor() if hasattr(param, "full_tensor") else param.detach()
-        yield name, full
-        del full  # before the next gather, so two gathered parameters never coexist here
+            whole = dtensor.full(param)
+        yield name, whole
+        del whole  # before the next gather, so two gathered parameters never coexist here
 
 
 # ------------------------------------------------------------------ config translation
