@@ -4,6 +4,7 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -343,3 +344,20 @@ def faulty(base: type, method: str, rank: int, call: int, action: str, record: P
         setattr(self, method, wrapped)
 
     return type(f"Faulty{base.__name__}", (base,), {"__init__": __init__})
+
+
+def borrowed_venv(where: Path, *, with_hybridflow: bool) -> tuple[Path, Path]:
+    """A virtualenv at ``where`` whose site-packages links every package this suite's venv has (fast: nothing is
+    installed), hybridflow's editable install included or not; returns its python and its site-packages. What a
+    test pip-installs there stays out of the venv every other test reads, so the test need not run serially."""
+    import sysconfig
+    import venv
+
+    venv.EnvBuilder(with_pip=False, symlinks=True).create(where)
+    python = where / "bin" / "python"
+    code = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    site = Path(subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True).stdout.strip())
+    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
+        if with_hybridflow or "hybridflow" not in entry.name:
+            (site / entry.name).symlink_to(entry)
+    return python, site

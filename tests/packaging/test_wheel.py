@@ -18,11 +18,10 @@ import re
 import shutil
 import subprocess
 import sys
-import sysconfig
-import venv
 from pathlib import Path
 
 import pytest
+from support import borrowed_venv
 
 import hybridflow
 
@@ -69,23 +68,6 @@ def build(copy: Path, dist: Path) -> str:
     return done.stdout + done.stderr
 
 
-def fresh_venv(where: Path) -> Path:
-    """A virtualenv whose site-packages links every package the suite has installed except hybridflow itself
-    (its editable finder, its ``.pth`` and its metadata), so installing the wheel there is the only way in."""
-    venv.EnvBuilder(with_pip=False, symlinks=True).create(where)
-    python = where / "bin" / "python"
-    target = Path(
-        subprocess.run(
-            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-            capture_output=True, text=True, check=True,
-        ).stdout.strip()
-    )  # fmt: skip
-    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
-        if "hybridflow" not in entry.name:
-            (target / entry.name).symlink_to(entry)
-    return target
-
-
 def run(argv: list[str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run(argv, cwd=cwd, env=user_env(), capture_output=True, text=True, timeout=timeout)
 
@@ -120,7 +102,8 @@ def test_a_wheel_from_a_clean_copy_installs_and_runs_outside_the_checkout(tmp_pa
     (wheel,) = dist.glob("hybridflow-*.whl")
     assert len(list(dist.glob("hybridflow-*.tar.gz"))) == 1
 
-    site = fresh_venv(tmp_path / "venv")
+    # every package the suite has but hybridflow (its editable finder, .pth and metadata): the wheel is the only way in
+    _, site = borrowed_venv(tmp_path / "venv", with_hybridflow=False)
     bin_dir = tmp_path / "venv" / "bin"
     installed = run(
         [sys.executable, "-m", "pip", "--python", str(bin_dir / "python"), "install", "--quiet", "--no-deps",
