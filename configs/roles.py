@@ -8,7 +8,7 @@ import enum
 from typing import Any
 
 from hybridflow.configs.schema import PPOConfig
-from hybridflow.plugins import UnknownNameError, get_estimator, get_rollout_engine
+from hybridflow.plugins import RolloutEngineEntry, UnknownNameError, get_estimator, get_rollout_engine
 
 
 class RolloutPlacement(enum.Enum):
@@ -27,18 +27,21 @@ def rollout_placement(config: Any) -> RolloutPlacement:
     """Where the rollout runs: the one place this is decided. It alone chooses the roles the entry point
     builds, the weight sync that connects them and the handle the driver generates with."""
     rollout = config.actor_rollout_ref.rollout
-    if rollout.mode == "server" and _has_server(rollout.name):
+    engine = installed_rollout_engine(config)
+    if rollout.mode == "server" and engine is not None and engine.server is not None:
         return RolloutPlacement.SERVER
     if config.trainer.placement == "split":
         return RolloutPlacement.GROUP
     return RolloutPlacement.COLOCATED
 
 
-def _has_server(engine: str) -> bool:
+def installed_rollout_engine(config: Any) -> RolloutEngineEntry | None:
+    """The entry ``actor_rollout_ref.rollout.name`` names, or None when no installed plugin registered it (the
+    config check says so, listing the engines that exist)."""
     try:
-        return get_rollout_engine(engine).server is not None
+        return get_rollout_engine(config.actor_rollout_ref.rollout.name)
     except UnknownNameError:
-        return False  # the config check names the engine
+        return None
 
 
 def needs_reference(config: PPOConfig) -> bool:

@@ -26,7 +26,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from hybridflow.configs.roles import RolloutPlacement, needs_critic, rollout_placement
+from hybridflow.configs.roles import RolloutPlacement, installed_rollout_engine, needs_critic, rollout_placement
 from hybridflow.core.parallel_dims import ParallelDims
 from hybridflow.core.resource_pool import DEFAULT_CPUS_PER_CPU_BUNDLE
 from hybridflow.data.loading import REQUIRED_COLUMNS, DatasetError, load_rows
@@ -456,10 +456,8 @@ def config_warnings(cfg: Any) -> list[str]:
             f"settings (rollout.response_length={arr.rollout.response_length}, actor lr "
             f"{arr.actor.optim.lr:g}): use experiment=gsm8k_grpo or set them for your model"
         )
-    try:
-        out += get_rollout_engine(arr.rollout.name).warnings(cfg)
-    except UnknownNameError:
-        pass  # config_problems names it
+    engine = installed_rollout_engine(cfg)
+    out += engine.warnings(cfg) if engine is not None else []
     return out
 
 

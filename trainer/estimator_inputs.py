@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from hybridflow.configs.roles import installed_rollout_engine
 from hybridflow.core.keys import (
     OLD_LOG_PROBS,
     REWARD_BASELINES,
@@ -30,7 +31,7 @@ from hybridflow.core.keys import (
     UID,
     VALUES,
 )
-from hybridflow.plugins import AdvantageEstimator, UnknownNameError, get_rollout_engine
+from hybridflow.plugins import AdvantageEstimator
 
 PROVIDED = (UID, OLD_LOG_PROBS, VALUES, SUM_PI_SQUARED, REWARD_BASELINES, REWARD_COMPONENTS, ROLLOUT_IS_WEIGHTS)
 
@@ -72,16 +73,10 @@ def recompute_old_log_prob(config: Any, *, needs_pass: bool) -> bool:
     if config.algorithm.rollout_correction.bypass_mode:  # veRL's bypass: the rollout's log-probs are the old ones
         return needs_pass
     fp32 = arr.actor.fsdp_config.compute_dtype(arr.model) == "float32"
-    same_numbers = fp32 and _log_probs_match_training(arr.rollout.name)
+    engine = installed_rollout_engine(config)
+    same_numbers = fp32 and engine is not None and engine.log_probs_match_training
     stale = config.trainer.rollout_mode != "sync"  # the rollout's weights may be older than the trainer's
     return needs_pass or stale or config.algorithm.rollout_correction.rollout_is is not None or not same_numbers
-
-
-def _log_probs_match_training(engine: str) -> bool:
-    try:
-        return get_rollout_engine(engine).log_probs_match_training
-    except UnknownNameError:
-        return False  # the config check names the engine
 
 
 def input_problems(estimator: AdvantageEstimator, config: Any) -> list[str]:

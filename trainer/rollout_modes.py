@@ -118,17 +118,17 @@ class ServerWeightSync:
         """Send the current weights while the server receives them, then commit them under their version."""
         start = time.perf_counter()
         receiving = in_daemon_thread(self.server.receive_weights)
-        sent, received = self._together(self.actor.send_weights.options(blocking=False)(), receiving, "receive_weights")
+        send = self.actor.send_weights.options(blocking=False)()
+        sent, received = self._together(send, receiving, "receive_weights")
         out = {**sent[0], **received}
         committing = in_daemon_thread(self.server.commit_weights, int(out["weight_sync/version"]))
-        self.server.watch(committing, "commit_weights", self.heartbeat).result()
+        self.server.watch(committing, "commit_weights", send.heartbeat).result()
         out["timing_s/weight_sync"] = time.perf_counter() - start
         return out
 
     def _together(self, ranks: Any, server_part: Any, method: str) -> tuple[Any, Any]:
         """Wait for the actor's ranks and the server's part (its ``method``, running) of one step as one wait."""
-        self.heartbeat = ranks.heartbeat  # the actor group's: the server is held to the same bound
-        watch = self.server.watch(server_part, method, self.heartbeat)
+        watch = self.server.watch(server_part, method, ranks.heartbeat)  # the actor group's bound holds the server
         (from_ranks,) = gather(ranks, watches=[watch])
         return from_ranks, watch.result()
 

@@ -142,8 +142,3 @@ class BuiltinRollout:
         bound = self.sampler.rows_at_once(self.max_prompt_length + 2 * sampling.max_new_tokens)
         slots = max(n, min(slots, bound) if bound is not None else slots)
         return RolloutStream.builtin(self.sampler, slots, n, sampling, swap)
-
-
-def build_builtin(context: EngineContext) -> BuiltinRollout:
-    """The ``builtin`` engine's factory (registered in ``workers/rollout/engines.py``)."""
-    return BuiltinRollout(context)

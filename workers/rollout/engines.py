@@ -37,13 +37,13 @@ def builtin_problems(config: Any) -> list[str]:
     """The rollout's tensor-parallel size splits the model's heads (its config is read only when tp > 1)."""
     from hybridflow.workers.rollout.tp_plan import tp_size_problems  # noqa: PLC0415
 
-    path, tp = (
-        str(config.actor_rollout_ref.model.path or ""),
-        config.actor_rollout_ref.rollout.tensor_model_parallel_size,
-    )
+    arr = config.actor_rollout_ref
+    path = str(arr.model.path or "")
     if not (path.startswith("builtin:") or os.path.isdir(path)):
         return []  # the model path's own check says so
-    return tp_size_problems(path, {"actor_rollout_ref.rollout.tensor_model_parallel_size": tp})
+    return tp_size_problems(
+        path, {"actor_rollout_ref.rollout.tensor_model_parallel_size": arr.rollout.tensor_model_parallel_size}
+    )
 
 
 def vllm_problems(config: Any) -> list[str]:
