@@ -31,6 +31,7 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -59,12 +60,26 @@ def overlong_penalty(length: int, max_length: int, buffer_len: int, penalty_fact
     return min(0.0, -exceed / buffer_len * penalty_factor)
 
 
+def last_token_scores(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """(B, T) float32: each row's score at its last valid response token (column 0 for an empty one), 0 elsewhere.
+
+    The index of the last 1 in the mask, not the count of ones: a multi-turn mask has holes."""
+    mask = response_mask.bool()
+    last = (torch.arange(mask.shape[1]) * mask).max(dim=-1).values
+    out = torch.zeros(mask.shape, dtype=torch.float32)
+    out[torch.arange(mask.shape[0]), last] = scores.to(torch.float32)
+    return out
+
+
 @dataclass(frozen=True)
 class RewardOutput:
-    """What :meth:`RewardManager.score_batch` returns."""
+    """What :meth:`RewardManager.score_batch` and :meth:`~hybridflow.rewards.sources.RewardSources.combine`
+    return: one score per response, placed on its tokens only when asked (:attr:`token_level_scores`)."""
 
-    token_level_scores: torch.Tensor
-    """(B, T) float32: each row's score at its last valid response token, 0 elsewhere."""
+    scores: torch.Tensor
+    """(B,) float32: each response's score (after any overlong penalty)."""
+    response_mask: torch.Tensor
+    """(B, T): the responses' valid tokens, where :attr:`token_level_scores` puts each score."""
     metrics: dict[str, float]
     """``reward/*`` metrics of the batch."""
     fields: list[dict[str, Any]]
@@ -72,6 +87,11 @@ class RewardOutput:
     decided: list[bool]
     """Per sample: False where the verifiers abstained (returned None, or no route covers its data_source and
     the manager was built with ``abstain_unrouted``); such a sample scores 0."""
+
+    @cached_property
+    def token_level_scores(self) -> torch.Tensor:
+        """(B, T) float32: each row's score at its last valid response token, 0 elsewhere."""
+        return last_token_scores(self.scores, self.response_mask)
 
 
 class RewardManager:
@@ -241,14 +261,11 @@ class RewardManager:
             scores = [s + p for s, p in zip(scores, penalties)]
             metrics["reward/overlong_penalty/mean"] = float(np.mean(penalties))
             metrics["reward/overlong/frac"] = float(np.mean([p < 0 for p in penalties]))
-        token_level_scores = torch.zeros(responses.shape, dtype=torch.float32)
-        # the index of the last 1 in the mask (not the count: the mask may have holes); 0 when empty
-        last = (torch.arange(mask.shape[1]) * mask).max(dim=-1).values
-        token_level_scores[torch.arange(len(scores)), last] = torch.tensor(scores, dtype=torch.float32)
         metrics.update(_metrics(scores, extras, outcomes))
         metrics["reward/batch_seconds"] = time.monotonic() - start
         return RewardOutput(
-            token_level_scores,
+            torch.tensor(scores, dtype=torch.float32),
+            batch.batch[RESPONSE_MASK],
             metrics,
             [{"score": s, **e} for s, e in zip(scores, extras)],
             [o.status != ABSTAINED for o in outcomes],

@@ -35,7 +35,7 @@ import torch
 
 from hybridflow.rewards.manager import RewardOutput
 
-__all__ = ["REWARD_MODEL", "VERIFIER", "RewardSources", "Source", "last_token_scores", "normalize"]
+__all__ = ["REWARD_MODEL", "VERIFIER", "RewardSources", "Source", "normalize"]
 
 VERIFIER = "verifier"
 REWARD_MODEL = "reward_model"
@@ -61,15 +61,6 @@ def normalize(scores: torch.Tensor, how: str) -> torch.Tensor:
     if how == "sigmoid":
         return torch.sigmoid(scores)
     raise ValueError(f"unknown reward normalization {how!r}; allowed: none, batch, sigmoid")
-
-
-def last_token_scores(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """(B, T) float32: each row's score at its last valid response token (column 0 for an empty one), 0 elsewhere."""
-    mask = response_mask.bool()
-    last = (torch.arange(mask.shape[1]) * mask).max(dim=-1).values
-    out = torch.zeros(mask.shape, dtype=torch.float32)
-    out[torch.arange(mask.shape[0]), last] = scores.to(torch.float32)
-    return out
 
 
 @dataclass(frozen=True)
@@ -120,12 +111,12 @@ class RewardSources:
     def combine(
         self, verified: RewardOutput | None, rm_scores: torch.Tensor | None, response_mask: torch.Tensor
     ) -> RewardOutput:
-        """The reward as a :class:`RewardOutput`: the combined score at each row's last valid token, the
-        verifiers' metrics with the sources', and each sample's fields (the verifiers', ``score`` the combined
-        one, ``reward_model`` the model's raw score)."""
+        """The reward as a :class:`RewardOutput`: the combined score of each row (put on its last valid token by
+        :attr:`RewardOutput.token_level_scores`), the verifiers' metrics with the sources', and each sample's
+        fields (the verifiers', ``score`` the combined one, ``reward_model`` the model's raw score)."""
         verifier = decided = None
         if verified is not None:
-            verifier = torch.tensor([f["score"] for f in verified.fields], dtype=torch.float32)
+            verifier = verified.scores
             decided = torch.tensor(verified.decided, dtype=torch.bool)
         scores, metrics = self.scores(
             verifier if self.uses(VERIFIER) else None, decided, rm_scores if self.uses(REWARD_MODEL) else None
@@ -137,4 +128,4 @@ class RewardSources:
                 field[REWARD_MODEL] = float(rm_scores[i])
         all_metrics = {**(verified.metrics if verified is not None else {}), **metrics}
         decided_list = verified.decided if verified is not None else [True] * len(scores)
-        return RewardOutput(last_token_scores(scores, response_mask), all_metrics, fields, decided_list)
+        return RewardOutput(scores.to(torch.float32), response_mask, all_metrics, fields, decided_list)

@@ -65,7 +65,7 @@ from hybridflow.trainer.estimator_inputs import InputPlan, reward_components
 from hybridflow.trainer.kl_control import KLController, apply_kl_penalty
 from hybridflow.trainer.metrics import StageTimer, compute_data_metrics, throughput_metrics
 from hybridflow.trainer.prompt_loader import PromptLoader, PromptSet
-from hybridflow.trainer.rollout_modes import Rollout, rollout_source, with_prompt_columns
+from hybridflow.trainer.rollout_modes import Rollout, engine_metrics, rollout_source, with_prompt_columns
 from hybridflow.trainer.tracking import (
     GENERATION_COLUMNS,
     GENERATIONS_TABLE,
@@ -308,6 +308,7 @@ class PPOTrainer:
             batch = self.memory(metrics, "gen", batch)
             metrics.update(rollout_metrics)
             metrics.update(agent_metrics(batch))
+            metrics.update(engine_metrics(batch))
         with timer("old_log_prob"):  # 2. log-probs under the training layout (or the rollout's, the same numbers)
             self.old_log_probs(batch, metrics)
             metrics.update(self.correct_for_rollout(batch))
@@ -379,7 +380,7 @@ class PPOTrainer:
             dict(prompts.batch), dict(prompts.non_tensor_batch), {**prompts.meta_info, N_SAMPLES: 1, GREEDY: True}
         )
         reward, _ = self.rewards(self.generate(greedy))
-        baseline = reward.token_level_scores.sum(-1).repeat_interleave(self.config.actor_rollout_ref.rollout.n)
+        baseline = reward.scores.repeat_interleave(self.config.actor_rollout_ref.rollout.n)
         batch.batch[REWARD_BASELINES] = baseline
         return {"reward/greedy_baseline/mean": baseline.mean().item()}
 
@@ -459,7 +460,7 @@ class PPOTrainer:
             out = self.generate(prompts)
             reward, checked = self.rewards(out)
             checked = checked or self.reward_fn.score_batch(out, self.tokenizer)
-            scores.append(reward.token_level_scores.sum(-1))
+            scores.append(reward.scores)
             verified += [f.get("score", 0.0) for f, d in zip(checked.fields, checked.decided) if d]
             rm += out.batch[RM_SCORES].tolist() if RM_SCORES in out.batch else []
             sources.extend(out.non_tensor_batch[DATA_SOURCE].tolist())

@@ -180,6 +180,26 @@ def weight_sync_metrics(batch: DataProto) -> dict[str, float]:
     return out
 
 
+ENGINE_METRICS_PREFIX = "rollout/"
+REDUCE_OVER_RANKS = {"rollout/generated_tokens": sum, "rollout/generate_s": max, "rollout/latency_s": max}
+"""How an engine metric of several ranks becomes one: tokens add up, the step waits for the slowest rank's
+generation; any other (a share, a rate) is the ranks' mean."""
+
+
+def engine_metrics(batch: DataProto) -> dict[str, float]:
+    """The ``rollout/*`` metrics the engines of the rollout's ranks reported with ``batch`` (taken out of it),
+    one value each (:data:`REDUCE_OVER_RANKS`)."""
+    found = batch.meta_info.get(METRICS, {})
+    out = {}
+    for key in [k for k in found if k.startswith(ENGINE_METRICS_PREFIX)]:
+        values = found.pop(key)
+        values = values if isinstance(values, list) else [values]
+        out[key] = float(REDUCE_OVER_RANKS.get(key, np.mean)(values))
+    if METRICS in batch.meta_info and not found:
+        batch.meta_info.pop(METRICS)
+    return out
+
+
 class SyncRollout:
     """Each step draws its prompts and generates them now.
 

@@ -62,9 +62,7 @@ def test_undeclared_sources_are_the_verifier_or_else_the_reward_model_alone():
 
 def test_combine_puts_the_score_at_the_last_response_token_and_keeps_the_fields():
     mask = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 0], [1, 1, 1]])
-    verified = RewardOutput(
-        torch.zeros(4, 3), {"reward/errors": 0.0}, [{"score": s, "acc": s} for s in V.tolist()], [True] * 4
-    )
+    verified = RewardOutput(V, mask, {"reward/errors": 0.0}, [{"score": s, "acc": s} for s in V.tolist()], [True] * 4)
     sources = RewardSources((Source(VERIFIER, 1.0), Source(REWARD_MODEL, 1.0)), "sum")
     out = sources.combine(verified, RM, mask)
     total = (V + RM).tolist()

@@ -62,6 +62,9 @@ def test_estimator_trains_end_to_end(ray_session, tmp_path, estimator, monkeypat
         ):
             assert math.isfinite(m[key]), (key, m[key])
         assert m["actor/surrogate_gain"] > 1e-6, m["actor/surrogate_gain"]
+        # the engine's own count reaches the log: every valid response token of the 2 x 4 rows was generated
+        assert m["rollout/generated_tokens"] == pytest.approx(m["response_length/mean"] * 2 * 4)
+        assert 0 < m["rollout/generate_s"] <= m["timing_s/gen"]
     assert all(math.isfinite(m["critic/vf_loss"]) for m in steps)
     assert len({m["critic/param_norm"] for m in steps}) == 3  # the critic steps too
     [offline_run] = (tmp_path / "run" / "wandb").glob("offline-run-*")  # W&B without an account

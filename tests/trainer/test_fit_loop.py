@@ -104,7 +104,11 @@ def test_validation_decodes_as_rollout_val_greedy_says(val_greedy):
     def rewards(out):  # the verifiers' scores are the reward: (reward, verified) as PPOTrainer.rewards returns them
         token_scores = next(scores)
         verified = RewardOutput(
-            token_scores, {}, [{"score": float(s)} for s in token_scores.sum(-1)], [True] * len(out)
+            token_scores.sum(-1),
+            torch.ones_like(token_scores),
+            {},
+            [{"score": float(s)} for s in token_scores.sum(-1)],
+            [True] * len(out),
         )
         return verified, verified
 

@@ -55,3 +55,26 @@ def test_steps_that_take_two_batches_each_always_find_one():
     source, submitted = pipelined(ahead=1, steps=3)
     taken = [take(source, version) for version in (0, 0, 1, 1, 2, 2)]
     assert taken == submitted == [0, 1, 2, 3, 4, 5]
+
+
+def test_engine_metrics_of_several_ranks_become_one_value_each_and_leave_the_batch():
+    from hybridflow.core.keys import METRICS
+    from hybridflow.trainer.rollout_modes import engine_metrics
+
+    batch = DataProto.from_dict(
+        {},
+        meta_info={
+            METRICS: {
+                "rollout/generated_tokens": [30, 12],  # two ranks' rows: the batch's tokens add up
+                "rollout/generate_s": [0.5, 2.0],  # the step waited for the slower rank
+                "rollout/slot_utilization": [0.5, 1.0],  # a share: the mean
+                "agent/turns": [2],  # not an engine metric: left for its owner
+            }
+        },
+    )
+    assert engine_metrics(batch) == {
+        "rollout/generated_tokens": 42.0,
+        "rollout/generate_s": 2.0,
+        "rollout/slot_utilization": 0.75,
+    }
+    assert batch.meta_info[METRICS] == {"agent/turns": [2]}

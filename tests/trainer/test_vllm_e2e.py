@@ -77,6 +77,8 @@ def test_colocated_vllm_samples_with_every_update_and_reports_the_push(ray_sessi
     assert len({m["actor/param_norm"] for m in steps}) == 4  # the policy moves every step
     for m in steps[1:]:  # step 1 samples with the weights pushed for the first validation
         assert m["rollout/log_prob_gap_max"] < 1e-4, m["rollout/log_prob_gap_max"]
+    for m in steps:  # vLLM's count of both ranks, summed: every valid token of the 4 x 4 rows
+        assert m["rollout/generated_tokens"] == pytest.approx(m["response_length/mean"] * 4 * 4)
     pushed = [m for m in steps if "weight_sync/bytes" in m]
     assert pushed and all(m["weight_sync/bytes"] == PARAM_BYTES and m["weight_sync/seconds"] > 0 for m in pushed)
 
@@ -170,6 +172,8 @@ def test_lora_pushes_merged_weights_that_vllm_samples_with(ray_session, tmp_path
     assert len(steps) == 3 and len({round(m["actor/pg_loss"], 9) for m in steps}) == 3
     for m in steps[1:]:
         assert m["rollout/log_prob_gap_max"] < 1e-4, m["rollout/log_prob_gap_max"]
+    for m in steps:  # vLLM's count of both ranks, summed: every valid token of the 4 x 4 rows
+        assert m["rollout/generated_tokens"] == pytest.approx(m["response_length/mean"] * 4 * 4)
     pushed = [m for m in steps if "weight_sync/bytes" in m]
     assert pushed and all(m["weight_sync/bytes"] == PARAM_BYTES for m in pushed)
 

@@ -144,6 +144,34 @@ class RolloutEngine(Protocol):
         ...
 
 
+def special_token_ids(
+    tokenizer: Any,
+    generation_eos: int | Sequence[int] | None = None,
+    *,
+    eos: Sequence[int] | None = None,
+    pad: int | None = None,
+) -> tuple[int, tuple[int, ...]]:
+    """``(pad_token_id, eos_token_ids)`` of a rollout: the one rule every engine and the rollout server follow.
+
+    The EOS ids are ``eos`` when given, else the tokenizer's EOS followed by the generation config's
+    (``generation_eos``: one id, several or None), in that order, repeats dropped; a response ends at any of
+    them. The pad is ``pad`` when given, else the tokenizer's pad, else the first EOS id.
+
+    :raises ValueError: when there is no EOS id at all.
+    """
+    if eos is not None:
+        ids = list(eos)
+    else:
+        more = generation_eos if isinstance(generation_eos, (list, tuple)) else [generation_eos]
+        ids = [tokenizer.eos_token_id, *more]
+    eos_ids = tuple(dict.fromkeys(int(i) for i in ids if i is not None))
+    if not eos_ids:
+        raise ValueError("no EOS token id: the tokenizer has no eos_token and none was given")
+    if pad is None:
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
+    return int(pad), eos_ids
+
+
 def tokenizer_info(engine: RolloutEngine) -> dict[str, Any]:
     """The pad id the driver pads prompts with, the first EOS id and all of them (``tokenizer_info`` of the
     worker groups)."""

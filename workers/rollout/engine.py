@@ -51,6 +51,7 @@ from hybridflow.core.keys import (
 from hybridflow.core.rollout_batch import positions_from_mask
 from hybridflow.core.sampling import SamplingParams
 from hybridflow.workers import attention
+from hybridflow.workers.rollout.base import special_token_ids
 from hybridflow.workers.rollout.continuous import decode_continuous
 from hybridflow.workers.rollout.kv_cache import make_generation_cache, preallocatable
 from hybridflow.workers.rollout.sampling import sample_next_tokens
@@ -120,11 +121,12 @@ class BuiltinEngine:
         self.model = model
         self.tokenizer = tokenizer
         self.config = config or EngineConfig()
-        self.eos_token_ids = self._resolve_eos()
-        pad = self.config.pad_token_id
-        if pad is None:
-            pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
-        self.pad_token_id = int(pad)
+        self.pad_token_id, self.eos_token_ids = special_token_ids(
+            tokenizer,
+            getattr(getattr(model, "generation_config", None), "eos_token_id", None),
+            eos=self.config.eos_token_ids,
+            pad=self.config.pad_token_id,
+        )
         params = inspect.signature(model.forward).parameters
         # transformers 5 names the cache argument ``cache``; 4.x calls it ``past_key_values``.
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
@@ -133,18 +135,6 @@ class BuiltinEngine:
             attention.install(model)
         except ValueError:  # an attention transformers does not register: decode with it as it is
             pass
-
-    def _resolve_eos(self) -> tuple[int, ...]:
-        if self.config.eos_token_ids is not None:
-            ids = list(self.config.eos_token_ids)
-        else:
-            ids = [self.tokenizer.eos_token_id]
-            gen_eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
-            ids += gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos]
-        ids = tuple(dict.fromkeys(int(i) for i in ids if i is not None))
-        if not ids:
-            raise ValueError("no EOS token id: set EngineConfig.eos_token_ids or give the tokenizer an eos_token")
-        return ids
 
     @property
     def device(self) -> torch.device:

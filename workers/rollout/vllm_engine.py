@@ -46,7 +46,7 @@ from hybridflow.core.keys import (
     POSITION_IDS,
 )
 from hybridflow.core.sampling import SamplingParams
-from hybridflow.workers.rollout.base import SLEEP_TAGS, EngineContext, WeightSource
+from hybridflow.workers.rollout.base import SLEEP_TAGS, EngineContext, WeightSource, special_token_ids
 from hybridflow.workers.rollout.engine import assemble_rollout, positions_from_mask
 from hybridflow.workers.rollout.stream import RolloutStream
 from hybridflow.workers.rollout.vllm_build import (
@@ -385,13 +385,9 @@ class VLLMRolloutEngine:
         self.tokenizer = tokenizer
         self.enable_sleep_mode = enable_sleep_mode
         self.sleep_level = sleep_level
-        ids = [tokenizer.eos_token_id, *(eos_token_ids or ())]
-        self.eos_token_ids = tuple(dict.fromkeys(int(i) for i in ids if i is not None))
-        if not self.eos_token_ids:
-            raise ValueError("no EOS token id: the tokenizer has no eos_token and none was given")
-        if pad_token_id is None:
-            pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
-        self.pad_token_id = int(pad_token_id)
+        self.pad_token_id, self.eos_token_ids = special_token_ids(
+            tokenizer, list(eos_token_ids or ()), pad=pad_token_id
+        )
         self.weights_loaded = weights_loaded
         self.weight_version = -1
         """The policy version last pushed (:meth:`update_weights`'s ``version``); -1: none, or discarded."""

@@ -219,12 +219,12 @@ class VLLMServer:
     def tokenizer_info(self) -> dict[str, Any]:
         """The pad token id, first EOS id and all EOS ids (tokenizer and generation config)."""
         from hybridflow.workers.models import load_tokenizer  # noqa: PLC0415
+        from hybridflow.workers.rollout.base import special_token_ids  # noqa: PLC0415
         from hybridflow.workers.rollout.vllm_engine import generation_eos_ids  # noqa: PLC0415
 
         tokenizer = load_tokenizer(self.config.actor_rollout_ref.model.path)
-        eos = list(dict.fromkeys([tokenizer.eos_token_id, *generation_eos_ids(self.directory)]))
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
-        return {"pad_token_id": int(pad), "eos_token_id": int(eos[0]), "eos_token_ids": [int(e) for e in eos]}
+        pad, eos = special_token_ids(tokenizer, generation_eos_ids(self.directory))
+        return {"pad_token_id": pad, "eos_token_id": eos[0], "eos_token_ids": list(eos)}
 
     def join_weight_transfer(self, host: str, port: int, members: int) -> None:
         """The server's workers join the trainer's transfer group as members 1.. (blocks until the group forms)."""
