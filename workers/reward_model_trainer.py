@@ -51,7 +51,7 @@ from hybridflow.workers.loading import load_sharded_model
 from hybridflow.workers.models import load_model_and_tokenizer, load_tokenizer, torch_dtype
 from hybridflow.workers.optim import build_optimizer
 from hybridflow.workers.rm_inputs import preference_ids  # the layout trained on is the one the RM worker scores
-from hybridflow.workers.train_step import optimizer_step
+from hybridflow.workers.train_step import update_epochs
 
 __all__ = [
     "CHOSEN_IDS",
@@ -183,7 +183,6 @@ class RewardModelTrainerWorker(Worker):
     def train_step(self, data: DataProto) -> dict[str, float]:
         """One optimizer step on the batch (this rank's pairs); ``train/*`` metrics of the whole batch, every
         rank's pairs counted (all-reduced), so each rank returns the same values."""
-        self.model.train()
         total_pairs = len(data) * self.world_size  # every rank holds as many (the config check)
         margin = self.config.loss.margin
         sums = torch.zeros(3, dtype=torch.float64)  # loss, correct pairs, score gap, over this rank's pairs
@@ -199,12 +198,13 @@ class RewardModelTrainerWorker(Worker):
                 )
             return losses.sum() / total_pairs, {}
 
-        micro_batches = data.split(self.config.data.micro_batch_size_per_gpu)
-        step = optimizer_step(
-            micro_batches,
-            micro_loss,
+        step = update_epochs(  # the batch is one mini-batch: one optimizer step
+            data,
+            lambda index, mini: (micro_loss, {}),
+            lambda mini: mini.split(self.config.data.micro_batch_size_per_gpu),
             self.model,
             self.optimizer,
+            rows_per_mini_batch=len(data),
             grad_clip=self.config.optim.grad_clip,
             loss_scale=self.world_size,
             scheduler=self.scheduler,

@@ -1,5 +1,7 @@
-"""One optimizer step over a mini-batch, shared by the actor and the critic.
+"""The update loop of every trained model: the actor's, the critic's and the reward model trainer's.
 
+:func:`update_epochs` makes the optimizer steps of one update: epochs over this rank's rows, one step per
+mini-batch (:func:`optimizer_step`), the mini-batch's loss given by its owner for each micro-batch.
 Gradients accumulate over micro-batches; the loss function returns each
 micro-batch's *share* of the global mini-batch loss, so accumulation sums to
 the global mean. ``loss_scale`` (the dp size under FSDP, which averages over
@@ -77,6 +79,68 @@ def parameter_norm(model: nn.Module) -> float:
     """L2 norm of all parameters (under FSDP2 a collective: the shards' norms are combined)."""
     with torch.no_grad():
         return float(total_norm([p.detach() for p in model.parameters()]))
+
+
+StepLoss = Callable[[int, DataProto], "tuple[MicroLoss, dict[str, float]]"]
+"""``(index, mini_batch) -> (micro_loss, diagnostics)``: the loss of the ``index``-th optimizer step's
+micro-batches, with the dict it fills with the step's own metrics (summed from the micro-batches' shares)."""
+
+
+def update_epochs(
+    data: DataProto,
+    step_loss: StepLoss,
+    split: Callable[[DataProto], Sequence[DataProto]],
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    rows_per_mini_batch: int,
+    epochs: int = 1,
+    shuffle: bool = False,
+    seed: int = 0,
+    grad_clip: float,
+    loss_scale: float = 1.0,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+    prefix: str = "actor",
+) -> dict[str, float]:
+    """``epochs`` passes over this rank's rows in mini-batches of ``rows_per_mini_batch`` (drawn in a
+    ``seed``-ed order with ``shuffle``), one optimizer step each; returns the steps' metrics averaged
+    (:func:`mean_metrics`). ``split`` makes a mini-batch's micro-batches (collective when it balances a token
+    budget over the dp group).
+
+    :raises ValueError: when the rows are not a whole number of mini-batches (every rank must take as many
+        optimizer steps as the others: their gradients are reduced together).
+    """
+    if len(data) % rows_per_mini_batch:
+        raise ValueError(
+            f"this rank holds {len(data)} rows, not a multiple of its {rows_per_mini_batch} rows per mini-batch"
+        )
+    model.train()
+    steps = []
+    for index, mini in enumerate(data.make_iterator(rows_per_mini_batch, epochs=epochs, shuffle=shuffle, seed=seed)):
+        micro_loss, diagnostics = step_loss(index, mini)
+        step = optimizer_step(
+            split(mini),
+            micro_loss,
+            model,
+            optimizer,
+            grad_clip=grad_clip,
+            loss_scale=loss_scale,
+            scheduler=scheduler,
+            prefix=prefix,
+        )
+        steps.append({**step, **diagnostics})
+    return mean_metrics(steps)
+
+
+def token_counts(response_mask: torch.Tensor, group: dist.ProcessGroup | None, norm_len: float | None):
+    """The normalizers a PPO loss of one mini-batch divides by: ``(over the dp group, this rank's own)``, each
+    ``num_tokens``, ``num_seqs`` (:func:`global_counts`; the rank's at least 1) and the constant ``norm_len``."""
+    tokens, seqs = global_counts(response_mask, group)
+    local_tokens, local_seqs = global_counts(response_mask, None)
+    return (
+        {"num_tokens": tokens, "num_seqs": seqs, "norm_len": norm_len},
+        {"num_tokens": max(local_tokens, 1.0), "num_seqs": max(local_seqs, 1.0), "norm_len": norm_len},
+    )
 
 
 def optimizer_step(

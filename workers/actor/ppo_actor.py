@@ -53,7 +53,7 @@ from hybridflow.plugins import get_policy_loss
 from hybridflow.workers.log_probs import response_log_probs
 from hybridflow.workers.micro_batches import MicroBatching, restore_order
 from hybridflow.workers.packing import probe_packing
-from hybridflow.workers.train_step import global_counts, mean_metrics, optimizer_step, parameter_norm
+from hybridflow.workers.train_step import parameter_norm, token_counts, update_epochs
 
 GAP = "rollout/log_prob_gap_max"
 """The largest |log pi_train - log pi_rollout| of a sampled token, over the first optimizer step's rows (all
@@ -154,38 +154,33 @@ class PPOActor:
         ``shuffle_seed`` orders the rows when ``shuffle`` is on; the trainer
         passes the step number, so a resumed run shuffles as the original did.
         """
-        if len(data) % self.rows_per_mini_batch:
-            raise ValueError(
-                f"this rank holds {len(data)} rows, "
-                f"not a multiple of its {self.rows_per_mini_batch} rows per mini-batch"
-            )
-        self.model.train()
-        mini_batches = data.make_iterator(
-            self.rows_per_mini_batch, epochs=self.config.ppo_epochs, shuffle=self.config.shuffle, seed=shuffle_seed
-        )
-        steps = []
-        for index, mini in enumerate(mini_batches):
+
+        def step_loss(index: int, mini: DataProto):
             probe = index == 0  # the first optimizer step's forwards still see the weights that sampled
-            num_tokens, num_seqs = global_counts(mini.batch[RESPONSE_MASK], self.dp_group)
-            norm = {"norm_len": self.loss_scale_factor}
-            counts = {"num_tokens": num_tokens, "num_seqs": num_seqs, **norm}
-            local_tokens, local_seqs = global_counts(mini.batch[RESPONSE_MASK], None)
-            local = {"num_tokens": max(local_tokens, 1.0), "num_seqs": max(local_seqs, 1.0), **norm}
+            counts, local = token_counts(mini.batch[RESPONSE_MASK], self.dp_group, self.loss_scale_factor)
             diagnostics: dict[str, float] = defaultdict(float)  # the rank's mini-batch values, summed from shares
-            micro_batches, _ = self.update_batching.split(mini, self.dp_group)
-            step = optimizer_step(
-                micro_batches,
-                lambda micro: self._micro_batch_loss(micro, temperature, counts, local, diagnostics, probe),
-                self.model,
-                self.optimizer,
-                grad_clip=self.config.optim.grad_clip,
-                loss_scale=self.dp_size,  # FSDP averages over ranks; we want the sum
-                scheduler=self.scheduler,
-            )
-            if probe and GAP in diagnostics:
-                diagnostics[GAP] = self._max_over_ranks(diagnostics[GAP])
-            steps.append({**step, **diagnostics})
-        metrics = mean_metrics(steps)
+
+            def micro_loss(micro: DataProto):
+                return self._micro_batch_loss(micro, temperature, counts, local, diagnostics, probe)
+
+            return micro_loss, diagnostics
+
+        metrics = update_epochs(
+            data,
+            step_loss,
+            lambda mini: self.update_batching.split(mini, self.dp_group)[0],
+            self.model,
+            self.optimizer,
+            rows_per_mini_batch=self.rows_per_mini_batch,
+            epochs=self.config.ppo_epochs,
+            shuffle=self.config.shuffle,
+            seed=shuffle_seed,
+            grad_clip=self.config.optim.grad_clip,
+            loss_scale=self.dp_size,  # FSDP averages over ranks; we want the sum
+            scheduler=self.scheduler,
+        )
+        if GAP in metrics:  # the first step's alone (the probe): the largest gap of any rank
+            metrics[GAP] = self._max_over_ranks(metrics[GAP])
         metrics["actor/param_norm"] = parameter_norm(self.model)
         return metrics
 

@@ -27,7 +27,7 @@ from hybridflow.losses import agg_loss
 from hybridflow.losses.value import clipped_value_loss
 from hybridflow.workers.micro_batches import MicroBatching, restore_order
 from hybridflow.workers.packing import Packing, pack, packed_forward, probe_packing, unpack
-from hybridflow.workers.train_step import global_counts, mean_metrics, optimizer_step, parameter_norm
+from hybridflow.workers.train_step import parameter_norm, token_counts, update_epochs
 
 
 def response_values(model: nn.Module, batch: DataProto, *, packing: Packing | None = None) -> torch.Tensor:
@@ -92,36 +92,25 @@ class PPOCritic:
 
     def update_critic(self, data: DataProto) -> dict[str, float]:
         """Clipped value-loss updates over this rank's rows; returns mean metrics."""
-        if len(data) % self.rows_per_mini_batch:
-            raise ValueError(
-                f"this rank holds {len(data)} rows, "
-                f"not a multiple of its {self.rows_per_mini_batch} rows per mini-batch"
-            )
-        self.model.train()
-        steps = []
-        for mini in data.make_iterator(self.rows_per_mini_batch, epochs=self.ppo_epochs):
-            num_tokens, num_seqs = global_counts(mini.batch[RESPONSE_MASK], self.dp_group)
-            counts = {"num_tokens": num_tokens, "num_seqs": num_seqs, "norm_len": self.loss_scale_factor}
-            local_tokens, local_seqs = global_counts(mini.batch[RESPONSE_MASK], None)
-            local = {
-                "num_tokens": max(local_tokens, 1.0),
-                "num_seqs": max(local_seqs, 1.0),
-                "norm_len": self.loss_scale_factor,
-            }
+
+        def step_loss(index: int, mini: DataProto):
+            counts, local = token_counts(mini.batch[RESPONSE_MASK], self.dp_group, self.loss_scale_factor)
             diagnostics: dict[str, float] = defaultdict(float)  # the rank's mini-batch values, summed from shares
-            micro_batches, _ = self.update_batching.split(mini, self.dp_group)
-            step = optimizer_step(
-                micro_batches,
-                lambda micro: self._micro_batch_loss(micro, counts, local, diagnostics),
-                self.model,
-                self.optimizer,
-                grad_clip=self.config.optim.grad_clip,
-                loss_scale=self.dp_size,
-                scheduler=self.scheduler,
-                prefix="critic",
-            )
-            steps.append({**step, **diagnostics})
-        metrics = mean_metrics(steps)
+            return lambda micro: self._micro_batch_loss(micro, counts, local, diagnostics), diagnostics
+
+        metrics = update_epochs(
+            data,
+            step_loss,
+            lambda mini: self.update_batching.split(mini, self.dp_group)[0],
+            self.model,
+            self.optimizer,
+            rows_per_mini_batch=self.rows_per_mini_batch,
+            epochs=self.ppo_epochs,
+            grad_clip=self.config.optim.grad_clip,
+            loss_scale=self.dp_size,
+            scheduler=self.scheduler,
+            prefix="critic",
+        )
         metrics["critic/param_norm"] = parameter_norm(self.model)
         return metrics
 
