@@ -21,6 +21,7 @@ import os
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,17 +33,29 @@ from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf
 
 from hybridflow.configs.rm_schema import RMConfig, register_rm_configs
+from hybridflow.trainer.config_checks import ConfigError
+from hybridflow.trainer.launch import (
+    Progress,
+    group_options,
+    ray_running,
+    refuse_overrides,
+    reserve_ranks,
+    run_command,
+    summary_table,
+)
 
 logger = logging.getLogger("hybridflow.train_rm")
 
 register_rm_configs()
 
 COMMAND = "hybridflow-train-rm"
+NAME = "hybridflow-rm"
+"""The name of its placement group and worker group (beside an RL run's on a shared cluster)."""
 PREFERENCE_COLUMNS = ("prompt", "chosen", "rejected")
 """The columns a preference file must have (``data_source`` and ``extra_info`` are optional)."""
 
 
-class RMConfigError(ValueError):
+class RMConfigError(ConfigError):
     """Invalid settings or unusable data files; the message names each key, its value and what is allowed."""
 
 
@@ -204,24 +217,6 @@ def evaluate(rm: Any, pairs: PairSet, pad_id: int, margin: float) -> dict[str, f
     return out
 
 
-class Progress:
-    """A tqdm bar on a terminal; in a redirected log, nothing (the evaluation lines say where the run is)."""
-
-    def __init__(self, total: int) -> None:
-        from tqdm import tqdm
-
-        self.bar = tqdm(total=total, desc="training", unit="step", dynamic_ncols=True) if sys.stderr.isatty() else None
-
-    def update(self, metrics: dict[str, float]) -> None:
-        if self.bar is not None:
-            self.bar.set_postfix(loss=f"{metrics['train/loss']:.3f}", acc=f"{metrics['train/accuracy']:.3f}")
-            self.bar.update(1)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
 def fit(config: RMConfig, rm: Any, train: PairSet, val: PairSet | None, pad_id: int, run_dir: Path) -> RMSummary:
     """Train for :func:`run_steps` steps, evaluating every ``trainer.eval_freq`` steps and after the last, log each
     step to ``metrics.jsonl``, save the model; returns the summary."""
@@ -242,7 +237,7 @@ def fit(config: RMConfig, rm: Any, train: PairSet, val: PairSet | None, pad_id: 
             due = val is not None and (step == total or (trainer.eval_freq and step % trainer.eval_freq == 0))
             logged = {**metrics, **(evaluate(rm, val, pad_id, margin) if due else {})}
             sink.log(logged, step)
-            progress.update(metrics)
+            progress.update(loss=metrics["train/loss"], acc=metrics["train/accuracy"])
             if due:
                 val_after = {k: v for k, v in logged.items() if k.startswith("val/")}
                 logger.info(
@@ -281,46 +276,22 @@ def build_and_fit(config: RMConfig, run_dir: Path) -> RMSummary:
                 name,
                 config.data.max_length,
             )
-    import ray
-
-    from hybridflow.core import ColocatedWorkerGroup, RoleSpec, init_ray, shutdown
-    from hybridflow.trainer.main import group_options
+    from hybridflow.core import ColocatedWorkerGroup, RoleSpec
     from hybridflow.workers.reward_model_trainer import RewardModelTrainerWorker
 
-    started_ray = not ray.is_initialized()
-    init_ray(address=config.trainer.ray_address)
-    pool = None
-    try:
-        pool = _resource_pool(config)
-        options = group_options(config, name="hybridflow-rm")  # the RL trainer's: its threads and timeouts
-        roles = {"rm": RoleSpec(RewardModelTrainerWorker, kwargs={"config": config})}
-        with ColocatedWorkerGroup(pool, roles, options) as group:
-            group.rm.init_model()
-            return fit(config, group.rm, train, val, tokenizer.pad_token_id, run_dir)
-    finally:
-        if pool is not None:
-            pool.release()
-        if started_ray:
-            shutdown()
-
-
-def _resource_pool(config: RMConfig):
-    """The trainer's ranks, reserved; a cluster that cannot hold them is a config error naming the keys."""
-    from hybridflow.core import ResourcePool
-    from hybridflow.core.resource_pool import ResourceUnavailableError
-
     trainer = config.trainer
-    pool = ResourcePool(
-        process_on_nodes=[trainer.n_gpus_per_node], use_gpu=trainer.device == "cuda", name="hybridflow-rm"
+    refusal = (
+        f"trainer.n_gpus_per_node={trainer.n_gpus_per_node} ranks with trainer.device={trainer.device!r} do not "
+        "fit the Ray cluster: lower trainer.n_gpus_per_node, or add a node with room"
     )
-    try:
-        pool.bundles()
-    except ResourceUnavailableError as err:
-        raise RMConfigError(
-            f"invalid config:\n  - trainer.n_gpus_per_node={trainer.n_gpus_per_node} ranks with "
-            f"trainer.device={trainer.device!r} do not fit the Ray cluster ({err})"
-        ) from None
-    return pool
+    with ray_running(trainer.ray_address), ExitStack() as stack:
+        pool = reserve_ranks([trainer.n_gpus_per_node], use_gpu=trainer.device == "cuda", refusal=refusal, name=NAME)
+        stack.callback(pool.release)
+        options = group_options(config, name=NAME)  # the RL trainer's: its threads and timeouts
+        roles = {"rm": RoleSpec(RewardModelTrainerWorker, kwargs={"config": config})}
+        group = stack.enter_context(ColocatedWorkerGroup(pool, roles, options))
+        group.rm.init_model()
+        return fit(config, group.rm, train, val, tokenizer.pad_token_id, run_dir)
 
 
 # --------------------------------------------------------------- the command
@@ -339,8 +310,7 @@ def format_summary(summary: RMSummary) -> str:
         ("run directory", str(summary.run_dir)),
         ("reward model", str(summary.model_dir)),
     ]
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(["", f"{COMMAND} summary", "-" * (width + 20), *(f"{k.ljust(width)}  {v}" for k, v in rows)])
+    return summary_table(f"{COMMAND} summary", rows)
 
 
 def train(cfg: DictConfig) -> float:
@@ -359,28 +329,12 @@ def train(cfg: DictConfig) -> float:
 def hydra_main(cfg: DictConfig) -> float:
     """Hydra's task function: a bad config or data file exits 2 with its message (no traceback), Ctrl-C 130,
     a worker's failure 1 (the error names the rank and the call)."""
-    from hybridflow.core.rank_wait import WorkerError
-    from hybridflow.trainer.run_dir import remove_unused_run_dir
-
-    try:
-        return train(cfg)
-    except RMConfigError as err:
-        print(f"{COMMAND}: {err}", file=sys.stderr, flush=True)
-        remove_unused_run_dir()
-        sys.exit(2)
-    except KeyboardInterrupt:
-        sys.exit(130)
-    except WorkerError as err:
-        print(f"{COMMAND}: {err}", file=sys.stderr, flush=True)
-        sys.exit(1)
+    return run_command(COMMAND, lambda: train(cfg))
 
 
 def main() -> None:
     """The ``hybridflow-train-rm`` command: the overrides checked against the schema, then :func:`hydra_main`."""
-    problems = override_problems(sys.argv[1:])
-    if problems:
-        print(f"{COMMAND}: invalid override:\n  - " + "\n  - ".join(problems), file=sys.stderr, flush=True)
-        sys.exit(2)
+    refuse_overrides(COMMAND, override_problems(sys.argv[1:]))
     hydra_main()
 
 

@@ -27,13 +27,21 @@ from omegaconf import DictConfig, OmegaConf
 
 from hybridflow.configs.overrides import override_problems, translate
 from hybridflow.configs.schema import PPOConfig, register_configs
-from hybridflow.core.rank_wait import WorkerError
-from hybridflow.trainer.config_checks import ConfigError, check_config, check_datasets, config_warnings, dataset_rows
+from hybridflow.trainer.config_checks import check_config, check_datasets, config_warnings, dataset_rows
+from hybridflow.trainer.launch import (
+    group_options,
+    ray_running,
+    refuse_overrides,
+    reserve_ranks,
+    run_command,
+    summary_table,
+)
 from hybridflow.trainer.multirun import current_job, logger_names, run_sweep_job
 from hybridflow.trainer.ppo_trainer import RunSummary
-from hybridflow.trainer.run_dir import remove_unused_run_dir
 
 logger = logging.getLogger("hybridflow.train")
+
+COMMAND = "hybridflow-train"
 
 register_configs()
 
@@ -84,25 +92,10 @@ def build_and_fit(config: PPOConfig, run_dir: Path, facts: dict[str, Any] | None
     # ConfigError naming its key, file (and row) within seconds; without data.val_files the training rows validate
     train_rows, val_rows = dataset_rows(config.data, train_files, val_files)
 
-    from hybridflow.configs.roles import (
-        RolloutPlacement,
-        needs_critic,
-        needs_reference,
-        reference_in_actor,
-        resolve_loss_agg_mode,
-        rollout_placement,
-    )
-    from hybridflow.core import ColocatedWorkerGroup, RoleSpec, init_ray, shutdown
+    from hybridflow.configs.roles import needs_critic, rollout_placement
     from hybridflow.core.parallel_dims import ParallelDims
-    from hybridflow.plugins import get_rollout_engine
-    from hybridflow.trainer.ppo_trainer import PPOTrainer
     from hybridflow.trainer.prompt_loader import PromptSet
-    from hybridflow.trainer.rollout_modes import Rollout
-    from hybridflow.workers.actor.worker import ActorRolloutWorker
-    from hybridflow.workers.critic.worker import CriticWorker
     from hybridflow.workers.models import load_tokenizer
-    from hybridflow.workers.reference import RefWorker
-    from hybridflow.workers.reward_model import RewardModelWorker
 
     tokenizer = load_tokenizer(config.actor_rollout_ref.model.path)
     max_len = config.data.max_prompt_length
@@ -112,55 +105,70 @@ def build_and_fit(config: PPOConfig, run_dir: Path, facts: dict[str, Any] | None
     dims = ParallelDims.from_config(config, use_critic=needs_critic(config))
     placement = rollout_placement(config)
 
-    import ray
+    try:  # from here on Ray is up: every failure, placement included, must reach its shutdown
+        with ray_running(config.trainer.ray_address):
+            if facts is not None:
+                import ray
 
-    started_ray = not ray.is_initialized()  # leave a Ray instance we did not start running
-    init_ray(address=config.trainer.ray_address)
-    pool = rollout_pool = None
-    try:  # from here on Ray is up: every failure, placement included, must reach the shutdown below
-        if facts is not None:
-            context = ray.get_runtime_context()
-            facts.update(ray_node_id=context.get_node_id(), ray_gcs_address=context.gcs_address, ray_up_at=time.time())
-        actor_kwargs = {"config": config, "dims": dims, "loss_agg_mode": resolve_loss_agg_mode(config)}
-        roles = {"actor": RoleSpec(ActorRolloutWorker, kwargs=actor_kwargs)}
-        if needs_reference(config) and not reference_in_actor(config):
-            roles["ref"] = RoleSpec(RefWorker, kwargs={"config": config, "dims": dims})
-        if dims.use_critic:
-            roles["critic"] = RoleSpec(CriticWorker, kwargs={"config": config, "dims": dims})
-        if config.reward_model.enable:
-            roles["reward_model"] = RoleSpec(RewardModelWorker, kwargs={"config": config, "dims": dims})
-        pool = _resource_pool(config)
-        if placement is RolloutPlacement.GROUP:
-            rollout_pool = _resource_pool(config, ranks=[config.trainer.rollout_ranks])
-        options = group_options(config)
-        with ThreadPoolExecutor(max_workers=1) as starter, ExitStack() as stack:
-            # the rollout's own group (split placement) starts beside the training group: both import torch
-            rollout_start = None
-            if placement is RolloutPlacement.GROUP:
-                rollout_start = starter.submit(_rollout_group, config, dims, rollout_pool)
-            stack.callback(_shut_down_started, rollout_start)  # also when the training group fails to start
-            group = stack.enter_context(ColocatedWorkerGroup(pool, roles, options))
-            handles = {name: group[name] for name in roles}
-            rollout = Rollout(placement, handles["actor"])
-            if rollout_start is not None:
-                rollout = Rollout(placement, rollout_start.result()["rollout"])
-            reward_manager = stack.enter_context(_reward_manager(config))
-            for handle in {**handles, "rollout": rollout.generator}.values():
-                handle.init_model()
-            if placement is RolloutPlacement.SERVER:  # the agent loops' server, filled by the first weight sync
-                name = config.actor_rollout_ref.rollout.name
-                server = stack.enter_context(get_rollout_engine(name).server(config, run_dir / f"{name}_server.log"))
-                rollout = Rollout(placement, server, server)
-            trainer = PPOTrainer(config, handles, rollout, reward_manager, tokenizer, train, val, run_dir, dims)
-            return trainer.fit()
+                context = ray.get_runtime_context()
+                facts.update(
+                    ray_node_id=context.get_node_id(), ray_gcs_address=context.gcs_address, ray_up_at=time.time()
+                )
+            return _fit_on_ray(config, run_dir, dims, placement, tokenizer, train, val)
     finally:
-        for held in (pool, rollout_pool):
-            if held is not None:
-                held.release()
-        if started_ray:
-            shutdown()
         if facts is not None:
             facts["ray_down_at"] = time.time()
+
+
+def _fit_on_ray(config: PPOConfig, run_dir: Path, dims, placement, tokenizer, train, val) -> RunSummary:
+    """Reserve the ranks, start the worker groups (and the rollout's own group or server), train."""
+    from hybridflow.configs.roles import (
+        RolloutPlacement,
+        needs_reference,
+        reference_in_actor,
+        resolve_loss_agg_mode,
+    )
+    from hybridflow.core import ColocatedWorkerGroup, RoleSpec
+    from hybridflow.plugins import get_rollout_engine
+    from hybridflow.trainer.ppo_trainer import PPOTrainer
+    from hybridflow.trainer.rollout_modes import Rollout
+    from hybridflow.workers.actor.worker import ActorRolloutWorker
+    from hybridflow.workers.critic.worker import CriticWorker
+    from hybridflow.workers.reference import RefWorker
+    from hybridflow.workers.reward_model import RewardModelWorker
+
+    actor_kwargs = {"config": config, "dims": dims, "loss_agg_mode": resolve_loss_agg_mode(config)}
+    roles = {"actor": RoleSpec(ActorRolloutWorker, kwargs=actor_kwargs)}
+    if needs_reference(config) and not reference_in_actor(config):
+        roles["ref"] = RoleSpec(RefWorker, kwargs={"config": config, "dims": dims})
+    if dims.use_critic:
+        roles["critic"] = RoleSpec(CriticWorker, kwargs={"config": config, "dims": dims})
+    if config.reward_model.enable:
+        roles["reward_model"] = RoleSpec(RewardModelWorker, kwargs={"config": config, "dims": dims})
+    with ThreadPoolExecutor(max_workers=1) as starter, ExitStack() as stack:
+        pool = _resource_pool(config)
+        stack.callback(pool.release)
+        rollout_start = None
+        if placement is RolloutPlacement.GROUP:
+            rollout_pool = _resource_pool(config, ranks=[config.trainer.rollout_ranks])
+            stack.callback(rollout_pool.release)
+            # the rollout's own group starts beside the training group: both import torch
+            rollout_start = starter.submit(_rollout_group, config, dims, rollout_pool)
+        stack.callback(_shut_down_started, rollout_start)  # also when the training group fails to start
+        group = stack.enter_context(ColocatedWorkerGroup(pool, roles, group_options(config)))
+        handles = {name: group[name] for name in roles}
+        rollout = Rollout(placement, handles["actor"])
+        if rollout_start is not None:
+            rollout = Rollout(placement, rollout_start.result()["rollout"])
+        reward_manager = stack.enter_context(_reward_manager(config))
+        for handle in {**handles, "rollout": rollout.generator}.values():
+            handle.init_model()
+        if placement is RolloutPlacement.SERVER:  # the agent loops' server, filled by the first weight sync
+            name = config.actor_rollout_ref.rollout.name
+            server = stack.enter_context(get_rollout_engine(name).server(config, run_dir / f"{name}_server.log"))
+            rollout = Rollout(placement, server, server)
+        trainer = PPOTrainer(config, handles, rollout, reward_manager, tokenizer, train, val, run_dir, dims)
+        return trainer.fit()
 
 
 def _rollout_group(config: PPOConfig, dims, pool):
@@ -178,21 +186,6 @@ def _rollout_group(config: PPOConfig, dims, pool):
     )
 
 
-def group_options(config: Any, **settings: Any):
-    """A worker group's options from the config: its ranks' torch threads and ``trainer.timeouts`` (the RL
-    trainer's config or the reward-model trainer's: both have these keys)."""
-    from hybridflow.core import GroupOptions, Heartbeat
-
-    timeouts = config.trainer.timeouts
-    return GroupOptions(
-        cpu_torch_threads=config.trainer.cpu_threads_per_rank,
-        call_timeout_s=timeouts.call_s,
-        collective_timeout_s=timeouts.collective_s,
-        heartbeat=Heartbeat.from_timeouts(timeouts),
-        **settings,
-    )
-
-
 def _shut_down_started(start: Future | None) -> None:
     """Shut a group down once its start (in the background) is over; nothing if it never started."""
     if start is None:
@@ -205,33 +198,23 @@ def _shut_down_started(start: Future | None) -> None:
 
 
 def _resource_pool(config: PPOConfig, ranks: list[int] | None = None):
-    """The placement of the run's training ranks (or of the rollout's ``ranks`` per node, ``trainer.placement=split``),
-    reserved; a cluster that cannot hold them is a config error naming the keys."""
-    from hybridflow.core import ResourcePool
-    from hybridflow.core.resource_pool import ResourceUnavailableError
-
+    """The run's training ranks (or the rollout's ``ranks`` per node, ``trainer.placement=split``), reserved;
+    a cluster that cannot hold them is a config error naming the keys."""
     trainer = config.trainer
-    pool = ResourcePool(
-        process_on_nodes=ranks or [trainer.n_gpus_per_node] * trainer.nnodes, use_gpu=trainer.device == "cuda"
-    )
-    try:
-        pool.bundles()  # reserved here (the groups start on them), so that a pool that does not fit is refused here
-    except ResourceUnavailableError as err:
-        cluster = str(err).split("Nodes in the cluster: ", 1)[-1].split(". Lower", 1)[0]
-        if ranks:
-            what = (
-                f"trainer.rollout_ranks={trainer.rollout_ranks} rollout ranks (trainer.placement=split) with "
-                f"trainer.device={trainer.device!r}, beside the training ranks, do not fit the Ray cluster: lower "
-                "trainer.rollout_ranks, use trainer.placement=colocated, or add a node with room"
-            )
-        else:
-            what = (
-                f"trainer.nnodes={trainer.nnodes} x trainer.n_gpus_per_node={trainer.n_gpus_per_node} ranks with "
-                f"trainer.device={trainer.device!r} do not fit the Ray cluster: lower trainer.n_gpus_per_node or "
-                "trainer.nnodes, use trainer=cpu, or add nodes"
-            )
-        raise ConfigError(f"invalid config:\n  - {what} (the cluster: {cluster})") from None
-    return pool
+    if ranks:
+        refusal = (
+            f"trainer.rollout_ranks={trainer.rollout_ranks} rollout ranks (trainer.placement=split) with "
+            f"trainer.device={trainer.device!r}, beside the training ranks, do not fit the Ray cluster: lower "
+            "trainer.rollout_ranks, use trainer.placement=colocated, or add a node with room"
+        )
+    else:
+        refusal = (
+            f"trainer.nnodes={trainer.nnodes} x trainer.n_gpus_per_node={trainer.n_gpus_per_node} ranks with "
+            f"trainer.device={trainer.device!r} do not fit the Ray cluster: lower trainer.n_gpus_per_node or "
+            "trainer.nnodes, use trainer=cpu, or add nodes"
+        )
+    nodes = ranks or [trainer.n_gpus_per_node] * trainer.nnodes
+    return reserve_ranks(nodes, use_gpu=trainer.device == "cuda", refusal=refusal)
 
 
 def _reward_manager(config: PPOConfig):
@@ -282,10 +265,7 @@ def format_summary(summary: RunSummary, config: PPOConfig) -> str:
         ("checkpoints", _checkpoints_row(summary, config)),
         ("hf export", "none (trainer.save_hf_on_end=false)" if summary.hf_export is None else str(summary.hf_export)),
     ]
-    width = max(len(k) for k, _ in rows)
-    lines = ["", "hybridflow run summary", "-" * (width + 20)]
-    lines += [f"{k.ljust(width)}  {v}" for k, v in rows]
-    return "\n".join(lines)
+    return summary_table("hybridflow run summary", rows)
 
 
 def _trained_row(config: PPOConfig) -> str:
@@ -326,27 +306,13 @@ def train(cfg: DictConfig, facts: dict[str, Any] | None = None) -> float:
 def hydra_main(cfg: DictConfig) -> float:
     """Hydra's task function; returns the final validation accuracy (for sweepers; NaN for a failed sweep job).
 
-    A single run raises its errors, except three that end it with a message
-    and no traceback: an invalid config (exit status 2; the run directory
-    Hydra made goes too when the run wrote nothing into it), Ctrl-C (130,
-    after ``fit`` logged the step it reached) and a worker's failure, timeout
-    or stall (1: the error names the rank and the call, with the worker's
-    traceback when it raised; ``fit`` logged the last checkpoint). Under ``--multirun`` a
+    A single run ends as every training command does (:func:`~hybridflow.trainer.launch.run_command`: a bad
+    config 2, Ctrl-C 130, a worker's failure 1, each with a message and no traceback). Under ``--multirun`` a
     failing job is logged and recorded in its directory and the next job starts.
     """
     job = current_job()
     if job is None:
-        try:
-            return train(cfg)
-        except ConfigError as err:
-            print(f"hybridflow-train: {err}", file=sys.stderr, flush=True)
-            remove_unused_run_dir()
-            sys.exit(2)
-        except KeyboardInterrupt:
-            sys.exit(130)
-        except WorkerError as err:  # named rank and cause; fit logged the last checkpoint
-            print(f"hybridflow-train: {err}", file=sys.stderr, flush=True)
-            sys.exit(1)
+        return run_command(COMMAND, lambda: train(cfg))
     facts: dict[str, Any] = {}
     return run_sweep_job(lambda: train(cfg, facts), job, facts)
 
@@ -356,11 +322,8 @@ def main() -> None:
     against the schema, then :func:`hydra_main` on the translated command line."""
     translation = translate(sys.argv[1:])
     for line in translation.lines:
-        print(f"hybridflow-train: {line}", file=sys.stderr, flush=True)
-    problems = override_problems(translation.args)
-    if problems:
-        print("hybridflow-train: invalid override:\n  - " + "\n  - ".join(problems), file=sys.stderr, flush=True)
-        sys.exit(2)
+        print(f"{COMMAND}: {line}", file=sys.stderr, flush=True)
+    refuse_overrides(COMMAND, override_problems(translation.args))
     sys.argv[1:] = translation.args
     hydra_main()
 

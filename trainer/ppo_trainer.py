@@ -13,18 +13,14 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 import time
 import uuid
-from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from tqdm import tqdm
-from tqdm.contrib.logging import logging_redirect_tqdm
 
 from hybridflow.agents.runner import AGENT_METRICS_PREFIX
 from hybridflow.configs.roles import RolloutPlacement, reference_in_actor
@@ -63,6 +59,7 @@ from hybridflow.trainer.agent_rollout import agent_rollout_for
 from hybridflow.trainer.batch_hooks import BatchHooks
 from hybridflow.trainer.estimator_inputs import InputPlan, reward_components
 from hybridflow.trainer.kl_control import KLController, apply_kl_penalty
+from hybridflow.trainer.launch import Progress
 from hybridflow.trainer.metrics import StageTimer, compute_data_metrics, throughput_metrics
 from hybridflow.trainer.prompt_loader import PromptLoader, PromptSet
 from hybridflow.trainer.rollout_modes import Rollout, engine_metrics, rollout_source, with_prompt_columns
@@ -530,50 +527,6 @@ class PPOTrainer:
     def _seed(self) -> int:
         # sampling is a function of (seed, step): a resumed run samples as the original did
         return self.config.trainer.seed * 100_003 + self.global_step
-
-
-class Progress:
-    """The step counter: a tqdm bar on a terminal; in a redirected log one plain line per tenth of the run.
-
-    Used as a context manager: while the bar is shown, the root logger's console lines go through
-    ``tqdm.write`` (``logging_redirect_tqdm``), which prints each above the bar instead of into its line.
-    """
-
-    def __init__(self, total: int, initial: int) -> None:
-        self.total, self.step = total, initial
-        self.bar = (
-            tqdm(total=total, initial=initial, desc="training", unit="step", dynamic_ncols=True)
-            if sys.stderr.isatty()
-            else None
-        )
-        self.every = max(1, total // 10)
-        self._redirect = ExitStack()
-
-    def __enter__(self) -> Progress:
-        if self.bar is not None:
-            self._redirect.enter_context(logging_redirect_tqdm())
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def update(self, **values: float) -> None:
-        """One more step done; ``values`` are shown beside the count."""
-        self.step += 1
-        shown = {k: f"{v:.3f}" for k, v in values.items()}
-        if self.bar is not None:
-            self.bar.set_postfix(**shown)
-            self.bar.update(1)
-        elif self.step % self.every == 0 or self.step == self.total:
-            logger.info(
-                "training: step %d/%d %s", self.step, self.total, " ".join(f"{k}={v}" for k, v in shown.items())
-            )
-
-    def close(self) -> None:
-        """Finish the bar and give the console back to the log handlers (nothing to do for plain lines)."""
-        if self.bar is not None:
-            self.bar.close()
-        self._redirect.close()
 
 
 def run_info(config: PPOConfig, run_dir: Path) -> RunInfo:

@@ -10,7 +10,8 @@ import torch
 from hybridflow.core import DataProto, WorkerStalledError
 from hybridflow.core.keys import DATA_SOURCE
 from hybridflow.rewards.manager import RewardOutput
-from hybridflow.trainer.ppo_trainer import PPOTrainer, Progress
+from hybridflow.trainer.launch import Progress
+from hybridflow.trainer.ppo_trainer import PPOTrainer
 
 
 class Recorder:
@@ -134,7 +135,7 @@ def test_validation_decodes_as_rollout_val_greedy_says(val_greedy):
 def test_progress_in_a_redirected_log_is_one_line_per_tenth(caplog, monkeypatch):
     monkeypatch.setattr("sys.stderr.isatty", lambda: False)
     progress = Progress(total=25, initial=3)
-    with caplog.at_level(logging.INFO, logger="hybridflow.trainer.ppo_trainer"):
+    with caplog.at_level(logging.INFO, logger="hybridflow.trainer.launch"):
         for _ in range(22):
             progress.update(score=0.5)
     progress.close()

@@ -23,7 +23,7 @@ from hybridflow.core import DP_COMPUTE_METRIC, ColocatedWorkerGroup, DataProto, 
 from hybridflow.core.keys import ACTOR_UPDATE_INPUTS, ADVANTAGES, ATTENTION_MASK, INPUT_IDS, METRICS, RESPONSE_MASK
 from hybridflow.core.parallel_dims import ParallelDims
 from hybridflow.core.rollout_batch import left_pad
-from hybridflow.trainer.main import group_options
+from hybridflow.trainer.launch import group_options
 from hybridflow.workers.actor.worker import ActorRolloutWorker
 from hybridflow.workers.models import load_tokenizer
 

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from hybridflow.trainer import ppo_trainer
+from hybridflow.trainer import launch
 
 TRAIN = [sys.executable, "-m", "hybridflow.trainer.main"]
 SMALL = [
@@ -148,7 +148,7 @@ def test_log_lines_print_above_the_progress_bar_not_into_it(monkeypatch, caplog)
     root.addHandler(handler)
     log = logging.getLogger("hybridflow.test_progress")
     try:
-        with ppo_trainer.Progress(total=2, initial=0) as progress:
+        with launch.Progress(total=2, initial=0) as progress:
             progress.update(score=0.5)
             log.info("saved checkpoint of step 1: /runs/x")
             progress.update(score=0.75)

@@ -35,7 +35,7 @@ from hybridflow.core.parallel_dims import ParallelDims
 from hybridflow.core.rollout_batch import left_pad
 from hybridflow.tools.export import export_checkpoint
 from hybridflow.trainer.checkpoint import DRIVER_STATE
-from hybridflow.trainer.main import group_options
+from hybridflow.trainer.launch import group_options
 from hybridflow.workers import lora
 from hybridflow.workers.actor.worker import ActorRolloutWorker
 from hybridflow.workers.checkpointing import read_model_state

@@ -32,7 +32,7 @@ from hybridflow.core.keys import (
 )
 from hybridflow.core.parallel_dims import ParallelDims
 from hybridflow.core.rollout_batch import left_pad
-from hybridflow.trainer.main import group_options
+from hybridflow.trainer.launch import group_options
 from hybridflow.workers.models import build_char_tokenizer
 from hybridflow.workers.reward_model import RewardModelWorker
 
