@@ -84,18 +84,19 @@ def test_resumed_run_equals_uninterrupted_run(ray_session, tmp_path, stop_at=2, 
 # reference is the model with its adapters off (no reference group), and a resumed run trains exactly as before.
 # With offload (and dynamic batch sizes) the actor's state sits in host memory between stages: the checkpoint must
 # bring it back to save it and to load into it (without, saving the empty storages crashed the worker and loading
-# into them failed).
+# into them failed). Only that variant runs: a LoRA run without offload saves and loads the same adapter state
+# through the same calls minus the moves (a plain variant ran here too until the suite passed its 20 minutes; the
+# full-parameter resume above covers a checkpoint without offload).
 @pytest.mark.parametrize(
     "extra",
     [
-        {},
         {
             "actor_rollout_ref.actor.use_dynamic_bsz": True,
             "actor_rollout_ref.actor.fsdp_config.param_offload": True,
             "actor_rollout_ref.actor.fsdp_config.optimizer_offload": True,
         },
     ],
-    ids=["plain", "dynamic-bsz-offload"],
+    ids=["dynamic-bsz-offload"],
 )
 def test_a_lora_run_resumed_equals_the_uninterrupted_one(ray_session, tmp_path, extra):
     files = generate_synthetic(str(tmp_path / "data"), train_size=12, val_size=8, seed=0)
