@@ -37,6 +37,8 @@ from typing import Any, Protocol
 import ray
 from ray.exceptions import RayActorError, RayError
 
+from hybridflow.core.worker_logs import NOTHING, last_words
+
 __all__ = [
     "CONTROL_GROUP",
     "Heartbeat",
@@ -197,12 +199,28 @@ def _failed(
     call = calls[index[ref]]
     still = [calls[index[r]] for r in pending if r != ref]
     message = f"{call.name} failed on {call.label}: {describe(err)}"
+    if isinstance(err, RayActorError):  # Ray says only that the process died: its stderr may say why
+        message += _last_words_text(call.label)
     if still:
         message += (
             "\nstill in the call when it failed (a peer that never reached a collective is among them):\n  "
             + "\n  ".join(_doing(still))
         )
     return WorkerError(message, call.role, call.method, call.label.rank, err)
+
+
+def _last_words_text(label: RankLabel) -> str:
+    """What the dead process of ``label`` last wrote to stderr, as lines to add to the error ('' when its log is
+    not on this machine)."""
+    words = last_words(label.node_id, label.pid)
+    if words is None:
+        return ""
+    if words == NOTHING:
+        return (
+            "\nits process wrote nothing to stderr before it ended: something outside it killed it "
+            "(the kernel's OOM killer, a SIGKILL)"
+        )
+    return "\nthe last lines its process wrote to stderr:\n  " + "\n  ".join(words.splitlines())
 
 
 def _doing(calls: Sequence[RankCall]) -> list[str]:

@@ -16,6 +16,7 @@ parquet, has no rows or lacks a column is an error naming its key there, and
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import errno
 import os
@@ -125,6 +126,30 @@ def _agent_problems(rollout: Any) -> Iterator[str]:
         )
 
 
+def _custom_function_problems(custom: Any) -> Iterator[str]:
+    """``reward.custom_reward_function``: its file exists, parses and defines the function it names. Read, not
+    run: the file runs in the reward workers, and a missing one would otherwise score every sample as an error."""
+    if not custom.path:
+        return
+    key, path = "reward.custom_reward_function.path", os.path.abspath(os.path.expanduser(custom.path))
+    if not os.path.isfile(path):
+        yield f"{key}={custom.path!r}: no such file ({path}); it names a Python file defining {custom.name}()"
+        return
+    try:
+        tree = ast.parse(Path(path).read_text(encoding="utf-8"), filename=path)
+    except (SyntaxError, UnicodeDecodeError, OSError) as err:
+        yield f"{key}={custom.path!r}: not a readable Python file ({err})"
+        return
+    defined = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    assigned = {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+    imported = {a.asname or a.name for n in tree.body if isinstance(n, ast.ImportFrom) for a in n.names}
+    if custom.name not in {*defined, *assigned, *imported}:
+        yield (
+            f"reward.custom_reward_function.name={custom.name!r}: {path} defines no such function; it defines: "
+            f"{', '.join(defined) or '(no function)'}"
+        )
+
+
 def _reward_problems(reward: Any, response_length: int) -> Iterator[str]:
     """Routes that parse and name installed verifiers; an overlong zone that fits in the response."""
     from hybridflow.rewards.routing import Router
@@ -134,6 +159,7 @@ def _reward_problems(reward: Any, response_length: int) -> Iterator[str]:
     except (TypeError, ValueError) as err:
         yield f"reward.route: {err}"
         return
+    yield from _custom_function_problems(reward.custom_reward_function)
     named = {f"reward.route[{key!r}]": target for key, target in reward.route.items()}
     named.update({f"reward.verifier_kwargs[{name!r}]": name for name in reward.verifier_kwargs})
     for key, target in named.items():

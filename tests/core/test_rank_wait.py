@@ -118,3 +118,43 @@ def test_a_rank_that_never_reaches_a_collective_is_named_once_its_peers_time_out
         assert waited < 3.0 + 6.0, waited  # the collective's bound; torch's own for a sub-group is 30 min
     finally:
         _close(group)
+
+
+class Crashing(Worker):
+    """A rank whose process ends abruptly inside a call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.init_process_group()
+
+    @register(dispatch=ONE_TO_ALL)
+    def crash(self, rank: int, how: str) -> int:
+        if self.rank == rank:
+            if how == "segfault":
+                import ctypes
+
+                ctypes.string_at(0)  # a read of address 0: the C-level crash of a broken extension
+            os.kill(os.getpid(), signal.SIGKILL)  # as the kernel's OOM killer ends a process
+        time.sleep(30)
+        return self.rank
+
+
+@pytest.mark.parametrize(
+    ("how", "said"),
+    [
+        ("segfault", "the last lines its process wrote to stderr:\n  Fatal Python error: Segmentation fault"),
+        ("kill", "its process wrote nothing to stderr before it ended: something outside it killed it"),
+    ],
+)
+def test_a_rank_whose_process_dies_is_named_with_what_it_last_wrote(ray_session, how, said) -> None:
+    """Ray says only that the actor died; the error adds the end of the dead process's stderr (Python's fault
+    handler writes a segfault's stack there), or says it wrote nothing: the mark of a kill from outside."""
+    group = ColocatedWorkerGroup(ResourcePool([2]), {"w": RoleSpec(Crashing)}, GroupOptions(heartbeat=BEAT))
+    try:
+        with pytest.raises(WorkerError) as raised:
+            group.w.crash(1, how)
+        message = str(raised.value)
+        assert message.startswith("w.crash failed on rank 1"), message
+        assert said in message, message
+    finally:
+        _close(group)

@@ -160,6 +160,7 @@ def run_command(label: str, overrides: list[str], tmp_path: Path) -> dict:
     }
 
 
+@pytest.mark.slow
 def test_each_setting_of_issue_27_exits_2_within_20_s_naming_the_key(tmp_path):
     """Through the real command, two at a time: exit 2 within 20 s, no traceback, a few lines, the key named."""
     assert sorted(ISSUE_27_MESSAGES) == sorted(label for label, _ in bad_settings.ISSUE_27_CASES)

@@ -258,3 +258,22 @@ def test_bad_data_files_name_their_key_and_file(tmp_path):
     pq.write_table(pa.Table.from_pylist([{**row, "prompt": "2+2="}] * 3), other)
     train, val = dataset_rows(cfg().data, [str(good)], [str(other)])
     assert train == [row] and len(val) == 3 and val[0]["prompt"] == "2+2="
+
+
+def test_a_custom_reward_file_is_read_at_start(tmp_path):
+    """A missing file, a file that does not parse, and a file without the named function are refused before
+    anything starts (a missing file once trained to the end with every reward an error); a good file passes."""
+    key = "reward.custom_reward_function"
+    missing = str(tmp_path / "nowhere.py")
+    with pytest.raises(ConfigError, match=rf"{key}.path='{missing}': no such file"):
+        check_config(cfg(**{f"{key}.path": missing}))
+    broken = tmp_path / "broken.py"
+    broken.write_text("def compute_score(:\n")
+    with pytest.raises(ConfigError, match=rf"{key}.path='{broken}': not a readable Python file"):
+        check_config(cfg(**{f"{key}.path": str(broken)}))
+    other = tmp_path / "other.py"
+    other.write_text("import math\n\ndef score(a, b, c, d):\n    return 1.0\n\ndef helper():\n    pass\n")
+    with pytest.raises(ConfigError, match=rf"{key}.name='compute_score': {other} defines no such function; it "
+                       "defines: score, helper"):  # fmt: skip
+        check_config(cfg(**{f"{key}.path": str(other)}))
+    check_config(cfg(**{f"{key}.path": str(other), f"{key}.name": "score"}))

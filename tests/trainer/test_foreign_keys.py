@@ -38,7 +38,12 @@ from hybridflow.trainer.config_checks import config_problems
 
 ROOT = Path(__file__).resolve().parents[2]
 KEYS, GROUPS = schema_keys(), group_options()
-MACHINE_PROBLEMS = ("is not a directory; give a local HF model", "GPU(s)", "rollout.name='vllm': ")
+MACHINE_PROBLEMS = (  # what the example values name but this machine lacks: a model directory, GPUs, a file
+    "is not a directory; give a local HF model",
+    "GPU(s)",
+    "rollout.name='vllm': ",
+    "reward.custom_reward_function.path='my_score.py': no such file",
+)
 
 
 def suggestions(entry: ForeignKey) -> list[tuple[str, ...]]:
