@@ -37,14 +37,3 @@ def ray_session() -> Iterator[Any]:
     yield ray
     if started_here:
         shutdown()
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The modules with a test marked ``slow`` run first, each module's tests together and in order.
-
-    ``make test`` splits the suite over two xdist workers that steal from each other's queues: with the
-    end-to-end runs (tens of seconds each) at the front, the short tests fill the end and the two workers finish
-    together, instead of one core idling while the other runs the last long test (about two minutes a run).
-    Modules stay whole so that a module-scoped fixture is set up once."""
-    slow_modules = {item.module.__name__ for item in items if item.get_closest_marker("slow") is not None}
-    items.sort(key=lambda item: item.module.__name__ not in slow_modules)

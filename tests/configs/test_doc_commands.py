@@ -100,7 +100,12 @@ def guide_plugins():
 
 
 # What a documented command may lack on this machine: the reader's model directory, their GPUs, vLLM.
-MACHINE_PROBLEMS = ("is not a directory; give a local HF model", "GPU(s)", "rollout.name='vllm': ")
+MACHINE_PROBLEMS = (  # what the documented commands name but this machine lacks: a model, GPUs, the user's file
+    "is not a directory; give a local HF model",
+    "GPU(s)",
+    "rollout.name='vllm': ",
+    "reward.custom_reward_function.path='my_score.py': no such file",
+)
 
 
 @pytest.mark.parametrize("page,command", CASES, ids=[f"{p}:{c[:60]}" for p, c in CASES])
