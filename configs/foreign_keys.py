@@ -255,7 +255,10 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
     ),
     _v(f"{A}.strategy", by_value={"fsdp": (), "fsdp2": ()}, note=ONE_BACKEND, missing=ONE_BACKEND + " (no Megatron)"),
     _v(f"{A}.ulysses_sequence_parallel_size", by_value={"1": ()}, missing=NO_SP),
-    _v(f"{A}.use_torch_compile", by_value={"false": ()}, missing="models run eagerly (no torch.compile)"),
+    *(  # one rule for every role that has the setting
+        _v(f"{role}.use_torch_compile", by_value={"false": ()}, missing="models run eagerly (no torch.compile)")
+        for role in (A, "actor_rollout_ref.ref")
+    ),
     _v(
         f"{A}.checkpoint.save_contents",
         "trainer.save_hf_on_end",
@@ -346,7 +349,6 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
         for k in (
             "max_num_batched_tokens",
             "max_model_len",
-            "enable_chunked_prefill",
             "enable_prefix_caching",
             "engine_kwargs",
             "engine_kwargs.*",
@@ -356,6 +358,10 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
         f"{R}.data_parallel_size",
         f"{R}.tensor_model_parallel_size",
         note="the rollout's data-parallel size is the ranks / rollout.tensor_model_parallel_size",
+    ),
+    _v(
+        f"{R}.enable_chunked_prefill",
+        ignored="how vLLM schedules long prompts, not what it samples; its own default (on) is kept",
     ),
     _v(f"{R}.pipeline_model_parallel_size", missing="the rollout splits the model by tensor parallelism only"),
     _v(f"{R}.expert_parallel_size", missing="the rollout splits the model by tensor parallelism only"),
@@ -660,7 +666,9 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
         "trainer.critic_warmup", by_value={"0": ()}, missing="the actor updates from the first step (no critic warm-up)"
     ),
     _v(
-        "trainer.balance_batch", by_value={"false": ()}, missing="rows are not reordered to balance tokens across ranks"
+        "trainer.balance_batch",
+        ignored="rows are not reordered to even out the ranks' tokens (veRL's throughput knob): each rank updates "
+        "on the rows it is dealt, with the losses normalized over all ranks",
     ),
     _v("trainer.rollout_data_dir", missing="training generations are not written to files"),
     _v(
@@ -670,6 +678,12 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
     ),
     _v("trainer.default_hdfs_dir", missing="checkpoints go to local disk (trainer.default_local_dir)"),
     _v("trainer.use_legacy_worker_impl", ignored="one worker implementation"),
+    _v(
+        "ray_kwargs.ray_init.runtime_env.py_executable",
+        by_value={"null": (), "none": ()},
+        missing="Ray's workers run this Python (the runtime environment is not configurable here)",
+        example="null",
+    ),
     _v("ray_kwargs.*", missing="Ray starts with its defaults (a fresh local instance, or trainer.ray_address)"),
     _v("global_profiler.*", missing="no profiler integration"),
 )
