@@ -87,6 +87,8 @@ class RewardOutput:
     decided: list[bool]
     """Per sample: False where the verifiers abstained (returned None, or no route covers its data_source and
     the manager was built with ``abstain_unrouted``); such a sample scores 0."""
+    errors: tuple[str, ...] = ()
+    """The first line of the error of each sample whose verifier raised (none when every one returned)."""
 
     @cached_property
     def token_level_scores(self) -> torch.Tensor:
@@ -220,7 +222,7 @@ class RewardManager:
             scores.append(self.timeout_score)
             extras.append({})
             what = "timed out" if outcome.status == "timeout" else "failed"
-            reason = outcome.error.strip().splitlines()[0] if outcome.error.strip() else "?"
+            reason = _first_line(outcome.error)
             logger.warning(
                 "reward sample %d (data_source %r) %s after %.2f s, scored %g: %s; response starts %r",
                 index, task[1], what, outcome.seconds, self.timeout_score, reason, task[2][:200],
@@ -269,7 +271,12 @@ class RewardManager:
             metrics,
             [{"score": s, **e} for s, e in zip(scores, extras)],
             [o.status != ABSTAINED for o in outcomes],
+            tuple(_first_line(o.error) for o in outcomes if o.status == "error"),
         )
+
+
+def _first_line(error: str) -> str:
+    return error.strip().splitlines()[0] if error.strip() else "?"
 
 
 def _metrics(scores: list[float], extras: list[dict[str, Any]], outcomes: list[Outcome]) -> dict[str, float]:

@@ -15,6 +15,7 @@ import json
 import logging
 import time
 import uuid
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,7 @@ from hybridflow.rewards.sources import VERIFIER, RewardSources
 from hybridflow.trainer import checkpoint as ckpt
 from hybridflow.trainer.agent_rollout import agent_rollout_for
 from hybridflow.trainer.batch_hooks import BatchHooks
+from hybridflow.trainer.config_checks import ConfigError
 from hybridflow.trainer.estimator_inputs import InputPlan, reward_components
 from hybridflow.trainer.kl_control import KLController, apply_kl_penalty
 from hybridflow.trainer.launch import Progress
@@ -160,6 +162,7 @@ class PPOTrainer:
         self.hooks = BatchHooks(list(config.algorithm.batch_hooks), dict(config.algorithm.batch_hook_options))
         self.tracking = Tracking(list(config.trainer.logger), run_info(config, self.run_dir))
         self.global_step = 0
+        self._verifier_seen = False
         epochs_steps = config.trainer.total_epochs * self.loader.batches_per_epoch
         self.total_steps = min(epochs_steps, config.trainer.total_training_steps or epochs_steps)
         self.source = rollout_source(
@@ -422,6 +425,9 @@ class PPOTrainer:
             scored.meta_info.pop(METRICS, None)  # its peak memory: the rm stage reports the training batch's
             batch.union(scored)
         verified = self.reward_fn.score_batch(batch, self.tokenizer) if self.sources.uses(VERIFIER) else None
+        if verified is not None and not self._verifier_seen:  # the first batch scored, validation or training
+            self._verifier_seen = True
+            refuse_a_broken_verifier(verified)
         return self.sources.combine(verified, batch.batch.get(RM_SCORES), batch.batch[RESPONSE_MASK]), verified
 
     def score(self, batch: DataProto) -> dict[str, float]:
@@ -527,6 +533,20 @@ class PPOTrainer:
     def _seed(self) -> int:
         # sampling is a function of (seed, step): a resumed run samples as the original did
         return self.config.trainer.seed * 100_003 + self.global_step
+
+
+def refuse_a_broken_verifier(verified: RewardOutput) -> None:
+    """Stop the run when the verifiers raised on every sample of the first batch they scored: the reward function
+    is broken (a wrong file, a missing import, a wrong signature), and training on ``reward.timeout_score`` for
+    every sample would teach nothing while the run looked healthy. Raises :class:`ConfigError` with the error."""
+    if not verified.fields or len(verified.errors) < len(verified.fields):
+        return
+    counts = Counter(verified.errors)
+    shown = "; ".join(f"{error} ({n}x)" for error, n in counts.most_common(3))
+    raise ConfigError(
+        "invalid config:\n  - the reward's verifier raised on every sample of the first batch it scored "
+        f"({len(verified.fields)}): {shown} (reward.custom_reward_function, reward.route)"
+    )
 
 
 def run_info(config: PPOConfig, run_dir: Path) -> RunInfo:

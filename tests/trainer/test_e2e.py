@@ -10,6 +10,8 @@ import math
 import pytest
 from support import read_metrics, small_config
 
+from hybridflow.trainer.checkpoint import list_checkpoints
+from hybridflow.trainer.config_checks import ConfigError
 from hybridflow.trainer.main import build_and_fit
 
 pytestmark = pytest.mark.slow
@@ -194,3 +196,16 @@ def test_four_ranks_train_on_dp_x_tp_generate_on_another_tp_and_the_critic_steps
         assert m["actor/optimizer_steps"] == m["critic/optimizer_steps"] == 2  # 8 prompts / 4 per mini-batch
         assert math.isfinite(m["critic/vf_loss"]) and m["critic/skipped_steps"] == 0
     assert len({m["critic/param_norm"] for m in steps}) == 2
+
+
+def test_a_reward_function_that_raises_on_every_sample_stops_the_run_with_its_error(ray_session, tmp_path):
+    """It used to train to the end on reward.timeout_score, every reward an error in the log, exit status 0."""
+    broken = tmp_path / "broken_score.py"
+    broken.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info):\n    return 1 / 0\n")
+    config = small_config(tmp_path, **{"reward.custom_reward_function.path": str(broken)})
+    with pytest.raises(ConfigError) as raised:
+        build_and_fit(config, tmp_path / "run")
+    message = str(raised.value)
+    assert "the reward's verifier raised on every sample of the first batch it scored (16)" in message, message
+    assert "ZeroDivisionError: division by zero (16x)" in message, message
+    assert not list_checkpoints(tmp_path / "run" / "checkpoints")  # stopped before its first update

@@ -141,3 +141,16 @@ def test_progress_in_a_redirected_log_is_one_line_per_tenth(caplog, monkeypatch)
     progress.close()
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("training: step")]
     assert lines == [f"training: step {s}/25 score=0.500" for s in (4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 25)]
+
+
+def test_only_a_first_batch_whose_every_sample_raised_stops_the_run():
+    from hybridflow.trainer.config_checks import ConfigError
+    from hybridflow.trainer.ppo_trainer import refuse_a_broken_verifier
+
+    def verified(errors, rows=3):
+        return RewardOutput(torch.zeros(rows), torch.ones(rows, 2), {}, [{}] * rows, [True] * rows, tuple(errors))
+
+    refuse_a_broken_verifier(verified(["KeyError: 'x'"] * 2))  # one sample scored: the function works
+    refuse_a_broken_verifier(verified([], rows=0))  # nothing scored
+    with pytest.raises(ConfigError, match=r"\(3\): KeyError: 'x' \(2x\); ImportError: no y \(1x\)"):
+        refuse_a_broken_verifier(verified(["KeyError: 'x'", "ImportError: no y", "KeyError: 'x'"]))
