@@ -14,7 +14,7 @@ import logging
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from typing import Any, NoReturn
+from typing import Any
 
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
@@ -25,16 +25,11 @@ from hybridflow.trainer.config_checks import ConfigError
 logger = logging.getLogger(__name__)
 
 
-def refuse(command: str, what: str, problems: Sequence[str]) -> NoReturn:
-    """Print ``<command>: <what>:`` and one line per problem on stderr, exit 2."""
-    print(f"{command}: {what}:\n  - " + "\n  - ".join(problems), file=sys.stderr, flush=True)
-    sys.exit(2)
-
-
 def refuse_overrides(command: str, problems: Sequence[str]) -> None:
     """Exit 2 naming each bad command-line override (Hydra would refuse it too, with a traceback-like page)."""
     if problems:
-        refuse(command, "invalid override", problems)
+        print(f"{command}: invalid override:\n  - " + "\n  - ".join(problems), file=sys.stderr, flush=True)
+        sys.exit(2)
 
 
 def run_command(command: str, job: Callable[[], float]) -> float:

@@ -105,7 +105,7 @@ def build_and_fit(config: PPOConfig, run_dir: Path, facts: dict[str, Any] | None
     dims = ParallelDims.from_config(config, use_critic=needs_critic(config))
     placement = rollout_placement(config)
 
-    try:  # from here on Ray is up: every failure, placement included, must reach its shutdown
+    try:  # ray_running stops Ray on every way out; the sweep's facts record when
         with ray_running(config.trainer.ray_address):
             if facts is not None:
                 import ray

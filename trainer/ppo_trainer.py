@@ -64,7 +64,13 @@ from hybridflow.trainer.kl_control import KLController, apply_kl_penalty
 from hybridflow.trainer.launch import Progress
 from hybridflow.trainer.metrics import StageTimer, compute_data_metrics, throughput_metrics
 from hybridflow.trainer.prompt_loader import PromptLoader, PromptSet
-from hybridflow.trainer.rollout_modes import Rollout, engine_metrics, rollout_source, with_prompt_columns
+from hybridflow.trainer.rollout_modes import (
+    Rollout,
+    engine_metrics,
+    rollout_source,
+    take_metrics,
+    with_prompt_columns,
+)
 from hybridflow.trainer.tracking import (
     GENERATION_COLUMNS,
     GENERATIONS_TABLE,
@@ -565,11 +571,7 @@ def run_info(config: PPOConfig, run_dir: Path) -> RunInfo:
 
 def agent_metrics(batch: DataProto) -> dict[str, float]:
     """The ``agent/*`` metrics an agent rollout left in the batch's ``meta_info`` (taken out of it)."""
-    found = batch.meta_info.get(METRICS, {})
-    taken = {key: found.pop(key) for key in [k for k in found if k.startswith(AGENT_METRICS_PREFIX)]}
-    if METRICS in batch.meta_info and not found:
-        batch.meta_info.pop(METRICS)
-    return taken
+    return take_metrics(batch, AGENT_METRICS_PREFIX)
 
 
 def _mean_over_ranks(per_rank: list[dict[str, float]]) -> dict[str, float]:

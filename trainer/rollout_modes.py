@@ -169,18 +169,22 @@ class _Submitted:
     index: int
 
 
+def take_metrics(batch: DataProto, prefix: str) -> dict[str, Any]:
+    """The metrics under ``prefix`` the ranks reported with ``batch`` (``meta_info["metrics"]``: a list per key
+    when several ranks reported it), taken out of it; the metrics entry goes once nothing is left in it."""
+    found = batch.meta_info.get(METRICS, {})
+    taken = {key: found.pop(key) for key in [k for k in found if k.startswith(prefix)]}
+    if METRICS in batch.meta_info and not found:
+        batch.meta_info.pop(METRICS)
+    return taken
+
+
 def weight_sync_metrics(batch: DataProto) -> dict[str, float]:
     """The ``weight_sync/*`` metrics the rollout's ranks reported with ``batch`` (taken out of it), the largest
     over ranks: every rank pushes the whole model, and the step waits for the slowest."""
-    found = batch.meta_info.get(METRICS, {})
-    out = {}
-    for key in [k for k in found if k.startswith(WEIGHT_SYNC_PREFIX)]:
-        value = found.pop(key)
-        out[key] = float(max(value) if isinstance(value, list) else value)
-    return out
+    return {key: float(max(_as_list(v))) for key, v in take_metrics(batch, WEIGHT_SYNC_PREFIX).items()}
 
 
-ENGINE_METRICS_PREFIX = "rollout/"
 REDUCE_OVER_RANKS = {"rollout/generated_tokens": sum, "rollout/generate_s": max, "rollout/latency_s": max}
 """How an engine metric of several ranks becomes one: tokens add up, the step waits for the slowest rank's
 generation; any other (a share, a rate) is the ranks' mean."""
@@ -189,15 +193,12 @@ generation; any other (a share, a rate) is the ranks' mean."""
 def engine_metrics(batch: DataProto) -> dict[str, float]:
     """The ``rollout/*`` metrics the engines of the rollout's ranks reported with ``batch`` (taken out of it),
     one value each (:data:`REDUCE_OVER_RANKS`)."""
-    found = batch.meta_info.get(METRICS, {})
-    out = {}
-    for key in [k for k in found if k.startswith(ENGINE_METRICS_PREFIX)]:
-        values = found.pop(key)
-        values = values if isinstance(values, list) else [values]
-        out[key] = float(REDUCE_OVER_RANKS.get(key, np.mean)(values))
-    if METRICS in batch.meta_info and not found:
-        batch.meta_info.pop(METRICS)
-    return out
+    taken = take_metrics(batch, "rollout/")
+    return {key: float(REDUCE_OVER_RANKS.get(key, np.mean)(_as_list(v))) for key, v in taken.items()}
+
+
+def _as_list(value: Any) -> list:
+    return value if isinstance(value, list) else [value]
 
 
 class SyncRollout:
