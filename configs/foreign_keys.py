@@ -64,6 +64,15 @@ A, R, M = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout
 LOSS = "+actor_rollout_ref.actor.policy_loss_options"
 
 NO_SP = "no sequence parallelism: each sequence lives on one rank"
+COMPILE = "models run eagerly here (no torch.compile): a speed setting, the numbers are the same"
+UNCHUNKED = "entropy is computed from the full logits, unchunked and without recomputation"
+NO_MOE = "no MoE router replay (the models here are dense)"
+NO_PROFILER = "no profiler integration"
+NO_FUSED = "no Liger or fused kernels"
+OVERLONG_CFG = ("reward_model.reward_kwargs.overlong_buffer_cfg", "reward.reward_kwargs.overlong_buffer_cfg")
+"""Where veRL's DAPO scripts put the overlong buffer: veRL 0.8's spelling, then its newer one."""
+ROLES = (A, "actor_rollout_ref.ref", R, "critic", "reward_model")
+"""veRL's roles that each have a profiler section."""
 NO_COSINE = "the schedule is a linear warm-up to lr (optim.warmup_steps), then constant; no decay"
 NO_MULTI_TURN = (
     "multi-turn rollouts are agent-loop plugins (rollout.agent_loop=tool_calling, rollout.agent.tools, "
@@ -183,9 +192,40 @@ def _fsdp(theirs: str, ours: str) -> tuple[ForeignKey, ...]:
             note="the policy's dtype serves every role",
             missing="actor_rollout_ref.model.dtype is bfloat16 or float32",
         ),
-        _v(f"{theirs}.fsdp_size", missing="FSDP2 shards over all data-parallel ranks (no hybrid sharding)"),
+        _v(
+            f"{theirs}.fsdp_size",
+            by_value={"-1": ()},
+            note="veRL's -1 shards over all ranks, as FSDP2 does here",
+            missing="FSDP2 shards over all data-parallel ranks (no hybrid sharding)",
+            example="-1",
+        ),
         _v(f"{theirs}.wrap_policy.*", missing="each decoder layer is its own FSDP2 unit"),
         *(_v(f"{theirs}.{k}", missing=FIXED_FSDP) for k in ("offload_policy", "forward_prefetch", "use_orig_params")),
+        *_engine_keys(theirs),
+        _v(f"{theirs}.seed", "trainer.seed={value}", note="one seed for initialization, data order and sampling"),
+        _v(
+            f"{theirs}.full_determinism",
+            by_value={"false": ()},
+            missing="runs are seeded, not bitwise deterministic (no torch.use_deterministic_algorithms)",
+        ),
+        _v(f"{theirs}.forward_only", ignored="the role decides: the reference runs forwards only, the actor trains"),
+    )
+
+
+def _engine_keys(p: str) -> tuple[ForeignKey, ...]:
+    """veRL's engine settings of a role, one rule each wherever veRL has them: under the role's ``fsdp_config``
+    (its current spelling) and, for the actor and the reference, under the role itself (the older one)."""
+    return (
+        _v(
+            f"{p}.strategy",
+            by_value={"fsdp": (), "fsdp2": ()},
+            note=ONE_BACKEND,
+            missing=ONE_BACKEND + " (no Megatron)",
+        ),
+        _v(f"{p}.use_torch_compile", ignored=COMPILE),
+        _v(f"{p}.ulysses_sequence_parallel_size", by_value={"1": ()}, missing=NO_SP),
+        _v(f"{p}.entropy_from_logits_with_chunking", by_value={"false": ()}, missing=UNCHUNKED),
+        _v(f"{p}.entropy_checkpointing", by_value={"false": ()}, missing=UNCHUNKED),
     )
 
 
@@ -253,12 +293,7 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
         )
         for k, x in (("kl_cov_ratio", "0.0002"), ("ppo_kl_coef", "0.1"))
     ),
-    _v(f"{A}.strategy", by_value={"fsdp": (), "fsdp2": ()}, note=ONE_BACKEND, missing=ONE_BACKEND + " (no Megatron)"),
-    _v(f"{A}.ulysses_sequence_parallel_size", by_value={"1": ()}, missing=NO_SP),
-    *(  # one rule for every role that has the setting
-        _v(f"{role}.use_torch_compile", by_value={"false": ()}, missing="models run eagerly (no torch.compile)")
-        for role in (A, "actor_rollout_ref.ref")
-    ),
+    *_engine_keys(A),
     _v(
         f"{A}.checkpoint.save_contents",
         "trainer.save_hf_on_end",
@@ -270,8 +305,6 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
         missing="a checkpoint always holds the sharded model, optimizer and data position (trainer.save_freq)",
     ),
     _v(f"{A}.grad_clip", A + ".optim.grad_clip={value}", exact=True),
-    _v(f"{A}.entropy_from_logits_with_chunking", missing="entropy is computed from the full logits, unchunked"),
-    _v(f"{A}.entropy_checkpointing", missing="entropy is computed from the full logits, without recomputation"),
     _v(f"{A}.data_loader_seed", "trainer.seed={value}", note="one seed for initialization, data order and sampling"),
     # reference
     _v("actor_rollout_ref.ref.log_prob_micro_batch_size", f"{R}.log_prob_micro_batch_size_per_gpu", note=PER_RANK),
@@ -289,13 +322,7 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
             ("log_prob_micro_batch_size_per_gpu", "16"),
         )
     ),
-    _v("actor_rollout_ref.ref.ulysses_sequence_parallel_size", by_value={"1": ()}, missing=NO_SP),
-    _v(
-        "actor_rollout_ref.ref.strategy",
-        by_value={"fsdp": (), "fsdp2": ()},
-        note=ONE_BACKEND,
-        missing=ONE_BACKEND + " (no Megatron)",
-    ),
+    *_engine_keys("actor_rollout_ref.ref"),
     # rollout
     _v(f"{R}.log_prob_micro_batch_size", f"{R}.log_prob_micro_batch_size_per_gpu", note=PER_RANK),
     _v(f"{R}.prompt_length", "data.max_prompt_length={value}", example="32", exact=True),
@@ -344,16 +371,10 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
         f"{R}.agent_loop",
         note="agent loops are plugins named by rollout.agent_loop",
     ),
-    *(
-        _v(f"{R}.{k}", missing=NO_VLLM_ARG)
-        for k in (
-            "max_num_batched_tokens",
-            "max_model_len",
-            "enable_prefix_caching",
-            "engine_kwargs",
-            "engine_kwargs.*",
-        )
-    ),
+    *(_v(f"{R}.{k}", missing=NO_VLLM_ARG) for k in ("engine_kwargs", "engine_kwargs.*")),
+    _v(f"{R}.max_num_batched_tokens", ignored="how many tokens vLLM schedules at once, not what it samples"),
+    _v(f"{R}.enable_prefix_caching", ignored="vLLM reusing a shared prefix's cache: the same tokens, sooner"),
+    _v(f"{R}.max_model_len", ignored="vLLM's context here is data.max_prompt_length + rollout.response_length"),
     _v(
         f"{R}.data_parallel_size",
         f"{R}.tensor_model_parallel_size",
@@ -397,9 +418,19 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
     _v(f"{M}.override_config.*", missing="the model's config is used as saved"),
     _v(f"{M}.external_lib", missing="no library is imported before the model loads"),
     _v(f"{M}.custom_chat_template", missing="prompts use the tokenizer's own chat template"),
-    _v(f"{M}.use_liger", missing="no Liger or fused kernels"),
-    _v(f"{M}.use_fused_kernels", missing="no Liger or fused kernels"),
+    *(
+        _v(key, by_value={"false": ()}, missing=NO_FUSED)
+        for key in (f"{M}.use_liger", f"{M}.use_fused_kernels", f"{A}.use_fused_kernels")
+    ),
     _v(f"{M}.fused_kernel_options.*", missing="no Liger or fused kernels"),
+    _v(
+        f"{M}.torch_dtype",
+        by_value={k: (f"{M}.dtype={v}",) for k, v in DTYPES.items()},
+        exact=True,
+        note="the dtype the policy computes and generates in",
+        missing="actor_rollout_ref.model.dtype is bfloat16 or float32",
+        example="bfloat16",
+    ),
     _v(f"{M}.use_shm", ignored="the model loads from its directory (no copy to shared memory first)"),
     _v(f"{M}.enable_activation_offload", missing="no activation offload"),
     _v(
@@ -435,7 +466,7 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
     _v("data.seed", "trainer.seed={value}", note="one seed for initialization, data order and sampling"),
     _v("data.train_max_samples", missing="every row of the files is used; write a smaller file to use fewer"),
     _v("data.val_max_samples", missing="every row of the files is used; write a smaller file to use fewer"),
-    _v("data.dataloader_num_workers", missing="prompts are loaded and tokenized once, in the driver"),
+    _v("data.dataloader_num_workers", ignored="prompts are loaded and tokenized once, in the driver"),
     *(
         _v(
             f"data.{k}.*",
@@ -481,7 +512,8 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
         missing="the reward runs in the step, the verifiers in their process pool (reward.num_workers)",
     ),
     *(_v(f"reward_model.{k}", missing=RM_COLOCATED) for k in ("enable_resource_pool", "n_gpus_per_node", "nnodes")),
-    *(_v(f"reward_model.{k}", missing=GEN_RM) for k in ("rollout.*", "use_reward_loop", "num_workers")),
+    *(_v(f"reward_model.{k}", missing=GEN_RM) for k in ("rollout.*", "num_workers")),
+    _v("reward_model.use_reward_loop", by_value={"false": ()}, missing=GEN_RM),
     *(
         _v(
             f"{section}",
@@ -491,7 +523,7 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
             missing="verifiers score one response at a time; no batch reward manager",
             checked_with=(LONGER,),
         )
-        for section in ("reward_model.reward_manager", "reward_manager.name")
+        for section in ("reward_model.reward_manager", "reward_manager.name", "reward.reward_manager.name")
     ),
     _v(
         "reward_manager.*",
@@ -500,13 +532,19 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
     ),
     *(
         _v(f"{p}.{k}", f"reward.overlong_buffer.{k}={{value}}", example=x, checked_with=(LONGER,), exact=True)
-        for p in ("reward_model.reward_kwargs.overlong_buffer_cfg", "reward_model.overlong_buffer")
+        for p in (*OVERLONG_CFG, "reward_model.overlong_buffer")
         for k, x in (("enable", "true"), ("len", "4"), ("penalty_factor", "1.0"))
     ),
-    _v(
-        "reward_model.reward_kwargs.max_resp_len",
-        f"{R}.response_length",
-        note="the overlong zone ends at rollout.response_length",
+    *(
+        _v(
+            f"{p}.log",
+            ignored="the overlong penalty is always logged (reward/overlong_penalty/mean, reward/overlong/frac)",
+        )
+        for p in OVERLONG_CFG
+    ),
+    *(
+        _v(f"{p}.max_resp_len", f"{R}.response_length", note="the overlong zone ends at rollout.response_length")
+        for p in ("reward_model.reward_kwargs", "reward.reward_kwargs")
     ),
     _v(
         "reward_model.sandbox_fusion.*",
@@ -678,6 +716,130 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
     ),
     _v("trainer.default_hdfs_dir", missing="checkpoints go to local disk (trainer.default_local_dir)"),
     _v("trainer.use_legacy_worker_impl", ignored="one worker implementation"),
+    # veRL 0.8's keys (tests/trainer/data/verl_0.8.0.dev_ppo_trainer_keys.txt lists them all)
+    *(
+        _v(f"{role}.profiler.{k}", by_value={"false": ()}, missing=NO_PROFILER, example="false")
+        for role in ROLES
+        for k in ("enable", "all_ranks")
+    ),
+    *(
+        _v(f"{role}.profiler.*", ignored="a profiler setting acts only with profiler.enable=true: " + NO_PROFILER)
+        for role in ROLES
+    ),
+    *(
+        _v(f"{role}.router_replay.*", by_value={"disabled": (), "null": (), "none": ()}, missing=NO_MOE, example="null")
+        for role in (A, "actor_rollout_ref.ref")
+    ),
+    _v(f"{R}.enable_rollout_routing_replay", by_value={"false": ()}, missing=NO_MOE),
+    *(
+        _v(f"{role}.rollout_n", f"{R}.n", note="veRL fills it in from rollout.n; here rollout.n alone")
+        for role in (A, "actor_rollout_ref.ref", "critic")
+    ),
+    _v(f"{A}.freeze_vision_tower", by_value={"false": ()}, missing="text-only models: no vision tower"),
+    _v(
+        f"{A}.calculate_entropy",
+        ignored="the entropy is computed where the loss needs it (entropy_coeff) and reported as actor/entropy",
+    ),
+    _v(
+        f"{A}.use_prefix_grouper",
+        by_value={"true": (f"{M}.share_prompts=true",), "false": ()},
+        exact=True,
+        note="a prompt shared by its group's responses is computed once; the numbers are the same",
+    ),
+    _v(f"{A}.use_remove_padding", M + ".use_remove_padding={value}", example="true", exact=True),
+    _v(
+        f"{A}.calculate_sum_pi_squared",
+        ignored="computed when the advantage estimator declares the sum_pi_squared input (plugins/entries.py)",
+    ),
+    _v(f"{A}.sum_pi_squared_checkpointing", by_value={"false": ()}, missing=UNCHUNKED),
+    _v(f"{R}.cudagraph_capture_sizes", ignored="vLLM's CUDA-graph sizes: a speed setting, left to vLLM"),
+    _v(
+        f"{R}.logprobs_mode",
+        by_value={"processed_logprobs": ()},
+        missing="the rollout's log-probs are the processed ones (after temperature)",
+        example="processed_logprobs",
+    ),
+    _v(f"{R}.scheduling_policy", by_value={"fcfs": ()}, missing="vLLM schedules first come, first served"),
+    _v(f"{R}.disable_log_stats", ignored="vLLM's own stats lines; its engine's numbers are logged as rollout/*"),
+    _v(f"{R}.over_sample_rate", by_value={"0": ()}, missing="each step generates its batch, no over-sampling"),
+    _v(f"{R}.multi_stage_wake_up", ignored="vLLM wakes its weights first, then its KV cache, always"),
+    _v(f"{R}.calculate_log_probs", ignored="the rollout's log-probs are always returned (rollout_log_probs)"),
+    _v(
+        f"{R}.agent.default_agent_loop",
+        by_value={"single_turn_agent": ()},
+        missing=NO_MULTI_TURN,
+        example="single_turn_agent",
+    ),
+    _v(f"{R}.agent.custom_async_server.*", by_value={"null": (), "none": ()}, missing=NO_SERVER, example="null"),
+    _v(
+        f"{R}.checkpoint_engine.*",
+        by_value={"naive": (), "{}": ()},
+        missing="weights move to the rollout in memory (the reshard; the transfer with trainer.placement=split)",
+        example="naive",
+    ),
+    _v(
+        f"{R}.trace.*",
+        by_value={"null": (), "none": (), "false": ()},
+        missing="no rollout tracing; trainer.log_val_generations writes samples",
+        example="null",
+    ),
+    _v(f"{R}.skip_rollout", by_value={"false": ()}, missing="every step generates its rollouts"),
+    _v(f"{R}.skip_dump_dir", ignored="acts only with skip_rollout=true, which is refused here"),
+    _v(f"{R}.skip_tokenizer_init", ignored="the rollout takes and returns token ids either way"),
+    _v(f"{R}.prometheus.enable", by_value={"false": ()}, missing="no Prometheus export; metrics go to trainer.logger"),
+    _v(f"{R}.prometheus.*", ignored="acts only with prometheus.enable=true, which is refused here"),
+    *(
+        _v(f"{R}.{k}", by_value={"null": (), "none": ()}, missing="no quantized rollout", example="null")
+        for k in ("quantization", "quantization_config_file")
+    ),
+    _v(f"{R}.mtp", by_value={"null": (), "none": ()}, missing="no multi-token prediction", example="null"),
+    _v(f"{M}.mtp.*", by_value={"false": ()}, missing="no multi-token prediction", example="false"),
+    _v(f"{M}.hf_config_path", by_value={"null": (), "none": ()}, missing="the config is read from model.path"),
+    _v(f"{M}.tiled_mlp.enabled", by_value={"false": ()}, missing="no tiled MLP"),
+    _v(f"{M}.tiled_mlp.*", ignored="acts only with tiled_mlp.enabled=true, which is refused here"),
+    _v("data.use_shm", ignored="data files are read from disk (no copy to shared memory first)"),
+    _v("data.tool_config_path", by_value={"null": (), "none": ()}, missing=NO_MULTI_TURN, example="null"),
+    _v(
+        "data.return_raw_input_ids",
+        ignored="a reward model whose tokenizer differs gets the responses re-rendered from their text",
+    ),
+    _v("data.return_full_prompt", ignored="each prompt's messages travel with the batch"),
+    _v("data.image_patch_size", ignored="text-only data: no images to cut into patches"),
+    _v("data.validation_shuffle", by_value={"false": ()}, missing="validation prompts run in file order"),
+    _v("critic.shuffle", f"{A}.shuffle", note="the critic's mini-batches are drawn in the actor's order"),
+    _v("critic.data_loader_seed", "trainer.seed={value}", note="one seed for initialization, data order and sampling"),
+    _v(
+        "critic.checkpoint.*",
+        missing="a checkpoint always holds the sharded model, optimizer and data position (trainer.save_freq)",
+    ),
+    _v("reward_model.model.override_config.*", missing="the model's config is used as saved"),
+    _v("reward_model.model.override_config", by_value={"{}": ()}, missing="the model's config is used as saved"),
+    _v(
+        "reward_model.reward_loop_source",
+        by_value={"register": ()},
+        missing="rewards come from reward.* (a verifier, custom_reward_function) and the reward model",
+        example="register",
+    ),
+    *(
+        _v(
+            f"reward_model.{k}",
+            by_value={"null": (), "none": ()},
+            missing="rewards come from reward.* (a verifier, custom_reward_function) and the reward model",
+            example="null",
+        )
+        for k in ("reward_loop_module_path", "reward_loop_class_name")
+    ),
+    _v("trainer.esi_redundant_time", ignored="veRL's margin before an expiring instance; checkpoints follow save_freq"),
+    _v(
+        "trainer.del_local_ckpt_after_load",
+        by_value={"false": ()},
+        missing="checkpoints are kept; trainer.max_ckpt_to_keep prunes the oldest",
+    ),
+    _v(
+        "trainer.ray_wait_register_center_timeout",
+        ignored="the ranks' process groups start within trainer.timeouts.collective_s",
+    ),
+    _v("transfer_queue.enable", by_value={"false": ()}, missing="batches travel through Ray's object store"),
     _v(
         "ray_kwargs.ray_init.runtime_env.py_executable",
         by_value={"null": (), "none": ()},
@@ -1016,10 +1178,20 @@ VERL_VALUES: tuple[ForeignKey, ...] = (
 VALUES: dict[str, ForeignKey] = {k.name: k for k in VERL_VALUES}
 
 
+TARGET = _v(
+    "*._target_",
+    ignored="veRL's class for its config section (its structured configs); the sections here have fixed types",
+)
+"""Every ``..._target_`` key of veRL's config (one in most sections)."""
+
+
 def lookup(name: str) -> tuple[ForeignKey, str] | None:
-    """The entry for ``name`` (exact, else the nearest ``.*`` section above it) and the part of the key under it."""
+    """The entry for ``name`` (exact, else the nearest ``.*`` section above it) and the part of the key under it;
+    any ``._target_`` key has :data:`TARGET`."""
     if name in TABLE:
         return TABLE[name], ""
+    if name.endswith("._target_") or name == "_target_":
+        return TARGET, ""
     parts = name.split(".")
     for i in range(len(parts) - 1, 0, -1):
         entry = TABLE.get(".".join(parts[:i]) + ".*")

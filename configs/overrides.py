@@ -122,15 +122,42 @@ def translate(args: list[str]) -> Translation:
     given = {o.key_or_group: text.partition("=")[2] for text, o in _parsed(args)}
     out: list[str] = []
     lines: list[str] = []
+    sources: list[tuple[str, str | None]] = []  # (each argument handed on, the veRL argument it came from)
     for arg in args:
         parsed = _parsed([arg])
         rewritten = _rewrite(arg, parsed[0][1], keys, given) if parsed else None
         if rewritten is None:
             out.append(arg)
+            sources.append((arg, None))
         else:
             out += rewritten[0]
+            sources += [(new, arg) for new in rewritten[0]]
             lines.append(rewritten[1])
-    return Translation(out, lines)
+    return Translation(out, lines + _disagreements(sources))
+
+
+def _disagreements(sources: list[tuple[str, str | None]]) -> list[str]:
+    """One line per key of ours that two settings leave at different values, one of them a translated veRL key:
+    Hydra takes the later, and the line says so (veRL has two settings there, for two roles, where one serves
+    both here: the reference's and the rollout's log-prob budgets). Each setting counts with its last value, so a
+    script's value that the user's own later argument replaces disagrees with nothing."""
+    values: dict[str, dict[str, str]] = {}  # key of ours -> {the setting it came from: its last value}
+    for arg, came_from in sources:
+        parsed = _parsed([arg])
+        if not parsed or parsed[0][1].is_sweep_override() or parsed[0][1].is_delete():
+            continue
+        key = parsed[0][1].key_or_group
+        setting = came_from.partition("=")[0].lstrip("+~") if came_from else key
+        given = values.setdefault(key, {})
+        given.pop(setting, None)  # re-inserted last: the dict's order is the order of the last settings
+        given[setting] = arg.partition("=")[2]
+    lines = []
+    for key, given in values.items():
+        if len(set(given.values())) < 2 or set(given) == {key}:
+            continue
+        said = [f"{v} (as written)" if s == key else f"{v} (from veRL's {s})" for s, v in given.items()]
+        lines.append(f"{key}: {' and '.join(said)} disagree; {list(given.values())[-1]}, the later, is used")
+    return lines
 
 
 def _parsed(args: list[str]) -> list[tuple[str, Any]]:
@@ -170,8 +197,8 @@ def _rewrite(arg: str, o: Any, keys: dict[str, Any], given: dict[str, str]) -> t
     entry, rest = found
     if entry.ignored:
         return [], f"veRL's {key} has no effect here: {entry.ignored}"
-    if entry.same_as:
-        if _same_value(given.get(entry.same_as), value):
+    if entry.same_as:  # judged by the values the run gets: the last of each key (a script's, then the user's own)
+        if _same_value(given.get(entry.same_as), given.get(key, value)):
             return [], f"veRL's {key} repeats {entry.same_as}: nothing to set; {entry.missing}"
         return None
     return _apply(entry, key, value, rest)

@@ -17,7 +17,8 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 
 from hybridflow.configs.rules import at_least, one_of
-from hybridflow.configs.schema import DEVICES, MODEL_DTYPES, FSDPConfig, OptimConfig, TimeoutsConfig
+from hybridflow.configs.schema import MODEL_DTYPES, FSDPConfig, OptimConfig, TimeoutsConfig
+from hybridflow.core.devices import AUTO, DEVICES
 
 SCHEMA_NAME = "rm_trainer_schema"
 """The name the schema is stored under in Hydra's ConfigStore (``train_rm.yaml``'s first default)."""
@@ -91,8 +92,9 @@ class RMTrainerConfig:
     """Stop after this many optimizer steps (None: run ``total_epochs``); it may run past one epoch."""
     n_gpus_per_node: int = 1
     """Ranks (data-parallel, FSDP2): GPUs, or CPU processes with ``device=cpu``."""
-    device: str = "cpu"
-    """``cpu`` (gloo) or ``cuda`` (nccl)."""
+    device: str = AUTO
+    """``cpu`` (gloo), ``cuda`` (nccl), or ``auto``: ``cuda`` when torch sees a GPU here, else ``cpu`` (the RL
+    trainer's rule, ``core/devices.py``)."""
     cpu_threads_per_rank: int = 2
     """torch threads of each rank with ``device=cpu``; the default suits one rank on a 2-core machine (with
     2 ranks there, use 1)."""
@@ -116,7 +118,7 @@ class RMTrainerConfig:
             at_least(self, 1, "total_epochs", "n_gpus_per_node", "cpu_threads_per_rank")
             + at_least(self, 1, "total_steps", optional=True)
             + at_least(self, 0, "eval_freq")
-            + one_of(self, "device", DEVICES)
+            + one_of(self, "device", (AUTO, *DEVICES))
             + ([] if self.output_dir else ["output_dir is empty: name a directory (relative: in the run dir)"])
         )
 

@@ -17,12 +17,12 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 
 from hybridflow.configs.rules import at_least, greater_than, one_of, within
+from hybridflow.core.devices import AUTO, DEVICES
 
 MODEL_DTYPES = ("float32", "bfloat16")  # the names workers.models.DTYPES maps (kept free of torch here)
 ROLLOUT_MODES = ("direct", "server")
 SYNTHETIC_TASKS = ("arithmetic", "tool")
 KL_CONTROLLERS = ("fixed", "adaptive")
-DEVICES = ("cpu", "cuda")
 PLACEMENTS = ("colocated", "split")
 STEP_MODES = ("sync", "one_step_off", "async")
 RESUME_MODES = ("auto", "disable")
@@ -768,8 +768,10 @@ class TrainerConfig:
     """Nodes in the resource pool."""
     n_gpus_per_node: int = 2
     """Ranks per node: GPUs, or CPU processes when ``device=cpu``."""
-    device: str = "cpu"
-    """``cpu`` (gloo) or ``cuda`` (nccl)."""
+    device: str = AUTO
+    """``cpu`` (gloo), ``cuda`` (nccl), or ``auto``: ``cuda`` when torch sees a GPU on the machine that starts the
+    run, else ``cpu``, said in the run's first lines (``core/devices.py``; a Ray cluster's workers elsewhere may
+    have GPUs this machine lacks: name the device then)."""
     cpu_threads_per_rank: int = 1
     """torch threads of each rank when ``device=cpu`` (GPU ranks keep torch's default). One is fastest
     when the ranks fill the cores; a one-rank job on a 2-core machine runs best with 2."""
@@ -859,7 +861,7 @@ class TrainerConfig:
             + at_least(self, 1, "total_training_steps", optional=True)
             + at_least(self, 0, "max_ckpt_to_keep", "log_val_generations")
             + [f"{m} (0 turns it off, as veRL's -1 does)" for m in at_least(self, 0, "test_freq", "save_freq")]
-            + one_of(self, "device", DEVICES)
+            + one_of(self, "device", (AUTO, *DEVICES))
         )
 
 

@@ -33,7 +33,7 @@ from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf
 
 from hybridflow.configs.rm_schema import RMConfig, register_rm_configs
-from hybridflow.trainer.config_checks import ConfigError
+from hybridflow.trainer.config_checks import ConfigError, settle_device
 from hybridflow.trainer.launch import (
     Progress,
     group_options,
@@ -140,6 +140,7 @@ def preference_files(config: RMConfig) -> tuple[list[str], list[str]]:
 # -------------------------------------------------------------- the checks
 def check_config(config: RMConfig) -> None:
     """Every section's rules and whether the backbone loads; raises :class:`RMConfigError` listing all problems."""
+    settle_device(config.trainer)
     problems = config.problems()
     if config.model.path:
         from hybridflow.workers.models import load_model_config

@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import errno
+import logging
 import os
 import socket
 from collections.abc import Iterator
@@ -28,6 +29,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from hybridflow.configs.roles import RolloutPlacement, installed_rollout_engine, needs_critic, rollout_placement
+from hybridflow.core.devices import resolve_device
 from hybridflow.core.parallel_dims import ParallelDims
 from hybridflow.core.resource_pool import DEFAULT_CPUS_PER_CPU_BUNDLE
 from hybridflow.data.loading import REQUIRED_COLUMNS, DatasetError, load_rows
@@ -46,6 +48,8 @@ from hybridflow.trainer.batch_hooks import hook_problems
 from hybridflow.trainer.estimator_inputs import input_problems
 from hybridflow.trainer.tracking import SINKS
 from hybridflow.workers.rollout.tp_plan import tp_size_problems
+
+logger = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
@@ -439,10 +443,21 @@ def _bypass_problems(cfg: Any) -> Iterator[str]:
         )
 
 
+def settle_device(trainer: Any) -> None:
+    """``trainer.device=auto`` made ``cpu`` or ``cuda`` in place (``core/devices.py``), with a line saying which:
+    everything checked or built from the config after this sees the device the run takes."""
+    device, why = resolve_device(trainer.device)
+    if why:
+        trainer.device = device
+        logger.info(why)
+
+
 def config_problems(cfg: Any) -> list[str]:
-    """Every invalid setting of ``cfg`` (a PPOConfig or its DictConfig), one message each."""
+    """Every invalid setting of ``cfg`` (a PPOConfig or its DictConfig), one message each; a PPOConfig's
+    ``trainer.device=auto`` is settled first (:func:`settle_device`)."""
     if isinstance(cfg, DictConfig):
         cfg = OmegaConf.to_object(cfg)
+    settle_device(cfg.trainer)
     problems = list(section_problems(cfg))
     problems += _plugin_problems(cfg)
     problems += _name_problems(cfg)

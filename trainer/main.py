@@ -27,7 +27,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from hybridflow.configs.overrides import override_problems, translate
 from hybridflow.configs.schema import PPOConfig, register_configs
-from hybridflow.trainer.config_checks import check_config, check_datasets, config_warnings, dataset_rows
+from hybridflow.trainer.config_checks import (
+    check_config,
+    check_datasets,
+    config_warnings,
+    dataset_rows,
+    settle_device,
+)
 from hybridflow.trainer.launch import (
     group_options,
     ray_running,
@@ -86,6 +92,7 @@ def build_and_fit(config: PPOConfig, run_dir: Path, facts: dict[str, Any] | None
     started it. ``facts``, when given, receives the Ray node and GCS address the
     run used and when it connected and let go (``job_status.json`` of a sweep job records them).
     """
+    settle_device(config.trainer)  # a config built in code, not checked, may still say auto
     train_files, val_files = resolve_data_files(config)
     resolve_reward_model_paths(config)
     # first, before the workers' imports: a data file that is not parquet, has no rows or lacks a column is a

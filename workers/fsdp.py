@@ -163,7 +163,7 @@ def enable_activation_checkpointing(model: nn.Module) -> nn.Module:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-    model.config.use_cache = False  # a cache is pointless (and refused) while checkpointing
+    # every training forward passes use_cache=False: the config keeps its own value, which exports write
     return model
 
 

@@ -160,5 +160,5 @@ class RewardModelWorker(Worker):
         mask = micro.batch[ATTENTION_MASK]
         width = int(mask.sum(-1).max())  # the rows' own longest: no column of padding alone
         ids = micro.batch[INPUT_IDS][:, :width].to(self.device)
-        logits = self.model(input_ids=ids, attention_mask=mask[:, :width].to(self.device)).logits
+        logits = self.model(input_ids=ids, attention_mask=mask[:, :width].to(self.device), use_cache=False).logits
         return logits[:, 0].float().cpu()

@@ -140,7 +140,7 @@ def load_score_model(config: RMConfig, mesh: DeviceMesh, device: torch.device | 
 
 def sequence_scores(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """(B,) fp32 scores: HF's pooled logit, ``model(input_ids, attention_mask).logits[:, 0]``."""
-    return model(input_ids=input_ids, attention_mask=attention_mask).logits[:, 0].float()
+    return model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, 0].float()
 
 
 def pair_scores(model: nn.Module, micro: DataProto, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

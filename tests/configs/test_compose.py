@@ -34,7 +34,7 @@ def test_root_defaults():
     assert cfg.algorithm.adv_estimator == "grpo"
     assert cfg.actor_rollout_ref.model.path == "builtin:tiny-qwen2"
     assert cfg.actor_rollout_ref.rollout.name == "builtin"
-    assert cfg.trainer.device == "cpu" and cfg.trainer.n_gpus_per_node == 2
+    assert cfg.trainer.device == "auto" and cfg.trainer.n_gpus_per_node == 2
     assert cfg.data.train_files == []
 
 

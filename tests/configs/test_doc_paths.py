@@ -29,7 +29,7 @@ PATH = re.compile(
 # read from inside the sandbox; a config group file is named relative to configs/.
 NOT_OURS = (
     re.compile(r"^(cmp|multirun|outputs|checkpoints)/"),
-    re.compile(r"^examples/grpo_trainer/"),  # veRL's examples folder
+    re.compile(r"^examples/\w+_trainer/"),  # veRL's examples folders (ours have no _trainer folder)
     re.compile(r"^hybridflow/__init__\.py$"),  # as the sandbox would see it (docs/reliability.md)
 )
 SEARCH_ROOTS = ("", "configs/", "templates/estimator-plugin/", "templates/reward-plugin/", "templates/agent-plugin/")

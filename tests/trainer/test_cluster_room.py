@@ -19,6 +19,7 @@ pytestmark = pytest.mark.timeout(180)
 
 def split_config(rollout_ranks: int) -> PPOConfig:
     conf = OmegaConf.structured(PPOConfig)
+    OmegaConf.update(conf, "trainer.device", "cpu")  # as build_and_fit settles auto here, before the pools
     OmegaConf.update(conf, "trainer.placement", "split")
     OmegaConf.update(conf, "trainer.rollout_ranks", rollout_ranks)
     return OmegaConf.to_object(conf)
@@ -43,6 +44,7 @@ def test_a_rollout_pool_the_cluster_cannot_hold_names_rollout_ranks(ray_session)
 
 def test_training_ranks_the_cluster_cannot_hold_name_their_keys(ray_session):
     conf = OmegaConf.structured(PPOConfig)
+    OmegaConf.update(conf, "trainer.device", "cpu")
     OmegaConf.update(conf, "trainer.n_gpus_per_node", 32)
     with pytest.raises(
         ConfigError,

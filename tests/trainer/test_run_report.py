@@ -80,6 +80,9 @@ def test_a_run_prints_its_directory_and_each_checkpoint_and_writes_metrics_with_
     assert len(said) == len(verl), said  # one line per veRL spelling, none refused
     [run_dir] = (tmp_path / "outputs").glob("*/*")  # outputs/<date>/<time>
     console = out.stdout + out.stderr
+    # the default trainer.device=auto, found on this machine (no GPU) and said before the run starts
+    assert "trainer.device=auto: cpu (no GPU visible to torch on this machine" in console
+    assert console.index("trainer.device=auto") < console.index("run directory:")
     assert f"run directory: {run_dir}\n" in console
     ckpts = [run_dir / "checkpoints" / f"global_step_{step}" for step in (1, 2)]
     for step, path in zip((1, 2), ckpts):

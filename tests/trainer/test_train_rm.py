@@ -160,7 +160,7 @@ def test_config_problems_name_the_key_the_value_and_what_is_allowed():
     config.optim.lr, config.model.fsdp_config.param_offload = -1.0, True
     problems = "\n".join(config.problems())
     assert "data.batch_size=5 must be divisible by trainer.n_gpus_per_node=2" in problems
-    assert "trainer.device='tpu'; allowed: cpu, cuda" in problems
+    assert "trainer.device='tpu'; allowed: auto, cpu, cuda" in problems
     assert "optim.lr=-1.0 must be > 0" in problems
     assert "model.fsdp_config.param_offload=True" in problems
     assert override_problems(["trainer.total_step=3"]) == [
@@ -193,7 +193,7 @@ def test_a_bad_config_exits_2_naming_every_key_without_a_traceback(tmp_path):
         assert proc.returncode == 2, out[name]
         assert "Traceback" not in out[name][1], out[name][1]
     values = out["values"][1]
-    assert "data.batch_size=0 must be >= 1" in values and "trainer.device='tpu'; allowed: cpu, cuda" in values
+    assert "data.batch_size=0 must be >= 1" in values and "trainer.device='tpu'; allowed: auto, cpu, cuda" in values
     assert "model.path='builtin:nope': unknown built-in model" in values
     assert f"data.train_files: {tmp_path}/missing.parquet: no such file" in out["file"][1]
     assert not (tmp_path / "values").exists()  # nothing ran: no run directory left behind

@@ -81,6 +81,9 @@ def test_the_critic_path_is_accepted_when_it_is_the_policys_and_refused_with_wha
     assert (
         problem.startswith("critic.model.path is veRL's name") and "its path is actor_rollout_ref.model.path" in problem
     )
+    # a script's paths, then both replaced by the user's (appended as the script's $@): the last values agree
+    edited = translate([*other.args, "actor_rollout_ref.model.path=/tiny", "critic.model.path=/tiny"])
+    assert [a for a in edited.args if a.startswith("critic.")] == [] and override_problems(edited.args) == []
 
 
 @pytest.mark.parametrize(
@@ -110,3 +113,25 @@ def test_values_and_flags_that_are_not_verls_are_left_alone():
         "data.max_response_length=8,16",
     ]
     assert translate(args).args == args  # a sweep over a renamed key is left for the check to explain
+
+
+def test_a_translation_that_disagrees_with_another_setting_of_its_key_says_which_value_is_used():
+    """veRL's reference and rollout budgets are two settings; here one serves both passes (the later wins)."""
+    args = [
+        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=4096",
+        "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=8192",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",  # agrees with the native one: no line
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
+        "trainer.seed=1",  # the user's own two settings of one key: Hydra's override, no line
+        "trainer.seed=2",
+        "data.max_response_length=1024",  # a script's value, then the user's (appended as the script's $@)
+        "data.max_response_length=8",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",  # both budgets changed alike: agreed
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2",
+    ]
+    lines = translate(args).lines
+    assert lines[-1] == (
+        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu: 4096 (as written) and 8192 (from veRL's "
+        "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu) disagree; 8192, the later, is used"
+    )
+    assert sum("disagree" in line for line in lines) == 1

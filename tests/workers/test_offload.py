@@ -68,5 +68,7 @@ def test_activation_checkpointing_gives_the_same_gradients():
         grads.append({n: p.grad for n, p in model.named_parameters()})
         saved.append(count[0])
     assert saved[1] < saved[0] / 3  # checkpointed: the layers' activations are not kept for the backward
+    # the config an export writes is the model's own: checkpointing turned no cache off in it
+    assert checkpointed.config.use_cache is plain.config.use_cache is True
     for name, grad in grads[0].items():
         torch.testing.assert_close(grads[1][name], grad, rtol=0, atol=1e-5, msg=name)

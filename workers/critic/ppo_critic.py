@@ -40,6 +40,7 @@ def response_values(model: nn.Module, batch: DataProto, *, packing: Packing | No
         input_ids=batch.batch[INPUT_IDS],
         attention_mask=batch.batch[ATTENTION_MASK],
         position_ids=batch.batch[POSITION_IDS],
+        use_cache=False,
     )
     return out.logits[:, -length - 1 : -1, 0].float()
 

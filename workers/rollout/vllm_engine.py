@@ -681,7 +681,7 @@ def build_vllm(context: EngineContext) -> VLLMRolloutEngine:
         context.tokenizer,
         arr.rollout,
         dims.rollout.tp,
-        device=config.trainer.device,
+        device=context.device.type,  # the device Ray gave this rank
         rows=rows,
         max_model_len=config.data.max_prompt_length + arr.rollout.response_length,
         dtype=arr.actor.fsdp_config.compute_dtype(arr.model),
