@@ -62,10 +62,10 @@ TARGETS: dict[str, list[str]] = {
 OUTCOMES = ("killed", "survived", "timeout", "incompetent")
 
 
-def copy_tree(dest: Path) -> Path:
-    """The committed tree under ``dest/hybridflow`` (the folder's name is the package's); returns it."""
+def copy_tree(dest: Path, commit: str) -> Path:
+    """``commit``'s tree under ``dest/hybridflow`` (the folder's name is the package's); returns it."""
     archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", "HEAD", "--prefix=hybridflow/"], check=True, capture_output=True
+        ["git", "-C", str(ROOT), "archive", commit, "--prefix=hybridflow/"], check=True, capture_output=True
     ).stdout
     with tarfile.open(fileobj=BytesIO(archive)) as tar:
         tar.extractall(dest, filter="data")
@@ -152,7 +152,10 @@ def run_target(target: str, timeout_s: float, budget_s: float, seed: int) -> dic
     """Mutate one target in its own copy, a sample of its mutants when they do not fit ``budget_s``; returns its
     results row (with the survivors' diffs)."""
     with tempfile.TemporaryDirectory(prefix="hybridflow-mutate-") as tmp:
-        tree = copy_tree(Path(tmp))
+        commit = subprocess.run(  # the commit the copy is of (HEAD may move while the mutants run)
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        tree = copy_tree(Path(tmp), commit)
         config, session = Path(tmp) / "cosmic-ray.toml", Path(tmp) / "session.sqlite"
         config.write_text(config_text(target, TARGETS[target], Path(tmp), timeout_s), encoding="utf-8")
         subprocess.run([COSMIC_RAY, "init", str(config), str(session)], cwd=tree, check=True)
@@ -181,6 +184,7 @@ def run_target(target: str, timeout_s: float, budget_s: float, seed: int) -> dic
     competent = counts["killed"] + counts["survived"] + counts["timeout"]
     caught = counts["killed"] + counts["timeout"]
     return {
+        "commit": commit,
         "target": target,
         "population": population,
         "sampled": sampled,
@@ -218,13 +222,10 @@ def finished() -> dict[str, dict]:
 
 
 def record(row: dict, version: str) -> None:
-    """Append ``row`` (with the date, the tool and the commit) to the results file; its survivors' diffs go to
-    their own page."""
-    commit = subprocess.run(
-        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
+    """Append ``row`` (with the date and the tool) to the results file; its survivors' diffs go to their own
+    page."""
     survivors = row.pop("survivors")
-    meta = {"date": datetime.date.today().isoformat(), "tool": f"cosmic-ray {version}", "commit": commit}
+    meta = {"date": datetime.date.today().isoformat(), "tool": f"cosmic-ray {version}", "commit": row.pop("commit")}
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     with RESULTS.open("a", encoding="utf-8") as f:
         f.write(json.dumps({**meta, **row}) + "\n")
