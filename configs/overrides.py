@@ -153,7 +153,7 @@ def _disagreements(sources: list[tuple[str, str | None]]) -> list[str]:
         given[setting] = arg.partition("=")[2]
     lines = []
     for key, given in values.items():
-        if len(set(given.values())) < 2 or set(given) == {key}:
+        if len(set(given.values())) < 2:
             continue
         said = [f"{v} (as written)" if s == key else f"{v} (from veRL's {s})" for s, v in given.items()]
         lines.append(f"{key}: {' and '.join(said)} disagree; {list(given.values())[-1]}, the later, is used")

@@ -48,6 +48,31 @@ def test_penalty_subtracts_beta_times_kl_on_valid_tokens():
     # the metric is the mean over sequences of each sequence's mean KL over its valid tokens
     assert metrics["actor/reward_kl_penalty"] == pytest.approx(((0.5 + 0.25) / 2 + 0.5 / 1) / 2)
     assert metrics["actor/reward_kl_penalty_coeff"] == 0.1
+    assert KLController(0.1).adaptive is False  # a controller given only its value is a fixed one
+
+
+def test_adaptive_controller_lowers_the_coefficient_at_most_by_the_clip():
+    ctl = KLController.from_config(KLControlConfig(type="adaptive", kl_coef=0.1, target_kl=1.0, horizon=100))
+    ctl.update(current_kl=0.9, n_steps=10)  # error -0.1
+    assert ctl.value == pytest.approx(0.1 * (1 - 0.1 * 10 / 100))
+    ctl.update(current_kl=0.0, n_steps=10)  # error -1, clipped to -0.2
+    assert ctl.value == pytest.approx(0.1 * 0.99 * 0.98)
+
+
+def test_the_metric_averages_each_sequence_over_its_own_valid_tokens():
+    """Three rows of four tokens (the sums over rows and over tokens differ), one row with no valid token: it
+    counts as zero KL, not as a division by zero."""
+    d = torch.tensor([[0.5, 0.25, 0.0, 0.0], [1.0, 1.0, 1.0, 0.5], [0.75, 0.75, 0.75, 0.75]])
+    batch = DataProto.from_dict(
+        {
+            "token_level_scores": torch.zeros(3, 4),
+            "old_log_probs": d - 1.0,
+            "ref_log_probs": torch.full((3, 4), -1.0),
+            "response_mask": torch.tensor([[1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0]]),
+        }
+    )
+    metrics = apply_kl_penalty(batch, KLController(0.1), "k1")
+    assert metrics["actor/reward_kl_penalty"] == pytest.approx(((0.5 + 0.25) / 2 + 3.5 / 4 + 0.0) / 3)
 
 
 def test_penalty_with_k3_and_the_adaptive_controller():
