@@ -208,9 +208,9 @@ def run_script(verl: Path, path: str, scratch: Path, timeout: int) -> dict:
     home, bin_dir = scratch / "home", scratch / "bin"
     work = scratch / Path(path).stem
     work.mkdir(parents=True)
-    (work / "run.sh").write_text(read_script(verl, path))
-    model = str(scratch / "model")
-    edits = edits_for(script_args(read_script(verl, path), str(home)), model)
+    text = read_script(verl, path)
+    (work / "run.sh").write_text(text)
+    edits = edits_for(script_args(text, str(home)), str(scratch / "model"))
     env = {**os.environ, "HOME": str(home), "PATH": f"{bin_dir}:{os.environ['PATH']}", "WANDB_MODE": "offline"}
     start = time.monotonic()
     try:

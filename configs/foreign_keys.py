@@ -69,6 +69,8 @@ UNCHUNKED = "entropy is computed from the full logits, unchunked and without rec
 NO_MOE = "no MoE router replay (the models here are dense)"
 NO_PROFILER = "no profiler integration"
 NO_FUSED = "no Liger or fused kernels"
+WHOLE_CHECKPOINT = "a checkpoint always holds the sharded model, optimizer and data position (trainer.save_freq)"
+REWARD_LOOP = "rewards come from reward.* (a verifier, custom_reward_function) and the reward model"
 OVERLONG_CFG = ("reward_model.reward_kwargs.overlong_buffer_cfg", "reward.reward_kwargs.overlong_buffer_cfg")
 """Where veRL's DAPO scripts put the overlong buffer: veRL 0.8's spelling, then its newer one."""
 ROLES = (A, "actor_rollout_ref.ref", R, "critic", "reward_model")
@@ -300,10 +302,7 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
         note="a checkpoint holds the sharded model, optimizer and data position; 'hf_model' is "
         "trainer.save_hf_on_end=true, or hybridflow export of a checkpoint",
     ),
-    _v(
-        f"{A}.checkpoint.*",
-        missing="a checkpoint always holds the sharded model, optimizer and data position (trainer.save_freq)",
-    ),
+    *(_v(f"{role}.checkpoint.*", missing=WHOLE_CHECKPOINT) for role in (A, "critic")),
     _v(f"{A}.grad_clip", A + ".optim.grad_clip={value}", exact=True),
     _v(f"{A}.data_loader_seed", "trainer.seed={value}", note="one seed for initialization, data order and sampling"),
     # reference
@@ -808,23 +807,19 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
     _v("data.validation_shuffle", by_value={"false": ()}, missing="validation prompts run in file order"),
     _v("critic.shuffle", f"{A}.shuffle", note="the critic's mini-batches are drawn in the actor's order"),
     _v("critic.data_loader_seed", "trainer.seed={value}", note="one seed for initialization, data order and sampling"),
-    _v(
-        "critic.checkpoint.*",
-        missing="a checkpoint always holds the sharded model, optimizer and data position (trainer.save_freq)",
-    ),
     _v("reward_model.model.override_config.*", missing="the model's config is used as saved"),
     _v("reward_model.model.override_config", by_value={"{}": ()}, missing="the model's config is used as saved"),
     _v(
         "reward_model.reward_loop_source",
         by_value={"register": ()},
-        missing="rewards come from reward.* (a verifier, custom_reward_function) and the reward model",
+        missing=REWARD_LOOP,
         example="register",
     ),
     *(
         _v(
             f"reward_model.{k}",
             by_value={"null": (), "none": ()},
-            missing="rewards come from reward.* (a verifier, custom_reward_function) and the reward model",
+            missing=REWARD_LOOP,
             example="null",
         )
         for k in ("reward_loop_module_path", "reward_loop_class_name")
