@@ -214,8 +214,8 @@ class FutureShard:
 class Padding:
     """What a data-parallel split added: ``pad_size`` rows at the end, ``shard_rows`` rows per dp shard."""
 
-    pad_size: int = 0
-    shard_rows: int = 0
+    pad_size: int
+    shard_rows: int
 
 
 def expansion(output_rows: int, input_rows: int) -> int:

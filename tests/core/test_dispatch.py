@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -21,7 +23,15 @@ from hybridflow.core import (
     Worker,
     register,
 )
-from hybridflow.core.dispatch import FutureShard, Padding, Pending, RegisteredMethod, strip_padding
+from hybridflow.core.dispatch import (
+    FutureShard,
+    Padding,
+    Pending,
+    RegisteredMethod,
+    Registration,
+    expansion,
+    strip_padding,
+)
 
 # dp=2 x tp=2, row-major mesh: ranks 0,1 form dp group 0; ranks 2,3 dp group 1;
 # the tp coordinate 0 (ranks 0 and 2) is each group's representative.
@@ -90,7 +100,7 @@ def test_dp_proto_rejects_non_dataproto_and_unequal_lengths() -> None:
     with pytest.raises(ValueError, match=r"equal lengths, got \[3, 4\]"):
         DP_COMPUTE_PROTO.dispatch(GroupLayout.flat(2), (_rows(4), _rows(3)), {})
     with pytest.raises(TypeError, match="must return a DataProto"):
-        DP_COMPUTE_PROTO.collect(GroupLayout.flat(2), [_rows(1), {"loss": 1.0}], Padding())
+        DP_COMPUTE_PROTO.collect(GroupLayout.flat(2), [_rows(1), {"loss": 1.0}], Padding(0, 0))
 
 
 def test_dp_metric_returns_every_rank_output() -> None:
@@ -167,3 +177,84 @@ def test_future_shard_cuts_inside_the_worker_and_strips_its_padding() -> None:
     assert list(strip_padding(shard1, 3, real1).non_tensor_batch["id"]) == ["r3", "r4"]
     with pytest.raises(ValueError, match="got 1 output rows for an input shard of 3"):
         strip_padding(_rows(1), 3, 2)
+
+
+@pytest.mark.parametrize("rows,dp,padding", [(5, 4, Padding(3, 2)), (7, 4, Padding(1, 2)), (9, 3, Padding(0, 3))])
+def test_a_shard_holds_the_padded_rows_over_the_dp_size(rows, dp, padding) -> None:
+    # rows padded up to a multiple of dp, split in dp shards: 5 over 4 -> 8 rows, 2 per shard; 7 -> 8; 9 over 3 -> 3
+    plan = DP_COMPUTE_PROTO.dispatch(GroupLayout.flat(dp), (_rows(rows),), {})
+    assert plan.context == padding
+    assert [len(a[0]) for a in plan.rank_args] == [padding.shard_rows] * dp
+
+
+@pytest.mark.parametrize("dp", [1, 2])
+def test_a_call_on_futures_only_adds_no_padding_of_its_own(dp) -> None:
+    # the workers cut and pad the future's batch themselves; the driver's collect must strip nothing
+    assert DP_COMPUTE_PROTO.dispatch(GroupLayout.flat(dp), (_Ready(_rows(5)),), {}).context == Padding(0, 0)
+    plan = DP_COMPUTE_PROTO.dispatch(GroupLayout.flat(2), (_Ready(_rows(5)),), {})
+    outputs = [_rows(3), _rows(2)]  # what the ranks return once each stripped its own padding
+    assert len(DP_COMPUTE_PROTO.collect(GroupLayout.flat(2), outputs, plan.context)) == 5
+
+
+def test_ranks_that_expand_their_rows_by_different_factors_are_refused() -> None:
+    layout = GroupLayout.flat(2)
+    plan = DP_COMPUTE_PROTO.dispatch(layout, (_rows(5),), {})  # shards of 3 rows, one padding row
+    outputs = [_samples(plan.rank_args[0][0], 2), _samples(plan.rank_args[1][0], 4)]
+    with pytest.raises(ValueError, match=r"different numbers of output rows per input row: \[2, 4\]"):
+        DP_COMPUTE_PROTO.collect(layout, outputs, plan.context)
+
+
+def test_a_shard_with_one_real_row_keeps_that_rows_samples_only() -> None:
+    # 1 real row of 3, two samples each: the first 2 output rows stay (1 x 2), not 1 ** 2 = 1
+    out = strip_padding(_samples(_rows(3), 2), chunk_rows=3, real_rows=1)
+    assert out.non_tensor_batch["id"].tolist() == ["r0.0", "r0.1"]
+
+
+def test_expansion_is_a_whole_positive_factor() -> None:
+    assert expansion(4, 1) == 4 and expansion(6, 3) == 2
+    for output_rows, input_rows in [(4, 0), (4, -2), (0, -1)]:
+        with pytest.raises(ValueError, match="must return the same whole number of rows"):
+            expansion(output_rows, input_rows)
+
+
+def test_a_future_shard_past_the_end_of_the_batch_is_all_padding() -> None:
+    # 1 row over 4 dp ranks: padded to 4, one per shard; ranks 1 to 3 hold padding only (0 real rows, not -1 or 1)
+    reals = [FutureShard(_Ready(_rows(1)), rank, 4).resolve()[1] for rank in range(4)]
+    assert reals == [1, 0, 0, 0]
+
+
+def test_a_layout_of_many_ranks() -> None:
+    # ranks past CPython's small-int cache (256): dp ranks compared by value
+    layout = GroupLayout.flat(300)
+    assert layout.dp_size == 300 and layout.collect_ranks() == list(range(300))
+    with pytest.raises(ValueError, match="disagree on the data-parallel size: \\[\\]"):
+        GroupLayout(())
+
+
+def test_reads_cut_each_dataproto_argument_to_its_columns_and_pass_the_rest() -> None:
+    data = DataProto.from_dict({"x": torch.zeros(2, 1), "y": torch.ones(2, 1)}, {"id": ["a", "b"]}, {"step": 3})
+    args, kwargs = Registration(reads=("y", "id", "absent")).select_inputs((data, 7), {"other": data, "flag": True})
+    for lean in (args[0], kwargs["other"]):
+        assert set(lean.batch.keys()) == {"y"} and set(lean.non_tensor_batch) == {"id"} and lean.meta_info["step"] == 3
+    assert args[1] == 7 and kwargs["flag"] is True
+    args, kwargs = Registration().select_inputs((data,), {"flag": True})  # no reads declared: everything passes
+    assert args[0] is data and kwargs == {"flag": True}
+
+
+def test_defaults_a_method_gets_from_register_and_a_mode_from_dispatchmode() -> None:
+    @register()
+    def plain(self):
+        return None
+
+    assert plain.registration.blocking is True and plain.registration.dispatch is ONE_TO_ALL
+    for mode in (ONE_TO_ALL, ALL_TO_ALL, DP_COMPUTE):  # they never read the dp layout
+        assert not mode.needs_layout and not mode.collect_copies
+    assert DP_COMPUTE_PROTO.needs_layout and DP_COMPUTE_METRIC.needs_layout
+    # only PROTO concatenates its outputs into new memory; METRIC hands the ranks' own objects back
+    assert DP_COMPUTE_PROTO.collect_copies and not DP_COMPUTE_METRIC.collect_copies
+
+
+def test_what_register_records_and_a_split_leaves_cannot_be_changed_afterwards() -> None:
+    for record in (Registration(), Padding(1, 2), FutureShard(_Ready(_rows(1)), 0, 1)):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            record.__setattr__(dataclasses.fields(record)[0].name, None)

@@ -75,6 +75,42 @@ def test_combine_puts_the_score_at_the_last_response_token_and_keeps_the_fields(
     assert verified.fields[0]["score"] == 1.0  # the verifiers' own output is left as it was
 
 
+def fresh(text: str) -> str:
+    """``text`` as a string built at run time: equal to the literal, not the same object (``is`` tells them apart)."""
+    return "".join(list(text))
+
+
+@pytest.mark.parametrize("how", ["", "aaa", "bogus", "sigmoidal", "zzz", "Batch"])
+def test_an_unknown_normalization_is_refused_whatever_its_spelling_sorts_beside(how):
+    with pytest.raises(ValueError, match="unknown reward normalization"):
+        normalize(RM, how)
+
+
+def test_settings_read_from_a_config_are_compared_by_value():
+    # a value from a file or the command line is a new string object, equal to the literal but not identical
+    torch.testing.assert_close(normalize(RM, fresh("sigmoid")), torch.sigmoid(RM))
+    fallback = RewardSources((Source(VERIFIER, 2.0), Source(REWARD_MODEL, 3.0)), fresh("fallback"))
+    scores, _ = fallback.scores(V, torch.tensor([True, False, False, True]), RM)
+    torch.testing.assert_close(scores, torch.tensor([2.0, -3.0, 1.5, 0.0]))
+    only_rm = RewardSources((Source(REWARD_MODEL),))
+    assert only_rm.uses(fresh(REWARD_MODEL)) and not only_rm.uses(VERIFIER) and not only_rm.uses("zzz")
+    only_verifier = RewardSources((Source(VERIFIER),))
+    assert only_verifier.uses(fresh(VERIFIER)) and not only_verifier.uses(REWARD_MODEL)
+
+
+def test_combine_without_verifiers_decides_every_row_and_keeps_the_verifiers_abstentions_otherwise():
+    mask = torch.ones(4, 2, dtype=torch.long)
+    out = RewardSources((Source(REWARD_MODEL),)).combine(None, RM, mask)
+    assert out.decided == [True] * 4
+    torch.testing.assert_close(out.scores, RM)
+    assert [f["score"] for f in out.fields] == pytest.approx(RM.tolist())
+    decided = [True, False, True, False]
+    verified = RewardOutput(V, mask, {}, [{"score": s} for s in V.tolist()], decided)
+    out = RewardSources((Source(VERIFIER), Source(REWARD_MODEL)), "fallback").combine(verified, RM, mask)
+    assert out.decided == decided
+    torch.testing.assert_close(out.scores, torch.tensor([1.0, -1.0, 1.0, 0.5]))
+
+
 ABSTAINER = """
 def compute_score(data_source, solution_str, ground_truth, extra_info):
     # cannot decide responses that start with x
