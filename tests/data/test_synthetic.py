@@ -97,6 +97,10 @@ def test_leading_integer(response, answer):
         ("08", "8", 1.0),
         ("88", "8", 0.0),
         ("9", "8", 0.0),
+        ("7", "8", 0.0),  # below the truth is as wrong as above it
+        ("-8", "8", 0.0),
+        ("1000", "1000", 1.0),  # past CPython's cached small ints: compared by value
+        ("-1000", " -1000 ", 1.0),
         ("max(8)", "8", 0.0),
         ("", "8", 0.0),
         ("8", "not a number", 0.0),

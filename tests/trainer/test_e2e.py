@@ -143,12 +143,12 @@ def test_rollout_tensor_parallel_job_samples_with_the_trained_weights(ray_sessio
         **{
             "actor_rollout_ref.rollout.tensor_model_parallel_size": 2,
             "trainer.n_gpus_per_node": 2,
-            "trainer.total_training_steps": 4,
+            "trainer.total_training_steps": 3,
         },
     )
     build_and_fit(config, tmp_path / "run")
     steps = read_metrics(tmp_path / "run")
-    assert len({m["actor/param_norm"] for m in steps}) == 4  # the policy moves every step
+    assert len({m["actor/param_norm"] for m in steps}) == 3  # the policy moves every step
     for m in steps:
         # rollout (TP 2 blocks) and training (FSDP shards) log-probs of the sampled tokens agree:
         # the rollout sampled with the weights of the latest update, not the initial ones

@@ -9,6 +9,7 @@ An alias must not shadow one of our keys, nor a ``.*`` section one of our
 sections (a misspelt key of ours would lose difflib's suggestion).
 """
 
+import dataclasses
 import re
 import shlex
 import subprocess
@@ -92,29 +93,58 @@ def test_the_table_covers_both_frameworks():
     assert len(TABLE) == len(VERL_KEYS) + len(TRL_NAMES), "a name is listed twice"
 
 
-@pytest.mark.parametrize("entry", ENTRIES, ids=[e.name for e in ENTRIES])
-def test_an_entry_says_what_to_do_or_why_not(entry):
-    assert entry.here or entry.by_value or entry.missing or entry.ignored, entry
-    assert not (entry.ignored and (entry.here or entry.by_value or entry.same_as)), "ignored, and yet a suggestion"
-    assert not entry.same_as or (entry.missing and not entry.here), "same_as needs the advice for other values"
-    assert not (entry.here and entry.missing and not entry.by_value), "a suggestion and 'no equivalent' at once"
-    assert set(entry.value_notes) <= set(entry.by_value) | {entry.example.lower()}, entry.value_notes
+# The three checks below run over every entry (~470) in one test each: one test item per entry cost the suite
+# seconds of collection and scheduling for checks that take microseconds. Each names every entry that fails.
+def entry_problems(entry) -> list[str]:
+    """What is wrong with how ``entry`` answers (empty when nothing is)."""
+    checks = [
+        (entry.here or entry.by_value or entry.missing or entry.ignored, "says nothing: no suggestion, no reason"),
+        (not (entry.ignored and (entry.here or entry.by_value or entry.same_as)), "ignored, and yet a suggestion"),
+        (not entry.same_as or (entry.missing and not entry.here), "same_as needs the advice for other values"),
+        (not (entry.here and entry.missing and not entry.by_value), "a suggestion and 'no equivalent' at once"),
+        (set(entry.value_notes) <= set(entry.by_value) | {entry.example.lower()}, "a note for a value it lacks"),
+    ]
+    return [f"{entry.name}: {what}" for ok, what in checks if not ok]
 
 
-@pytest.mark.parametrize("entry", ENTRIES, ids=[e.name for e in ENTRIES])
-def test_an_alias_shadows_none_of_our_keys(entry):
+def shadowed(entry) -> list[str]:
+    """Our keys that ``entry``'s name would hide (empty when none)."""
     name = entry.name.removesuffix(".*")
-    assert name not in KEYS and name not in GROUPS, f"{name} is a key here now: drop it from the table"
-    if entry.name.endswith(".*"):
-        assert not any(k.startswith(name + ".") for k in KEYS), f"{entry.name} would hide typos of our keys"
+    if name in KEYS or name in GROUPS:
+        return [f"{name} is a key here now: drop it from the table"]
+    if entry.name.endswith(".*") and any(k.startswith(name + ".") for k in KEYS):
+        return [f"{entry.name} would hide typos of our keys"]
+    return []
 
 
-@pytest.mark.parametrize("entry", ENTRIES, ids=[e.name for e in ENTRIES])
-def test_every_key_an_entry_names_exists(entry):
+def missing_keys(entry) -> list[str]:
+    """The keys ``entry``'s advice names that are not keys here."""
     items = [*entry.here, *(i for s in entry.by_value.values() for i in s), *entry.checked_with]
-    for item in items:
-        for arg in shlex.split(item.replace("{value}", "v").replace("{rest}", "x")):
-            assert exists(named_key(arg)), f"{entry.name}: {named_key(arg)} is not a key here"
+    args = [arg for item in items for arg in shlex.split(item.replace("{value}", "v").replace("{rest}", "x"))]
+    return [f"{entry.name}: {named_key(arg)} is not a key here" for arg in args if not exists(named_key(arg))]
+
+
+def test_an_entry_says_what_to_do_or_why_not():
+    assert [p for e in ENTRIES for p in entry_problems(e)] == []
+
+
+def test_an_alias_shadows_none_of_our_keys():
+    assert [p for e in ENTRIES for p in shadowed(e)] == []
+
+
+def test_every_key_an_entry_names_exists():
+    assert [p for e in ENTRIES for p in missing_keys(e)] == []
+
+
+def test_the_entry_checks_name_what_is_wrong():
+    """The three checks above find a broken entry (so their empty lists mean something)."""
+    entry = TABLE["vllm_tensor_parallel_size"]
+    said_nothing = dataclasses.replace(entry, here=(), by_value={}, missing="", ignored="")
+    assert entry_problems(entry) == [] and entry_problems(said_nothing) != []
+    assert shadowed(dataclasses.replace(entry, name="trainer.total_training_steps")) != []
+    assert missing_keys(dataclasses.replace(entry, here=("trainer.no_such_key=1",))) == [
+        "vllm_tensor_parallel_size: trainer.no_such_key is not a key here"
+    ]
 
 
 @pytest.mark.parametrize("name,overrides,context", CASES, ids=[f"{n}:{' '.join(s)[:50]}" for n, s, _ in CASES])

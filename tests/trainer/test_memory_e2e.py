@@ -42,7 +42,7 @@ def run(tmp_path, name, **overrides):
         "actor_rollout_ref.actor.ppo_mini_batch_size": 2,
         "actor_rollout_ref.rollout.n": 4,
         "actor_rollout_ref.rollout.response_length": 4,
-        "trainer.total_training_steps": 5,
+        "trainer.total_training_steps": 3,
         "trainer.test_freq": 0,
         "algorithm.adv_estimator": "gae",
         "actor_rollout_ref.actor.use_kl_loss": True,
@@ -79,4 +79,4 @@ def test_mixed_precision_and_activation_checkpointing_train(ray_session, tmp_pat
         },
     )
     assert all(math.isfinite(m["actor/pg_loss"]) and math.isfinite(m["critic/vf_loss"]) for m in steps)
-    assert len({m["actor/param_norm"] for m in steps}) == 5  # fp32 master weights move every step
+    assert len({m["actor/param_norm"] for m in steps}) == 3  # fp32 master weights move every step

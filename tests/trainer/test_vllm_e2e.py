@@ -66,15 +66,15 @@ def test_colocated_vllm_samples_with_every_update_and_reports_the_push(ray_sessi
         tmp_path,
         **{
             "trainer.n_gpus_per_node": 2,
-            "trainer.total_training_steps": 4,
+            "trainer.total_training_steps": 3,
             "trainer.test_freq": 2,
             "data.val_batch_size": 16,
         },
     )
     summary = build_and_fit(config, tmp_path / "run")
-    assert summary.steps == 4 and math.isfinite(summary.val_after["val/accuracy"])
+    assert summary.steps == 3 and math.isfinite(summary.val_after["val/accuracy"])
     steps = [m for m in read_metrics(tmp_path / "run") if m["step"] > 0]  # step 0: the first validation
-    assert len({m["actor/param_norm"] for m in steps}) == 4  # the policy moves every step
+    assert len({m["actor/param_norm"] for m in steps}) == 3  # the policy moves every step
     for m in steps[1:]:  # step 1 samples with the weights pushed for the first validation
         assert m["rollout/log_prob_gap_max"] < 1e-4, m["rollout/log_prob_gap_max"]
     for m in steps:  # vLLM's count of both ranks, summed: every valid token of the 4 x 4 rows
