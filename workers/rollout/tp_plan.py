@@ -25,9 +25,12 @@ after the sum.
 
 from __future__ import annotations
 
-from transformers import PretrainedConfig
+from typing import TYPE_CHECKING
 
 from hybridflow.core.reshard import TensorSlice
+
+if TYPE_CHECKING:  # the config check imports this module: no transformers until a model's config is read
+    from transformers import PretrainedConfig
 
 __all__ = ["check_tp_size", "rollout_slice"]
 
