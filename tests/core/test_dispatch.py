@@ -255,6 +255,37 @@ def test_defaults_a_method_gets_from_register_and_a_mode_from_dispatchmode() -> 
 
 
 def test_what_register_records_and_a_split_leaves_cannot_be_changed_afterwards() -> None:
-    for record in (Registration(), Padding(1, 2), FutureShard(_Ready(_rows(1)), 0, 1)):
+    records = (Registration(), Padding(1, 2), FutureShard(_Ready(_rows(1)), 0, 1), RankLayout(0, 1, True))
+    for record in (*records, GroupLayout.flat(1), DP_COMPUTE_PROTO, RegisteredMethod(len), DispatchPlan([], [])):
         with pytest.raises(dataclasses.FrozenInstanceError):
             record.__setattr__(dataclasses.fields(record)[0].name, None)
+
+
+def test_a_registration_blocks_unless_told_not_to() -> None:
+    assert Registration().blocking is True and Registration().dispatch is ONE_TO_ALL
+
+
+def test_per_rank_arguments_need_exactly_one_entry_per_rank() -> None:
+    for entries in ([1, 2, 3, 4], [1, 2]):  # one too many is as wrong as one too few
+        with pytest.raises(ValueError, match=r"one entry per rank \(3\), got a list of length"):
+            ALL_TO_ALL.dispatch(GroupLayout.flat(3), (entries,), {})
+    many = list(range(300))  # past CPython's cached small ints: lengths compared by value
+    assert [a[0] for a in ALL_TO_ALL.dispatch(GroupLayout.flat(300), (many,), {}).rank_args] == many
+
+
+def test_a_dp_group_without_a_collect_rank_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"dp rank 0 must have exactly one collect rank, found ranks \[\]"):
+        GroupLayout((RankLayout(0, 1, False),))
+
+
+def test_strip_padding_leaves_what_is_not_a_dataproto_as_it_is() -> None:
+    metrics = [{"loss": 1.0}, {"loss": 2.0}, {"loss": 3.0}]  # a metric list from a shard with one padding row
+    assert strip_padding(metrics, chunk_rows=3, real_rows=2) is metrics
+
+
+def test_a_pending_result_must_say_how_to_get_it() -> None:
+    class NoGet(Pending):
+        pass
+
+    with pytest.raises(TypeError, match="abstract"):
+        NoGet()
