@@ -119,3 +119,53 @@ def test_nesting_within_limit_is_parsed():
 def test_unparseable_ground_truth_raises():
     with pytest.raises(ValueError, match="ground truth"):
         math_answer_score("math", r"\boxed{1}", "", None)
+
+
+def test_the_nesting_limit_is_ten_or_the_ground_truths_depth_plus_two():
+    def nested(depth: int) -> str:
+        return "(" * depth + "1" + ")" * depth
+
+    # the documented numbers, written out: a test that read MAX_NESTING would move with it
+    assert math_answer_score("math", r"\boxed{" + nested(10) + "}", "1")["too_complex"] == 0.0
+    assert math_answer_score("math", r"\boxed{" + nested(11) + "}", "1")["too_complex"] == 1.0
+    gold = nested(10)  # a deeper ground truth lets a candidate go two levels deeper still
+    assert math_answer_score("math", r"\boxed{" + nested(12) + "}", gold)["too_complex"] == 0.0
+    assert math_answer_score("math", r"\boxed{" + nested(13) + "}", gold)["too_complex"] == 1.0
+
+
+def test_a_boxed_answer_of_up_to_1000_characters_is_parsed():
+    number = "1" + "0" * 999  # 10^999: 1000 characters, the limit
+    assert math_answer_score("math", r"\boxed{" + number + "}", number) == {"score": 1.0, "too_complex": 0.0}
+    longer = number + "0"
+    assert math_answer_score("math", r"\boxed{" + longer + "}", longer) == {"score": 0.0, "too_complex": 1.0}
+
+
+def test_without_a_box_only_the_last_300_characters_are_read():
+    # the tail starts exactly at the 7: one character more reads 17, one fewer reads no number at all
+    response = "17" + " " * 299
+    assert math_answer_score("math", response, "7")["score"] == 1.0
+    assert math_answer_score("math", response, "17")["score"] == 0.0
+
+
+def test_ground_truths_that_are_not_text_or_a_number_are_refused():
+    assert math_answer_score("math", r"\boxed{42}", 42)["score"] == 1.0
+    assert math_answer_score("math", r"\boxed{0.5}", 0.5)["score"] == 1.0
+    for bad in (None, True, ["42"]):
+        with pytest.raises(TypeError, match="math ground truth must be text or a number"):
+            math_answer_score("math", r"\boxed{42}", bad)
+    assert math_answer_score("math", r"\boxed{6}", "$$ 6 $$")["score"] == 1.0  # dollars stripped to the end
+
+
+@pytest.mark.parametrize(
+    ("text", "box"),
+    [
+        (r"ends with \boxed", None),
+        (r"\boxed $", None),
+        (r"\boxed{1} then \fbox{2}", "2"),
+        (r"\fbox{1} then \boxed{2}", "2"),
+        (r"\boxed{a}}", "a"),
+        (r"\boxed{{a}", None),
+    ],
+)
+def test_last_boxed_edges(text, box):
+    assert last_boxed(text) == box
