@@ -310,3 +310,35 @@ def test_catalogue_losses_are_builtin_plugins_listed_with_summaries():
         assert registry.by_name[name][0].source.distribution == "hybridflow"
         line = next(line for line in listing.splitlines() if line.strip().startswith(f"{name}("))
         assert "(no docstring)" not in line and len(line.split("): ", 1)[1]) > 20, line
+
+
+# ----------------------------------------------------- the defaults, by what they do (veRL's numbers)
+def test_clip_cov_defaults_drop_a_token_whose_covariance_is_between_1_and_5():
+    # A = (1.5, -1.5), log pi = (-1, -3): both covariances are 1.5 x 1 = 1.5; one of the two is dropped (at least 1)
+    new = leaf([[-1.0, -3.0]])
+    _, metrics = loss("clip_cov", new.detach().clone(), new, torch.tensor([[1.5, -1.5]], dtype=torch.float64))
+    assert metrics["pg_clipfrac"] == pytest.approx(0.5)
+    # A = (1, -1): covariances exactly 1, not above the lower bound: nothing is dropped
+    _, metrics = loss("clip_cov", new.detach().clone(), new, torch.tensor([[1.0, -1.0]], dtype=torch.float64))
+    assert metrics["pg_clipfrac"] == 0.0
+
+
+def test_clip_cov_clips_the_ratio_at_one_minus_0_2_below():
+    # A = -1, r = 0.5: pg1 = 0.5, pg2 = -A clip(0.5, 0.8, 1.2) = 0.8, the larger one counts
+    old = torch.zeros(1, 1, dtype=torch.float64)
+    losses, _ = loss("clip_cov", old, leaf([[math.log(0.5)]]), -torch.ones(1, 1, dtype=torch.float64), clip_cov_lb=1e9)
+    assert_close(losses, [[0.8]])
+
+
+def test_geo_mean_clips_at_0_4_by_default():
+    # A > 0: the token at +0.5 in log space is past the default 0.4 and clipped; the other two are not
+    old = torch.zeros(1, 3, dtype=torch.float64)
+    _, metrics = loss("geo_mean", old, leaf([[0.1, 0.5, -0.3]]), torch.ones(1, 3, dtype=torch.float64))
+    assert metrics["pg_clipfrac"] == pytest.approx(1 / 3)
+
+
+def test_gspo_clips_the_sequence_ratio_at_one_minus_3e_4_below():
+    # A = -1 and a sequence ratio of exp(-0.01) < 1 - 3e-4: the clipped term, -A (1 - 3e-4), is the larger one
+    old = torch.zeros(1, 2, dtype=torch.float64)
+    losses, _ = loss("gspo", old, leaf([[-0.01, -0.01]]), -torch.ones(1, 2, dtype=torch.float64))
+    assert_close(losses, [[1 - 3e-4, 1 - 3e-4]], atol=1e-12)

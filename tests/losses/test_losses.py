@@ -198,3 +198,10 @@ def test_builtin_losses_are_plugins_from_hybridflow():
     registry = get_plugin_manager().registry(POLICY_LOSSES)
     assert {"vanilla", "gspo"} <= set(registry.names())
     assert registry.by_name["vanilla"][0].source.distribution == "hybridflow"
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+def test_one_valid_token_is_its_own_mean(mode):
+    # a batch with a single valid token: every mean of it is that token's loss (no count is rounded up to 2)
+    losses, mask = torch.tensor([[3.0, 5.0], [7.0, 9.0]]), torch.tensor([[1.0, 0.0], [0.0, 0.0]])
+    assert agg_loss(losses, mask, mode).item() == pytest.approx(3.0)
