@@ -315,3 +315,14 @@ def test_declarations():
     assert get_estimator("grpo").needs_groups and not get_estimator("reinforce_plus_plus").needs_groups
     assert get_estimator("grpo").options == {"norm_by_std": True, "epsilon": 1e-6}
     assert get_estimator("gae").options == {"gamma": 1.0, "lam": 1.0}
+
+
+def test_epsilon_is_added_to_a_group_std_it_is_comparable_to():
+    # scores 0 and 1e-6: mean 5e-7, unbiased std 5e-7 * sqrt(2); epsilon (1e-6) is the same size, so
+    # std + eps and std - eps give different advantages (0.2929 against -1.707)
+    std = 5e-7 * math.sqrt(2)
+    data = batch([[0.0], [1e-6]], uids=["g", "g"])
+    a, _ = adv(data, "grpo")
+    assert_close(a[:, 0], [-5e-7 / (std + 1e-6), 5e-7 / (std + 1e-6)], atol=1e-4)
+    a, _ = adv(batch([[0.0], [1e-6]], uids=["g", "g"]), "grpo_passk")
+    assert_close(a[:, 0], [0.0, 1e-6 / (std + 1e-6)], atol=1e-4)  # the best one's margin over the rest
