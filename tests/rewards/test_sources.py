@@ -3,6 +3,7 @@ out by hand, the defaults, abstaining verifiers in the real manager, and the con
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -89,6 +90,8 @@ def test_an_unknown_normalization_is_refused_whatever_its_spelling_sorts_beside(
 def test_settings_read_from_a_config_are_compared_by_value():
     # a value from a file or the command line is a new string object, equal to the literal but not identical
     torch.testing.assert_close(normalize(RM, fresh("sigmoid")), torch.sigmoid(RM))
+    torch.testing.assert_close(normalize(RM, fresh("none")), RM)
+    torch.testing.assert_close(normalize(RM, fresh("batch")), normalize(RM, "batch"))
     fallback = RewardSources((Source(VERIFIER, 2.0), Source(REWARD_MODEL, 3.0)), fresh("fallback"))
     scores, _ = fallback.scores(V, torch.tensor([True, False, False, True]), RM)
     torch.testing.assert_close(scores, torch.tensor([2.0, -3.0, 1.5, 0.0]))
@@ -188,3 +191,15 @@ def test_config_rules_name_the_keys(tmp_path):
     assert not [
         p for p in problems(**{"reward_model.enable": True, "reward_model.model.path": str(tmp_path)}) if "reward" in p
     ]
+
+
+def test_fallback_reports_the_share_of_rows_the_reward_model_scored():
+    sources = RewardSources((Source(VERIFIER), Source(REWARD_MODEL)), "fallback")
+    _, metrics = sources.scores(V, torch.tensor([True, False, True, True]), RM)
+    assert metrics["reward/fallback/frac"] == pytest.approx(0.25)  # one row of four undecided
+
+
+def test_sources_cannot_be_changed_once_built():
+    for record in (Source(VERIFIER), RewardSources((Source(VERIFIER),))):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            record.__setattr__("mode" if isinstance(record, RewardSources) else "weight", 2.0)
