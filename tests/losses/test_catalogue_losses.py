@@ -135,8 +135,9 @@ def test_dppo_kl_keeps_moves_against_the_advantage():
     # A>0 and p rises to 0.8 (KL 0.22 > 0.05): dropped; A<0 and p rises to 0.9: kept
     old = torch.full((1, 3), math.log(0.5), dtype=torch.float64)
     new = leaf([[math.log(0.1), math.log(0.8), math.log(0.9)]])
-    losses, _ = loss("dppo_kl", old, new, torch.tensor([[1.0, 1.0, -1.0]], dtype=torch.float64))
+    losses, metrics = loss("dppo_kl", old, new, torch.tensor([[1.0, 1.0, -1.0]], dtype=torch.float64))
     assert_close(grad_of(losses, new), [[-0.2, 0.0, 1.8]])
+    assert metrics["pg_clipfrac"] == pytest.approx(1 / 3)  # the share dropped (one of three), not the share kept
 
 
 # -------------------------------------------------------------------- GSPO

@@ -120,3 +120,18 @@ def test_the_weights_feed_a_loss():
     plain, _ = fn(OLD, new, adv, out.response_mask)
     weighted, _ = fn(OLD, new, adv, out.response_mask, rollout_is_weights=out.weights)
     assert torch.allclose(weighted, plain * out.weights)
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+@pytest.mark.parametrize("mode", ["truncate", "mask"])
+def test_settings_read_from_a_config_act_as_the_literals_do(level, mode):
+    """A value from a file or the command line is a new string object: equal to the literal, not identical."""
+
+    def run(level, mode):
+        return rollout_correction(
+            OLD, ROLLOUT, MASK, rollout_is=level, rollout_is_mode=mode, rollout_is_batch_normalize=True
+        )
+
+    literal, read = run(level, mode), run("".join(list(level)), "".join(list(mode)))
+    assert torch.equal(literal.weights, read.weights) and torch.equal(literal.response_mask, read.response_mask)
+    assert literal.metrics == read.metrics
