@@ -98,6 +98,7 @@ def test_last_boxed(text, box):
 
 def test_nesting_depth():
     assert nesting_depth("(a[b{c}])") == 3
+    assert nesting_depth("()()") == 1 and nesting_depth("(()(()))") == 3  # each closer goes back one level
     assert nesting_depth(")))(") == 1
     assert nesting_depth("x") == 0
 
@@ -154,6 +155,7 @@ def test_ground_truths_that_are_not_text_or_a_number_are_refused():
         with pytest.raises(TypeError, match="math ground truth must be text or a number"):
             math_answer_score("math", r"\boxed{42}", bad)
     assert math_answer_score("math", r"\boxed{6}", "$$ 6 $$")["score"] == 1.0  # dollars stripped to the end
+    assert math_answer_score("math", r"\boxed{6}", "$6")["score"] == 1.0  # a lone dollar is not a pair
 
 
 @pytest.mark.parametrize(
@@ -165,6 +167,9 @@ def test_ground_truths_that_are_not_text_or_a_number_are_refused():
         (r"\fbox{1} then \boxed{2}", "2"),
         (r"\boxed{a}}", "a"),
         (r"\boxed{{a}", None),
+        (r"\boxed~{5}", None),  # only a brace or a space may follow the command
+        ("\\boxed\n5", None),
+        ("x" * 300 + r"\boxed", None),  # a box at the very end of a long response
     ],
 )
 def test_last_boxed_edges(text, box):
