@@ -343,3 +343,33 @@ def test_gspo_clips_the_sequence_ratio_at_one_minus_3e_4_below():
     old = torch.zeros(1, 2, dtype=torch.float64)
     losses, _ = loss("gspo", old, leaf([[-0.01, -0.01]]), -torch.ones(1, 2, dtype=torch.float64))
     assert_close(losses, [[1 - 3e-4, 1 - 3e-4]], atol=1e-12)
+
+
+def test_geo_mean_counts_clips_under_a_negative_advantage_as_lower():
+    # A < 0: the token at -0.5 in log space is past the 0.4 clip; it counts as pg_clipfrac_lower, not pg_clipfrac
+    old = torch.zeros(1, 3, dtype=torch.float64)
+    _, metrics = loss("geo_mean", old, leaf([[0.1, -0.5, -0.3]]), -torch.ones(1, 3, dtype=torch.float64))
+    assert metrics["pg_clipfrac_lower"] == pytest.approx(1 / 3) and metrics["pg_clipfrac"] == 0.0
+
+
+def test_dppo_counts_the_truncated_ratios_among_the_kept_tokens():
+    # ratios 5 and 3 pass c = 2 (truncated), 1.2 does not: two of three
+    old = torch.full((1, 3), math.log(0.01), dtype=torch.float64)
+    new = leaf([[math.log(0.05), math.log(0.03), math.log(0.012)]])
+    _, metrics = loss("dppo_tv", old, new, torch.ones(1, 3, dtype=torch.float64), clip_ratio_c=2.0)
+    assert metrics["pg_clipfrac_lower"] == pytest.approx(2 / 3)
+
+
+def test_clip_cov_leaves_tokens_above_the_upper_covariance_bound():
+    # both covariances are 1.5 (as above): past an upper bound of 1.2, neither is a candidate
+    new = leaf([[-1.0, -3.0]])
+    adv = torch.tensor([[1.5, -1.5]], dtype=torch.float64)
+    _, metrics = loss("clip_cov", new.detach().clone(), new, adv, clip_cov_ub=1.2)
+    assert metrics["pg_clipfrac"] == 0.0
+
+
+def test_gspo_caps_the_sequence_log_ratio_at_10():
+    # a sequence log-ratio of 12 under A = -1: the unclipped term, capped at e^10, is the larger one
+    old = torch.zeros(1, 2, dtype=torch.float64)
+    losses, _ = loss("gspo", old, leaf([[12.0, 12.0]]), -torch.ones(1, 2, dtype=torch.float64))
+    assert_close(losses, [[math.exp(10.0), math.exp(10.0)]], atol=1e-6)

@@ -176,6 +176,10 @@ def test_ppo_rejects_bad_dual_clip():
         get_policy_loss("vanilla").fn(
             torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1), clip_ratio_c=0.5
         )
+    with pytest.raises(ValueError, match="clip_ratio_c must be > 1.0"):  # 1 itself would clip everything
+        get_policy_loss("vanilla").fn(
+            torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1), clip_ratio_c=1.0
+        )
 
 
 def test_gspo_sequence_ratio_and_gradient():

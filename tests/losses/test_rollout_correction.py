@@ -110,6 +110,8 @@ def test_errors():
         )
     with pytest.raises(ValueError, match="must have one"):
         rollout_correction(OLD, ROLLOUT[:, :2], MASK)
+    with pytest.raises(ValueError, match="must have one"):  # the log-probs agree, the mask does not
+        rollout_correction(OLD, ROLLOUT, MASK[:, :2])
 
 
 def test_the_weights_feed_a_loss():
