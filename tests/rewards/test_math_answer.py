@@ -170,6 +170,7 @@ def test_ground_truths_that_are_not_text_or_a_number_are_refused():
         (r"\boxed~{5}", None),  # only a brace or a space may follow the command
         (r"\boxed({5})", None),
         (r"\boxed{a~b|c}", "a~b|c"),  # only a brace closes
+        (r"x\boxed 5", "5"),  # the answer starts after the space wherever the box starts
         ("\\boxed\n5", None),
         ("x" * 300 + r"\boxed", None),  # a box at the very end of a long response
     ],
