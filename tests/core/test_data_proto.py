@@ -298,3 +298,81 @@ def test_unpickled_read_only_buffer_becomes_writable_tensor():
 
 def test_repr_mentions_shapes():
     assert "x: (2, 2) int64" in repr(make(2))
+
+
+# ------------------------------------------------ edges the mutation run found untested
+def id_rows(n):
+    return DataProto.from_dict({"x": torch.arange(n * 2).reshape(n, 2)}, {"id": [f"r{i}" for i in range(n)]})
+
+
+def test_concat_refuses_a_part_with_fewer_non_tensor_columns():
+    short = DataProto.from_dict({"x": torch.zeros(1, 2, dtype=torch.long)})
+    with pytest.raises(ValueError, match="concat: part 1 has columns"):
+        DataProto.concat([id_rows(2), short])
+
+
+def test_concat_of_one_part_and_of_parts_that_carry_gradients():
+    assert DataProto.concat([id_rows(3)]).non_tensor_batch["id"].tolist() == ["r0", "r1", "r2"]
+    a = torch.ones(2, 1, requires_grad=True)
+    out = DataProto.concat([DataProto.from_dict({"x": a}), DataProto.from_dict({"x": a * 2})])
+    out.batch["x"].sum().backward()  # torch.cat keeps the graph (numpy's concatenate cannot)
+    assert a.grad.tolist() == [[3.0], [3.0]]
+
+
+def test_concat_keeps_meta_keys_that_sort_before_metrics():
+    parts = [id_rows(1), id_rows(1)]
+    for part in parts:
+        part.meta_info.update({"epoch": 2, "metrics": {"loss": 1.0}})
+    merged = DataProto.concat(parts).meta_info
+    assert merged == {"epoch": 2, "metrics": {"loss": [1.0, 1.0]}}
+
+
+def test_a_tensor_and_a_number_are_different_meta_values():
+    here = DataProto.from_dict(meta_info={"scale": torch.tensor(1)})
+    with pytest.raises(ValueError, match="union conflict: meta_info 'scale'"):
+        here.union(DataProto.from_dict(meta_info={"scale": 1}))
+
+
+def test_a_non_tensor_column_shorter_than_the_tensors_is_refused():
+    with pytest.raises(ValueError, match="non-tensor column 'id' has 2 rows but column 'x' has 3"):
+        DataProto.from_dict({"x": torch.zeros(3, 1)}, {"id": ["a", "b"]})
+
+
+def test_int_index_takes_one_row_anywhere():
+    data = id_rows(4)
+    assert [data[i].non_tensor_batch["id"].tolist() for i in (0, 2, 3, -1)] == [["r0"], ["r2"], ["r3"], ["r3"]]
+    with pytest.raises(IndexError, match="1-D integer sequence"):
+        data[torch.tensor([[0, 1]])]
+
+
+def test_repeat_once_split_by_one_and_three_dimensional_columns():
+    data = id_rows(2)
+    assert torch.equal(data.repeat(1).batch["x"], data.batch["x"])
+    assert [len(p) for p in data.split(1)] == [1, 1]
+    cube = DataProto.from_dict({"v": torch.arange(8).reshape(2, 2, 2), "w": torch.arange(16).reshape(2, 2, 2, 2)})
+    tiled = cube.repeat(2, interleave=False)
+    assert torch.equal(tiled.batch["v"], torch.cat([cube.batch["v"]] * 2))
+    assert torch.equal(tiled.batch["w"], torch.cat([cube.batch["w"]] * 2))
+
+
+def test_the_iterator_runs_one_epoch_unless_asked_and_refuses_none():
+    assert len(list(id_rows(4).make_iterator(2))) == 2
+    with pytest.raises(ValueError, match="epochs must be >= 1, got 0"):
+        list(id_rows(4).make_iterator(2, epochs=0))
+
+
+def test_nbytes_counts_tensor_buffers_and_pickled_object_columns():
+    data = id_rows(2)  # x: 2 x 2 int64 = 32 bytes; id: an object column, counted as pickled
+    assert data.nbytes() == 32 + len(pickle.dumps(data.non_tensor_batch["id"], protocol=5))
+
+
+def test_a_received_buffer_is_copied_only_when_read_only():
+    from hybridflow.core.data_proto import _numpy_to_tensor
+
+    writable = np.arange(4, dtype=np.int64)
+    assert np.shares_memory(_numpy_to_tensor(writable, "int64").numpy(), writable)  # zero-copy
+    frozen = np.arange(4, dtype=np.int64)
+    frozen.flags.writeable = False
+    t = _numpy_to_tensor(frozen, "int64")
+    t += 1  # torch needs memory of its own to write: the read-only buffer is left as it was
+    assert frozen.tolist() == [0, 1, 2, 3] and t.tolist() == [1, 2, 3, 4]
