@@ -376,3 +376,13 @@ def test_a_received_buffer_is_copied_only_when_read_only():
     t = _numpy_to_tensor(frozen, "int64")
     t += 1  # torch needs memory of its own to write: the read-only buffer is left as it was
     assert frozen.tolist() == [0, 1, 2, 3] and t.tolist() == [1, 2, 3, 4]
+
+
+def test_out_of_range_rows_and_lengths_are_refused():
+    data = id_rows(4)
+    for bad in (4, -5):
+        with pytest.raises(IndexError, match=f"row {bad} out of range"):
+            data[bad]
+    with pytest.raises(ValueError, match="cannot union DataProtos of lengths 4 and 3"):
+        data.union(id_rows(3))
+    assert [p.non_tensor_batch["id"].tolist() for p in data.chunk(2)] == [["r0", "r1"], ["r2", "r3"]]
