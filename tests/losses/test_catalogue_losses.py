@@ -373,3 +373,23 @@ def test_gspo_caps_the_sequence_log_ratio_at_10():
     old = torch.zeros(1, 2, dtype=torch.float64)
     losses, _ = loss("gspo", old, leaf([[12.0, 12.0]]), -torch.ones(1, 2, dtype=torch.float64))
     assert_close(losses, [[math.exp(10.0), math.exp(10.0)]], atol=1e-6)
+
+
+def test_clip_cov_takes_the_larger_ppo_term_on_both_sides_of_the_band():
+    old = torch.zeros(1, 2, dtype=torch.float64)
+    new = leaf([[math.log(1.5), math.log(1.5)]])  # r = 1.5, past 1 + 0.2
+    adv = torch.tensor([[1.0, -1.0]], dtype=torch.float64)
+    losses, _ = loss("clip_cov", old, new, adv, clip_cov_lb=1e9)
+    # A = 1: max(-1.5, -1.2) = -1.2 (clipped); A = -1: max(1.5, 1.2) = 1.5 (unclipped)
+    assert_close(losses, [[-1.2, 1.5]])
+    with pytest.raises(ValueError, match="clip_cov_ratio must be > 0, got 0"):
+        loss("clip_cov", old, new, adv, clip_cov_ratio=0)
+
+
+def test_gspo_counts_only_the_binding_clips():
+    # A = 1 and a sequence ratio of 0.9, below the band: the clipped term is the smaller one, so it is not a clip
+    old = torch.zeros(1, 2, dtype=torch.float64)
+    _, metrics = loss("gspo", old, leaf([[math.log(0.9)] * 2]), torch.ones(1, 2, dtype=torch.float64))
+    assert metrics["pg_clipfrac"] == 0.0
+    _, metrics = loss("gspo", old, leaf([[math.log(1.1)] * 2]), torch.ones(1, 2, dtype=torch.float64))
+    assert metrics["pg_clipfrac"] == 1.0  # above it, the clip binds
