@@ -542,3 +542,25 @@ def test_demo_runs_every_builtin_and_skips_what_it_cannot_feed():
     for name in [*CATALOGUE, "grpo", "gae", "rloo"]:
         assert name in header.split(), name
     assert "skipped" not in run_demo()
+
+
+def test_tir_otb_keeps_an_empty_row_out_of_every_group():
+    # row 0 is its prompt's only response (baseline 0: its advantage is its return); row 1, of another prompt, is
+    # empty: it must not join row 0's group and turn it into a group of two
+    half = math.log(0.5)
+    data = make_batch(
+        [[0, 1, 0], [0, 0, 0]], [[1, 1, 0], [0, 0, 0]], uids=["a", "b"],
+        old_log_probs=[[half] * 3] * 2, sum_pi_squared=[[0.5] * 3] * 2,
+    )  # fmt: skip
+    a, _ = adv(data, "tir_optimal_token_baseline")
+    assert_close(a, [[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
+
+
+def test_declared_inputs_longer_than_256_tokens_are_accepted():
+    # the declared (rows, tokens) shape is compared by value: 300 is past CPython's cached small ints
+    half = math.log(0.5)
+    data = make_batch(
+        [[0.0] * 299 + [1.0]] * 2, uids=["g", "g"], old_log_probs=[[half] * 300] * 2, sum_pi_squared=[[0.5] * 300] * 2
+    )
+    a, ret = adv(data, "optimal_token_baseline")
+    assert a.shape == (2, 300) and ret[:, 0].tolist() == [1.0, 1.0]

@@ -326,3 +326,12 @@ def test_epsilon_is_added_to_a_group_std_it_is_comparable_to():
     assert_close(a[:, 0], [-5e-7 / (std + 1e-6), 5e-7 / (std + 1e-6)], atol=1e-4)
     a, _ = adv(batch([[0.0], [1e-6]], uids=["g", "g"]), "grpo_passk")
     assert_close(a[:, 0], [0.0, 1e-6 / (std + 1e-6)], atol=1e-4)  # the best one's margin over the rest
+
+
+def test_gae_on_one_token_responses():
+    # T = 1: A = r - V (nothing follows), returns = A + V = r
+    from hybridflow.estimators.gae import gae_advantage
+
+    rewards, values = torch.tensor([[1.0], [2.0]]), torch.tensor([[0.5], [0.5]])
+    _, returns = gae_advantage(rewards, torch.ones(2, 1), values, gamma=0.9, lam=0.8)
+    assert returns.tolist() == [[1.0], [2.0]]
