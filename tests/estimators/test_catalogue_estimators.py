@@ -544,7 +544,8 @@ def test_demo_runs_every_builtin_and_skips_what_it_cannot_feed():
     assert "skipped" not in run_demo()
 
 
-def test_tir_otb_keeps_an_empty_row_out_of_every_group():
+@pytest.mark.parametrize("zero_tail", [False, True])
+def test_tir_otb_keeps_an_empty_row_out_of_every_group(zero_tail):
     # row 0 is its prompt's only response (baseline 0: its advantage is its return); row 1, of another prompt, is
     # empty: it must not join row 0's group and turn it into a group of two
     half = math.log(0.5)
@@ -552,7 +553,7 @@ def test_tir_otb_keeps_an_empty_row_out_of_every_group():
         [[0, 1, 0], [0, 0, 0]], [[1, 1, 0], [0, 0, 0]], uids=["a", "b"],
         old_log_probs=[[half] * 3] * 2, sum_pi_squared=[[0.5] * 3] * 2,
     )  # fmt: skip
-    a, _ = adv(data, "tir_optimal_token_baseline")
+    a, _ = adv(data, "tir_optimal_token_baseline", handle_zero_tail=zero_tail)
     assert_close(a, [[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
 
 
