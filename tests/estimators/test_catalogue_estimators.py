@@ -565,3 +565,41 @@ def test_declared_inputs_longer_than_256_tokens_are_accepted():
     )
     a, ret = adv(data, "optimal_token_baseline")
     assert a.shape == (2, 300) and ret[:, 0].tolist() == [1.0, 1.0]
+
+
+def test_tir_otb_zeroes_the_strictly_longest_rows_tail_by_default():
+    # the OTB hand-computed case (no holes, so ranks are positions): row 1's baseline is 0 from t = 2 on
+    half = math.log(0.5)
+    data = make_batch(
+        [[0, 1, 0], [0, 0, 3]], [[1, 1, 0], [1, 1, 1]], uids=["g", "g"],
+        old_log_probs=[[half] * 3] * 2, sum_pi_squared=[[0.5] * 3] * 2,
+    )  # fmt: skip
+    a, _ = adv(data, "tir_optimal_token_baseline")
+    assert a[1, 2].item() == pytest.approx(3.0)
+
+
+def test_grpo_passk_names_the_groups_of_one():
+    data = make_batch([[1.0], [0.0], [1.0]], uids=["g", "g", "h"])
+    with pytest.raises(ValueError, match=r"at least 2 responses per prompt; groups \[1\] have 1"):
+        adv(data, "grpo_passk")
+
+
+def test_an_estimator_that_returns_the_wrong_shape_is_named():
+    from types import ModuleType
+
+    from hybridflow.plugins import AdvantageEstimator, hookimpl, reset_plugin_manager
+    from hybridflow.plugins.manager import PluginSource
+
+    def flat(token_level_rewards, response_mask):
+        return token_level_rewards.sum(-1), token_level_rewards  # (B,) advantages: the wrong shape
+
+    plugin = ModuleType("flat_estimator_plugin")
+    plugin.hybridflow_register_estimators = hookimpl(
+        lambda register: register(AdvantageEstimator(name="flat_for_test", fn=flat))
+    )
+    get_plugin_manager().register(plugin, PluginSource("flat_estimator_plugin", "tests", "0"))
+    try:
+        with pytest.raises(ValueError, match=r"'flat_for_test' returned advantages of shape \(2,\), expected \(2, 2\)"):
+            adv(make_batch([[1.0, 0.0], [0.0, 1.0]]), "flat_for_test")
+    finally:
+        reset_plugin_manager()
