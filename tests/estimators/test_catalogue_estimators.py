@@ -603,3 +603,15 @@ def test_an_estimator_that_returns_the_wrong_shape_is_named():
             adv(make_batch([[1.0, 0.0], [0.0, 1.0]]), "flat_for_test")
     finally:
         reset_plugin_manager()
+
+
+def test_the_demo_batch_scores_each_response_at_its_last_valid_token():
+    from hybridflow.estimators.demo import demo_batch
+
+    data = demo_batch(seed=0)
+    rewards, lengths = data.batch["token_level_rewards"], data.batch["response_mask"].sum(-1).long()
+    last = rewards[torch.arange(len(lengths)), lengths - 1]
+    assert last.sum() > 0 and (lengths > 1).any()  # the case has scored responses longer than one token
+    assert torch.equal(rewards.sum(-1), last)  # nothing anywhere else
+    components = data.batch["reward_components"]
+    assert torch.equal(components[:, 0], last) and torch.equal(components[:, 1], (lengths <= 3).float())
