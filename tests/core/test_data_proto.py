@@ -386,3 +386,40 @@ def test_out_of_range_rows_and_lengths_are_refused():
     with pytest.raises(ValueError, match="cannot union DataProtos of lengths 4 and 3"):
         data.union(id_rows(3))
     assert [p.non_tensor_batch["id"].tolist() for p in data.chunk(2)] == [["r0", "r1"], ["r2", "r3"]]
+
+
+def test_columns_must_have_a_batch_dimension_and_non_tensors_one_dimension():
+    with pytest.raises(ValueError, match="tensor column 'x' is 0-dimensional"):
+        DataProto.from_dict({"x": torch.tensor(1.0)})
+    with pytest.raises(TypeError, match="non-tensor column 'id' must be a 1-D numpy array"):
+        DataProto({}, {"id": np.empty((2, 2), dtype=object)})
+    column = np.array(["a", "b"], dtype=object)
+    assert DataProto.from_dict(non_tensors={"id": column}).non_tensor_batch["id"] is column  # kept, not copied
+    numbers = DataProto.from_dict(non_tensors={"n": np.arange(2)}).non_tensor_batch["n"]
+    assert numbers.dtype == object and numbers.tolist() == [0, 1]
+    assert len(DataProto.from_dict()) == 0
+
+
+def test_a_bool_mask_must_have_one_entry_per_row():
+    with pytest.raises(IndexError, match=r"bool mask has shape \(5,\), expected \(4,\)"):
+        id_rows(4)[torch.ones(5, dtype=torch.bool)]
+
+
+def test_sizes_of_one_and_uneven_sizes():
+    data = id_rows(5)
+    assert len(data.chunk(1)) == 1 and data.pad_to_divisor(1) == (data, 0)
+    with pytest.raises(ValueError, match="cannot chunk 5 rows into 3 equal parts"):
+        data.chunk(3)
+    with pytest.raises(ValueError, match="must be positive and divide"):
+        list(data.make_iterator(0))
+    with pytest.raises(ValueError, match="cannot pad an empty DataProto"):
+        DataProto.from_dict({"x": torch.zeros(0, 1)}).pad_to_divisor(2)
+
+
+def test_union_compares_meta_values_and_long_columns_by_value():
+    for mine, theirs in ((1, 2), (torch.tensor(1), torch.tensor(2))):
+        with pytest.raises(ValueError, match="union conflict: meta_info 'step'"):
+            DataProto.from_dict(meta_info={"step": mine}).union(DataProto.from_dict(meta_info={"step": theirs}))
+    long = [f"r{i}" for i in range(300)]  # past CPython's cached small ints
+    merged = DataProto.from_dict(non_tensors={"id": long}).union(DataProto.from_dict(non_tensors={"id": list(long)}))
+    assert len(merged) == 300
