@@ -88,13 +88,6 @@ def _verify(gold: list[Any], pred: list[Any]) -> bool:
     return bool(verify(gold, pred, timeout_seconds=None))
 
 
-def _strip_dollars(text: str) -> str:
-    text = text.strip()
-    while len(text) >= 2 and text.startswith("$") and text.endswith("$"):
-        text = text[1:-1].strip()
-    return text
-
-
 def math_answer_score(
     data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None
 ) -> dict[str, float]:
@@ -110,7 +103,8 @@ def math_answer_score(
         raise TypeError(
             f"math ground truth must be text or a number, got {type(ground_truth).__name__}: {ground_truth!r}"
         )
-    gold_text = _strip_dollars(str(ground_truth))
+    # math-verify reads a dollar-wrapped answer inside \boxed{} as the bare one ($6$, $$\frac{1}{2}$$): no stripping
+    gold_text = str(ground_truth).strip()
     boxed = last_boxed(solution_str)
     candidate = boxed if boxed is not None else solution_str[-PLAIN_TEXT_TAIL:]
     limit = max(MAX_NESTING, nesting_depth(gold_text) + 2)

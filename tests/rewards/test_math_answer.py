@@ -177,3 +177,19 @@ def test_ground_truths_that_are_not_text_or_a_number_are_refused():
 )
 def test_last_boxed_edges(text, box):
     assert last_boxed(text) == box
+
+
+@pytest.mark.parametrize(
+    ("ground_truth", "response"),
+    [
+        ("$6$", r"\boxed{6}"),
+        ("$$6$$", r"\boxed{6}"),
+        ("$ 6 $", r"\boxed{6}"),
+        (r"$\frac{1}{2}$", r"\boxed{0.5}"),
+        (r"$$ \sqrt{2} $$", r"\boxed{\sqrt{2}}"),
+        ("$[1,2)$", r"\boxed{[1, 2)}"),
+        (r"$\{1,2\}$", r"\boxed{\{2, 1\}}"),
+    ],
+)
+def test_a_ground_truth_in_dollars_reads_as_the_bare_answer(ground_truth, response):
+    assert math_answer_score("math", response, ground_truth)["score"] == 1.0
