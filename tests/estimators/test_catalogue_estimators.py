@@ -544,17 +544,21 @@ def test_demo_runs_every_builtin_and_skips_what_it_cannot_feed():
     assert "skipped" not in run_demo()
 
 
+@pytest.mark.parametrize("empty_first", [False, True])
 @pytest.mark.parametrize("zero_tail", [False, True])
-def test_tir_otb_keeps_an_empty_row_out_of_every_group(zero_tail):
-    # row 0 is its prompt's only response (baseline 0: its advantage is its return); row 1, of another prompt, is
-    # empty: it must not join row 0's group and turn it into a group of two
+def test_tir_otb_keeps_an_empty_row_out_of_every_group(zero_tail, empty_first):
+    # one row is its prompt's only response (baseline 0: its advantage is its return); the other, of another
+    # prompt, is empty: it must not join the first one's group and turn it into a group of two
     half = math.log(0.5)
+    rows = [([0, 1, 0], [1, 1, 0], "a"), ([0, 0, 0], [0, 0, 0], "b")]
+    rows = rows[::-1] if empty_first else rows
     data = make_batch(
-        [[0, 1, 0], [0, 0, 0]], [[1, 1, 0], [0, 0, 0]], uids=["a", "b"],
+        [r for r, _, _ in rows], [m for _, m, _ in rows], uids=[u for _, _, u in rows],
         old_log_probs=[[half] * 3] * 2, sum_pi_squared=[[0.5] * 3] * 2,
     )  # fmt: skip
     a, _ = adv(data, "tir_optimal_token_baseline", handle_zero_tail=zero_tail)
-    assert_close(a, [[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
+    expected = [[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]]
+    assert_close(a, expected[::-1] if empty_first else expected)
 
 
 def test_declared_inputs_longer_than_256_tokens_are_accepted():
@@ -613,5 +617,6 @@ def test_the_demo_batch_scores_each_response_at_its_last_valid_token():
     last = rewards[torch.arange(len(lengths)), lengths - 1]
     assert last.sum() > 0 and (lengths > 1).any()  # the case has scored responses longer than one token
     assert torch.equal(rewards.sum(-1), last)  # nothing anywhere else
+    assert (data.batch["values"][data.batch["response_mask"] == 0] == 0).all()  # no value past a response's end
     components = data.batch["reward_components"]
     assert torch.equal(components[:, 0], last) and torch.equal(components[:, 1], (lengths <= 3).float())
