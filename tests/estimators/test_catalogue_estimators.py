@@ -550,10 +550,10 @@ def test_tir_otb_keeps_an_empty_row_out_of_every_group(zero_tail, empty_first):
     # one row is its prompt's only response (baseline 0: its advantage is its return); the other, of another
     # prompt, is empty: it must not join the first one's group and turn it into a group of two
     half = math.log(0.5)
-    rows = [([0, 1, 0], [1, 1, 0], "a"), ([0, 0, 0], [0, 0, 0], "b")]
-    rows = rows[::-1] if empty_first else rows
+    rows = [([0, 1, 0], [1, 1, 0]), ([0, 0, 0], [0, 0, 0])]
+    rows = rows[::-1] if empty_first else rows  # the empty row first: its prompt gets group id 0, the other id 1
     data = make_batch(
-        [r for r, _, _ in rows], [m for _, m, _ in rows], uids=[u for _, _, u in rows],
+        [r for r, _ in rows], [m for _, m in rows], uids=["a", "b"],
         old_log_probs=[[half] * 3] * 2, sum_pi_squared=[[0.5] * 3] * 2,
     )  # fmt: skip
     a, _ = adv(data, "tir_optimal_token_baseline", handle_zero_tail=zero_tail)
