@@ -616,7 +616,15 @@ def test_the_demo_batch_scores_each_response_at_its_last_valid_token():
     rewards, lengths = data.batch["token_level_rewards"], data.batch["response_mask"].sum(-1).long()
     last = rewards[torch.arange(len(lengths)), lengths - 1]
     assert last.sum() > 0 and (lengths > 1).any()  # the case has scored responses longer than one token
+    assert (lengths <= 3).any() and (lengths > 3).any()  # short and long ones: the second component varies
     assert torch.equal(rewards.sum(-1), last)  # nothing anywhere else
     assert (data.batch["values"][data.batch["response_mask"] == 0] == 0).all()  # no value past a response's end
     components = data.batch["reward_components"]
     assert torch.equal(components[:, 0], last) and torch.equal(components[:, 1], (lengths <= 3).float())
+
+
+def test_a_declared_input_with_too_few_dimensions_is_refused():
+    half = math.log(0.5)
+    data = make_batch([[0.0, 1.0]] * 2, uids=["g", "g"], old_log_probs=[half] * 2, sum_pi_squared=[[0.5] * 2] * 2)
+    with pytest.raises(ValueError, match=r"batch\['old_log_probs'\] has shape \(2,\)"):
+        adv(data, "optimal_token_baseline")
