@@ -423,3 +423,9 @@ def test_union_compares_meta_values_and_long_columns_by_value():
     long = [f"r{i}" for i in range(300)]  # past CPython's cached small ints
     merged = DataProto.from_dict(non_tensors={"id": long}).union(DataProto.from_dict(non_tensors={"id": list(long)}))
     assert len(merged) == 300
+
+
+def test_a_two_dimensional_object_array_becomes_a_column_of_its_rows():
+    pairs = np.array([["a", "b"], ["c", "d"]], dtype=object)
+    column = DataProto.from_dict(non_tensors={"pair": pairs}).non_tensor_batch["pair"]
+    assert column.shape == (2,) and [list(row) for row in column] == [["a", "b"], ["c", "d"]]

@@ -393,3 +393,9 @@ def test_gspo_counts_only_the_binding_clips():
     assert metrics["pg_clipfrac"] == 0.0
     _, metrics = loss("gspo", old, leaf([[math.log(1.1)] * 2]), torch.ones(1, 2, dtype=torch.float64))
     assert metrics["pg_clipfrac"] == 1.0  # above it, the clip binds
+
+
+def test_clip_cov_reports_the_kl_of_the_old_policy_from_the_new():
+    old = torch.zeros(1, 2, dtype=torch.float64)
+    _, metrics = loss("clip_cov", old, leaf([[0.1, 0.3]]), torch.ones(1, 2, dtype=torch.float64), clip_cov_lb=1e9)
+    assert metrics["ppo_kl"] == pytest.approx(-0.2)  # mean of log pi_old - log pi

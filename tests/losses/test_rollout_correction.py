@@ -137,3 +137,10 @@ def test_settings_read_from_a_config_act_as_the_literals_do(level, mode):
     literal, read = run(level, mode), run("".join(list(level)), "".join(list(mode)))
     assert torch.equal(literal.weights, read.weights) and torch.equal(literal.response_mask, read.response_mask)
     assert literal.metrics == read.metrics
+
+
+def test_the_default_threshold_is_2():
+    # e = 2.72 is the only ratio above 2: truncated to 2 by default, the others as they are
+    out = rollout_correction(OLD, ROLLOUT, MASK, rollout_is="token")
+    assert out.weights[0, 0].item() == pytest.approx(2.0)
+    assert out.weights[0, 2].item() == pytest.approx(math.exp(0.2))
