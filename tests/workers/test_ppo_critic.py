@@ -35,6 +35,9 @@ def test_clipped_value_loss_hand_computed():
     # clipped .25 -> 12.5
     assert losses.tolist()[0] == pytest.approx([0.125, 2.0, 12.5])
     assert metrics["critic/vf_clipfrac"] == pytest.approx(1 / 3)
+    # with the last token masked out: the clipped share is of the two valid tokens (token 0 of them)
+    _, metrics = clipped_value_loss(values, old, returns, torch.tensor([[1.0, 1.0, 0.0]]), cliprange=0.5)
+    assert metrics["critic/vf_clipfrac"] == pytest.approx(1 / 2)
 
 
 def make_critic(model, micro):
