@@ -628,3 +628,15 @@ def test_a_declared_input_with_too_few_dimensions_is_refused():
     data = make_batch([[0.0, 1.0]] * 2, uids=["g", "g"], old_log_probs=[half] * 2, sum_pi_squared=[[0.5] * 2] * 2)
     with pytest.raises(ValueError, match=r"batch\['old_log_probs'\] has shape \(2,\)"):
         adv(data, "optimal_token_baseline")
+
+
+def test_tir_otb_an_empty_response_of_the_same_prompt_does_not_count_as_a_peer():
+    # prompt g: one real response and one empty one (say, cut at zero tokens); the real one has no peer to be
+    # compared with, so its baseline is 0 and its advantage is its return
+    half = math.log(0.5)
+    data = make_batch(
+        [[0, 1, 0], [0, 0, 0]], [[1, 1, 0], [0, 0, 0]], uids=["g", "g"],
+        old_log_probs=[[half] * 3] * 2, sum_pi_squared=[[0.5] * 3] * 2,
+    )  # fmt: skip
+    a, _ = adv(data, "tir_optimal_token_baseline", handle_zero_tail=False)
+    assert_close(a, [[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
