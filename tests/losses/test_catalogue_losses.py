@@ -399,3 +399,16 @@ def test_clip_cov_reports_the_kl_of_the_old_policy_from_the_new():
     old = torch.zeros(1, 2, dtype=torch.float64)
     _, metrics = loss("clip_cov", old, leaf([[0.1, 0.3]]), torch.ones(1, 2, dtype=torch.float64), clip_cov_lb=1e9)
     assert metrics["ppo_kl"] == pytest.approx(-0.2)  # mean of log pi_old - log pi
+
+
+def test_log_ratios_are_clamped_to_plus_minus_20():
+    from hybridflow.losses.functional import clamped_log_ratio
+
+    new = torch.tensor([[-30.0, 25.0, 3.0]], dtype=torch.float64)
+    assert clamped_log_ratio(new, torch.zeros_like(new)).tolist() == [[-20.0, 20.0, 3.0]]
+
+
+def test_sapo_reports_the_kl_of_the_old_policy_from_the_new():
+    old = torch.zeros(1, 2, dtype=torch.float64)
+    _, metrics = loss("sapo", old, leaf([[0.1, 0.3]]), torch.ones(1, 2, dtype=torch.float64))
+    assert metrics["ppo_kl"] == pytest.approx(-0.2)  # mean of log pi_old - log pi
