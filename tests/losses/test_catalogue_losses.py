@@ -382,8 +382,9 @@ def test_clip_cov_takes_the_larger_ppo_term_on_both_sides_of_the_band():
     losses, _ = loss("clip_cov", old, new, adv, clip_cov_lb=1e9)
     # A = 1: max(-1.5, -1.2) = -1.2 (clipped); A = -1: max(1.5, 1.2) = 1.5 (unclipped)
     assert_close(losses, [[-1.2, 1.5]])
-    with pytest.raises(ValueError, match="clip_cov_ratio must be > 0, got 0"):
-        loss("clip_cov", old, new, adv, clip_cov_ratio=0)
+    for bad in (0, -0.1):
+        with pytest.raises(ValueError, match=f"clip_cov_ratio must be > 0, got {bad}"):
+            loss("clip_cov", old, new, adv, clip_cov_ratio=bad)
 
 
 def test_gspo_counts_only_the_binding_clips():
