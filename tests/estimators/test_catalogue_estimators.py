@@ -31,6 +31,19 @@ def make_batch(rewards, mask=None, uids=None, **extra):
     return DataProto.from_dict(tensors, {"uid": uids or ["g"] * len(rewards)})
 
 
+def otb_batch(rewards, mask, uids):
+    """A batch for the optimal token baselines: pi = 0.5 and sum pi^2 = 0.5 at every token (w_t = 0.5)."""
+    width = len(rewards[0])
+    half = math.log(0.5)
+    return make_batch(
+        rewards,
+        mask,
+        uids=uids,
+        old_log_probs=[[half] * width] * len(rewards),
+        sum_pi_squared=[[0.5] * width] * len(rewards),
+    )
+
+
 def adv(data, name, **opts):
     out = compute_advantage(data, name, **opts)
     return out.batch["advantages"], out.batch["returns"]
@@ -315,11 +328,7 @@ def test_otb_hand_computed():
 
 def test_tir_otb_compares_the_kth_valid_token():
     # row 1 has an observation token at t = 1: its 2nd valid token is at t = 2 and is compared with row 0's t = 1
-    half = math.log(0.5)
-    data = make_batch(
-        [[0, 1, 0], [0, 9, 3]], [[1, 1, 0], [1, 0, 1]], uids=["g", "g"],
-        old_log_probs=[[half] * 3] * 2, sum_pi_squared=[[0.5] * 3] * 2,
-    )  # fmt: skip
+    data = otb_batch([[0, 1, 0], [0, 9, 3]], [[1, 1, 0], [1, 0, 1]], uids=["g", "g"])
     a, ret = adv(data, "tir_optimal_token_baseline")
     # both rows have 2 valid tokens with W = 0.5, 1.0 and G = (1, 1) and (3, 3): baseline 2 at k = 1, 2
     assert_close(a, [[-1.0, -1.0, 0.0], [1.0, 0.0, 1.0]])
@@ -549,13 +558,9 @@ def test_demo_runs_every_builtin_and_skips_what_it_cannot_feed():
 def test_tir_otb_keeps_an_empty_row_out_of_every_group(zero_tail, empty_first):
     # one row is its prompt's only response (baseline 0: its advantage is its return); the other, of another
     # prompt, is empty: it must not join the first one's group and turn it into a group of two
-    half = math.log(0.5)
     rows = [([0, 1, 0], [1, 1, 0]), ([0, 0, 0], [0, 0, 0])]
     rows = rows[::-1] if empty_first else rows  # the empty row first: its prompt gets group id 0, the other id 1
-    data = make_batch(
-        [r for r, _ in rows], [m for _, m in rows], uids=["a", "b"],
-        old_log_probs=[[half] * 3] * 2, sum_pi_squared=[[0.5] * 3] * 2,
-    )  # fmt: skip
+    data = otb_batch([r for r, _ in rows], [m for _, m in rows], uids=["a", "b"])
     a, _ = adv(data, "tir_optimal_token_baseline", handle_zero_tail=zero_tail)
     expected = [[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]]
     assert_close(a, expected[::-1] if empty_first else expected)
@@ -563,21 +568,14 @@ def test_tir_otb_keeps_an_empty_row_out_of_every_group(zero_tail, empty_first):
 
 def test_declared_inputs_longer_than_256_tokens_are_accepted():
     # the declared (rows, tokens) shape is compared by value: 300 is past CPython's cached small ints
-    half = math.log(0.5)
-    data = make_batch(
-        [[0.0] * 299 + [1.0]] * 2, uids=["g", "g"], old_log_probs=[[half] * 300] * 2, sum_pi_squared=[[0.5] * 300] * 2
-    )
+    data = otb_batch([[0.0] * 299 + [1.0]] * 2, [[1.0] * 300] * 2, uids=["g", "g"])
     a, ret = adv(data, "optimal_token_baseline")
     assert a.shape == (2, 300) and ret[:, 0].tolist() == [1.0, 1.0]
 
 
 def test_tir_otb_zeroes_the_strictly_longest_rows_tail_by_default():
     # the OTB hand-computed case (no holes, so ranks are positions): row 1's baseline is 0 from t = 2 on
-    half = math.log(0.5)
-    data = make_batch(
-        [[0, 1, 0], [0, 0, 3]], [[1, 1, 0], [1, 1, 1]], uids=["g", "g"],
-        old_log_probs=[[half] * 3] * 2, sum_pi_squared=[[0.5] * 3] * 2,
-    )  # fmt: skip
+    data = otb_batch([[0, 1, 0], [0, 0, 3]], [[1, 1, 0], [1, 1, 1]], uids=["g", "g"])
     a, _ = adv(data, "tir_optimal_token_baseline")
     assert a[1, 2].item() == pytest.approx(3.0)
 
@@ -633,10 +631,6 @@ def test_a_declared_input_with_too_few_dimensions_is_refused():
 def test_tir_otb_an_empty_response_of_the_same_prompt_does_not_count_as_a_peer():
     # prompt g: one real response and one empty one (say, cut at zero tokens); the real one has no peer to be
     # compared with, so its baseline is 0 and its advantage is its return
-    half = math.log(0.5)
-    data = make_batch(
-        [[0, 1, 0], [0, 0, 0]], [[1, 1, 0], [0, 0, 0]], uids=["g", "g"],
-        old_log_probs=[[half] * 3] * 2, sum_pi_squared=[[0.5] * 3] * 2,
-    )  # fmt: skip
+    data = otb_batch([[0, 1, 0], [0, 0, 0]], [[1, 1, 0], [0, 0, 0]], uids=["g", "g"])
     a, _ = adv(data, "tir_optimal_token_baseline", handle_zero_tail=False)
     assert_close(a, [[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
