@@ -35,6 +35,8 @@ def config_with(**changes) -> PPOConfig:
         ({"actor_rollout_ref.model.dtype": "bfloat16"}, True),  # both compute in bf16: their roundings differ
         ({"actor_rollout_ref.actor.fsdp_config.param_dtype": "float32"}, False),  # the model's own dtype
         ({"algorithm.rollout_correction.rollout_is": "token"}, True),  # the correction compares the two
+        ({"trainer.rollout_mode": "one_step_off"}, True),  # the rollout's weights are a step older
+        ({"trainer.rollout_mode": "async"}, True),
         ({"actor_rollout_ref.actor.recompute_old_log_prob": "True"}, True),  # Hydra's true, as a string
         ({"actor_rollout_ref.actor.recompute_old_log_prob": "false", "actor_rollout_ref.rollout.name": "vllm"}, False),
     ],
