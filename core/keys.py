@@ -74,6 +74,8 @@ GROUND_TRUTH = "ground_truth"  # (B,) reference answer for the verifier
 EXTRA_INFO = "extra_info"  # (B,) dict of anything else the verifier needs
 RAW_PROMPT = "raw_prompt"  # (B,) the prompt as loaded: chat messages (list of dicts) or text
 PROMPT_TEXT = "prompt_text"  # (B,) the prompt as the policy reads it: rendered by its chat template
+PROMPT_ID = "prompt_id"  # (B,) int: the prompt's row in its dataset as loaded (its stable id across runs)
+EPOCH = "epoch"  # (B,) int: the pass over the training prompts the row was drawn in (0 first)
 # the reward model: the tokens (no positions: it re-pads its own rows), or the messages it re-renders in its template
 RM_INPUTS = (INPUT_IDS, ATTENTION_MASK, RESPONSES, RESPONSE_MASK, RAW_PROMPT)
 

@@ -27,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from hybridflow.configs.overrides import override_problems, translate
 from hybridflow.configs.schema import PPOConfig, register_configs
+from hybridflow.trainer.audit import audit_summary
 from hybridflow.trainer.config_checks import (
     check_config,
     check_datasets,
@@ -270,6 +271,7 @@ def format_summary(summary: RunSummary, config: PPOConfig) -> str:
         ("wall time", f"{summary.wall_time_s:.1f} s"),
         ("run directory", str(summary.run_dir) if summary.run_dir is not None else "-"),
         ("checkpoints", _checkpoints_row(summary, config)),
+        ("prompts trained", audit_summary(summary.run_dir)),
         ("hf export", "none (trainer.save_hf_on_end=false)" if summary.hf_export is None else str(summary.hf_export)),
     ]
     return summary_table("hybridflow run summary", rows)

@@ -57,6 +57,7 @@ from hybridflow.rewards.manager import RewardOutput
 from hybridflow.rewards.sources import VERIFIER, RewardSources
 from hybridflow.trainer import checkpoint as ckpt
 from hybridflow.trainer.agent_rollout import agent_rollout_for
+from hybridflow.trainer.audit import AUDIT_FILE, append_records, trained_prompts
 from hybridflow.trainer.batch_hooks import BatchHooks
 from hybridflow.trainer.config_checks import ConfigError
 from hybridflow.trainer.estimator_inputs import InputPlan, reward_components
@@ -77,6 +78,7 @@ from hybridflow.trainer.tracking import (
     METRICS_FILE,
     RunInfo,
     Tracking,
+    drop_steps_after,
     generation_rows,
     read_step,
 )
@@ -233,6 +235,7 @@ class PPOTrainer:
         elif self.config.trainer.test_freq > 0 and self.config.trainer.val_before_train:
             summary.val_before = self.validate()
             self.tracking.log(summary.val_before, self.global_step)
+        drop_steps_after(self.run_dir / AUDIT_FILE, self.global_step)  # a fresh run's, or those past the checkpoint
         last_val = summary.val_before.get("val/accuracy", float("nan"))
         with Progress(self.total_steps, self.global_step) as progress:  # log lines print above its bar
             while self.global_step < self.total_steps:
@@ -274,6 +277,8 @@ class PPOTrainer:
                 metrics.update(_mean_over_ranks(self.memory(metrics, "update", critic)))
             actor = self.actor.update_actor(self.dims.actor.arrange_for_update(batch))
             metrics.update(_mean_over_ranks(self.memory(metrics, "update", actor)))
+        # the audit trail, before the step's checkpoint: a resume drops what follows the checkpoint and rewrites it
+        append_records(self.run_dir, trained_prompts(batch, self.global_step + 1, version=self.global_step))
         metrics.update(self.sync_weights())  # the new weights to a rollout on ranks of its own
 
         metrics.update(compute_data_metrics(batch))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -26,10 +26,12 @@ from hybridflow.core.chat import render_prompt
 from hybridflow.core.keys import (
     ATTENTION_MASK,
     DATA_SOURCE,
+    EPOCH,
     EXTRA_INFO,
     GROUND_TRUTH,
     INPUT_IDS,
     POSITION_IDS,
+    PROMPT_ID,
     PROMPT_TEXT,
     RAW_PROMPT,
 )
@@ -51,6 +53,8 @@ class PromptSet:
     data_sources: list[str]
     ground_truths: list[str | None]
     extra_infos: list[dict]
+    row_ids: list[int] = field(default_factory=list)
+    """Each prompt's row in the rows it was read from (over-long rows dropped leave gaps): its stable id."""
     filtered_too_long: int = 0
 
     @classmethod
@@ -58,7 +62,7 @@ class PromptSet:
         """Tokenize ``rows``; prompts over ``max_prompt_length`` tokens are dropped and counted."""
         kept = cls([], [], [], [], [], [])
         unk, tokens = getattr(tokenizer, "unk_token_id", None), [0, 0]
-        for row in rows:
+        for row_id, row in enumerate(rows):
             text = render_prompt(row["prompt"], tokenizer)
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]
             tokens[0] += sum(i == unk for i in ids) if unk is not None else 0
@@ -67,6 +71,7 @@ class PromptSet:
                 kept.filtered_too_long += 1
                 continue
             kept.token_ids.append(ids)
+            kept.row_ids.append(row_id)
             kept.texts.append(text)
             kept.raw.append(row["prompt"] if isinstance(row["prompt"], str) else [dict(m) for m in row["prompt"]])
             kept.data_sources.append(row["data_source"])
@@ -105,6 +110,7 @@ class PromptSet:
                 EXTRA_INFO: [self.extra_infos[i] for i in indices],
                 RAW_PROMPT: [self.raw[i] for i in indices],
                 PROMPT_TEXT: [self.texts[i] for i in indices],
+                PROMPT_ID: np.array([self.row_ids[i] for i in indices], dtype=np.int64),
             },
         )
 
@@ -135,7 +141,9 @@ class PromptLoader:
         order = self._order(self.epoch)
         start = self.index * self.batch_size
         self.index += 1
-        return self.prompts.batch(order[start : start + self.batch_size].tolist(), self.pad_id)
+        batch = self.prompts.batch(order[start : start + self.batch_size].tolist(), self.pad_id)
+        batch.non_tensor_batch[EPOCH] = np.full(len(batch), self.epoch, dtype=np.int64)
+        return batch
 
     def state_dict(self) -> dict[str, int]:
         """The position: restore it with :meth:`load_state_dict` to continue exactly here."""

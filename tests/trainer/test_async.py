@@ -110,3 +110,9 @@ def test_async_with_staleness_one_is_corrected_bounded_and_resumes(ray_session, 
     resumed = run(tmp_path, "async", **{**overrides, "trainer.total_training_steps": 4})
     assert [m["step"] for m in resumed] == [1, 2, 3, 4]  # the first run's two lines, then the resumed steps
     assert all(m["async/staleness_max"] <= 1 for m in resumed)
+    # the audit trail: two prompts a step, none trained twice in its epoch (the in-flight batch was drawn again,
+    # not replayed after the trained ones), each from weights at most one version behind the step's trainer
+    trail = [json.loads(line) for line in (tmp_path / "async" / "trained_prompts.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in trail] == [1, 1, 2, 2, 3, 3, 4, 4]
+    assert len({(r["epoch"], r["prompt_id"]) for r in trail}) == 8
+    assert all(r["step"] - 2 <= r["weight_version"][0] <= r["weight_version"][1] <= r["step"] - 1 for r in trail)

@@ -45,6 +45,8 @@ def test_prompt_set_filters_long_prompts_and_counts_them():
     batch = prompts.batch([0, 1], pad_id=0)
     assert batch.non_tensor_batch["ground_truth"].tolist() == ["0", "1"]
     assert batch.batch["input_ids"].tolist() == [[0, ord("q")], [ord("q")] * 2]
+    # each prompt's id is its row in the data as read: rows 2 and 5 were dropped, so the third kept is row 3
+    assert prompts.batch([3, 2, 0], pad_id=0).non_tensor_batch["prompt_id"].tolist() == [4, 3, 0]
     with pytest.raises(ValueError, match="no prompts left"):
         PromptSet.from_rows(rows(3), CharTokenizer(), max_prompt_length=0)
 
@@ -74,6 +76,9 @@ def test_epochs_are_permutations_and_differ():
     assert sorted(epoch0) == sorted(epoch1) == [str(i) for i in range(6)]
     assert epoch0 != epoch1
     assert loader.state_dict() == {"epoch": 1, "index": 2}
+    third = loader.next_batch()  # the first batch of the third pass, stamped with its epoch
+    assert third.non_tensor_batch["epoch"].tolist() == [2, 2, 2]
+    assert third.non_tensor_batch["prompt_id"].tolist() == [int(t) for t in truths(third)]  # no row dropped here
 
 
 def test_batch_larger_than_dataset():

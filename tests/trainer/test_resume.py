@@ -62,6 +62,8 @@ def test_resumed_run_equals_uninterrupted_run(ray_session, tmp_path, stop_at=2, 
     assert [step for step, _ in list_checkpoints(tmp_path / "resumed" / "checkpoints")] == [stop_at]
     with (tmp_path / "resumed" / "metrics.jsonl").open("a") as logged:  # killed at step 4, after logging 3
         logged.write(json.dumps({"step": stop_at + 1, "score/mean": 99.0}) + '\n{"step": 4, "scor')
+    with (tmp_path / "resumed" / "trained_prompts.jsonl").open("a") as trail:  # and after step 3's update
+        trail.write(json.dumps({"step": stop_at + 1, "epoch": 0, "prompt_id": 99}) + "\n")
     second_config = config(files, 4, "auto", estimator, test_freq=2)
     second = build_and_fit(second_config, tmp_path / "resumed")
     assert second.steps == 4
@@ -70,6 +72,7 @@ def test_resumed_run_equals_uninterrupted_run(ray_session, tmp_path, stop_at=2, 
     before = f"{first.val_before['val/accuracy']:.3f} (the first run's, at step 0)"
     assert rows["validation accuracy before"].strip() == before
     assert rows["steps"].strip() == f"4 (resumed at step {stop_at})"
+    assert rows["prompts trained"].strip().startswith("16 (12 distinct, epochs 0-1): ")
     expected, got = metrics(tmp_path / "straight"), metrics(tmp_path / "resumed")
     lines = [json.loads(line) for line in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == [0, 1, 2, 3, 4]  # each step logged once: resumed, not restarted
@@ -78,6 +81,16 @@ def test_resumed_run_equals_uninterrupted_run(ray_session, tmp_path, stop_at=2, 
         for key in COMPARED:
             if key in expected[step]:
                 assert got[step][key] == pytest.approx(expected[step][key], rel=1e-5, abs=1e-7), (step, key)
+    # the audit trail: the prompts the uninterrupted run trained on, each once per epoch, with the same weights
+    trail = audit(tmp_path / "straight")
+    assert audit(tmp_path / "resumed") == trail
+    assert [(r["step"], r["epoch"]) for r in trail] == [(s, 0) for s in (1, 2, 3) for _ in range(4)] + [(4, 1)] * 4
+    assert sorted(r["prompt_id"] for r in trail if r["epoch"] == 0) == list(range(12))
+    assert all(r["weight_version"] == [r["step"] - 1] * 2 and r["samples"] == 4 for r in trail)
+
+
+def audit(run_dir):
+    return [json.loads(line) for line in (run_dir / "trained_prompts.jsonl").read_text().splitlines()]
 
 
 # LoRA (actor_rollout_ref.model.lora_rank): the checkpoint holds the adapters and their optimizer state, the

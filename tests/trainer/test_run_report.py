@@ -197,6 +197,11 @@ def test_the_summary_says_what_is_true_of_a_resumed_run_and_where_the_export_wen
     assert rows["validation accuracy before"] == "not run (trainer.test_freq=0)" and rows["steps"] == "3"
     assert rows["checkpoints"] == "none saved (trainer.save_freq=0)"
     assert rows["trained"] == "all parameters"
+    assert rows["prompts trained"] == "none recorded"
+    lines = [{"step": s, "epoch": s // 3, "prompt_id": p} for s in (1, 2, 3) for p in (2 * s % 5, 4)]
+    (tmp_path / "trained_prompts.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    rows = summary_rows(format_summary(RunSummary(steps=3, run_dir=tmp_path), config))  # ids 2, 4, 4, 4, 1, 4
+    assert rows["prompts trained"] == f"6 (3 distinct, epochs 0-1): {tmp_path / 'trained_prompts.jsonl'}"
     config.actor_rollout_ref.model.lora_rank = 8
     rows = summary_rows(format_summary(RunSummary(steps=3, run_dir=tmp_path), config))
     assert rows["trained"] == (
