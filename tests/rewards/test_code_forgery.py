@@ -473,3 +473,48 @@ def test_a_report_of_elements_that_hash_alike_is_judged_in_linear_time(kind):
         {1: None} if kind == "dict" else {"set": {1}, "frozenset": frozenset({1})}[kind]
     )
     assert decode(["set", [["int", hex(-1)], ["int", hex(-2)]]]) == {-1, -2}  # hash(-1) == hash(-2): a coincidence
+
+
+def report_of(*values):
+    """A well-formed report: the solution ran, then each step's value tree."""
+    return json.dumps([["ok", None], *(["value", value] for value in values)]).encode()
+
+
+@pytest.mark.parametrize("kind", ["list", "tuple", "set", "frozenset", "dict value", "dict key"])
+def test_a_report_nested_deeper_than_200_is_refused_at_every_kind_of_container(kind):
+    """Each container counts one level (a dict's keys and values too): 200 levels decode, 201 are malformed."""
+
+    def tree(levels):
+        inner = ["int", "0x7"]
+        for _ in range(levels - 1):  # tuples inside, hashable for a set's element or a dict's key
+            inner = ["tuple", [inner]]
+        if kind == "dict value":
+            return ["dict", [[["int", "0x0"], inner]]]
+        if kind == "dict key":
+            return ["dict", [[inner, ["none"]]]]
+        return [kind, [inner]]
+
+    assert decode(tree(200)) is not None
+    with pytest.raises(ValueError, match="not a value tree"):
+        decode(tree(201))
+
+
+def test_a_distance_with_the_literal_first_is_computed_here():
+    plan = plan_asserts(["assert abs(3.0 - f()) < 0.1"])
+    assert plan.steps == [["eval", "f()"]]
+    for value, holds in ((3.05, True), (2.95, True), (3.2, False), (-3.0, False)):
+        assert judge(plan, report_of(["float", repr(value)])).passed is holds, value
+
+
+def test_isclose_takes_both_tolerances_and_refuses_any_other_option():
+    plan = plan_asserts(["assert math.isclose(f(), 1.0, rel_tol=1e-9, abs_tol=1e-3)"])
+    assert judge(plan, report_of(["float", "1.0005"])).passed  # within abs_tol, far outside rel_tol
+    assert not judge(plan, report_of(["float", "1.002"])).passed
+    with pytest.raises(ValueError, match="literal tolerances"):
+        plan_asserts(["assert math.isclose(f(), 1.0, tol=0.1)"])
+
+
+def test_a_report_of_the_wrong_length_says_how_many_outcomes_for_how_many_steps():
+    plan = plan_asserts(["assert f() == 1"])
+    verdict = judge(plan, report_of(["int", "0x1"], ["int", "0x1"]))
+    assert not verdict.passed and verdict.reason == "the report has 2 outcomes for 1 steps"
