@@ -518,3 +518,24 @@ def test_a_report_of_the_wrong_length_says_how_many_outcomes_for_how_many_steps(
     plan = plan_asserts(["assert f() == 1"])
     verdict = judge(plan, report_of(["int", "0x1"], ["int", "0x1"]))
     assert not verdict.passed and verdict.reason == "the report has 2 outcomes for 1 steps"
+
+
+@pytest.mark.parametrize(
+    "test, call",
+    [
+        ("assert Area(f() - 1) < 5", "Area(f() - 1)"),  # a function of the solution's, not abs: the sandbox's call
+        ("assert abs(f() - g()) < 1", "abs(f() - g())"),  # two computed sides: no literal to keep here
+        ("assert abs(f(2) - 1) < 1", "f(2)"),  # the distance form: only the computed side is sent
+    ],
+)
+def test_only_abs_of_a_computed_side_minus_a_literal_is_a_distance(test, call):
+    plan = plan_asserts([test])
+    assert plan.steps == [["eval", call]]
+    assert judge(plan, report_of(["float", "0.5"])).passed
+
+
+def test_a_boolean_under_any_other_kind_is_malformed():
+    assert decode(["bool", True]) is True
+    for kind in ("bo", "a", "int"):
+        with pytest.raises(ValueError):
+            decode([kind, True])
