@@ -539,3 +539,18 @@ def test_a_boolean_under_any_other_kind_is_malformed():
     for kind in ("bo", "a", "int"):
         with pytest.raises(ValueError):
             decode([kind, True])
+
+
+def test_a_setup_step_that_raised_fails_the_solution_even_when_the_checks_hold():
+    plan = plan_asserts(["x = f()", "assert x == 1"])
+    assert plan.steps == [["exec", "x = f()"], ["eval", "x"]]
+    ran = json.dumps([["ok", None], ["ok", None], ["value", ["int", "0x1"]]]).encode()
+    assert judge(plan, ran).passed
+    raised = json.dumps([["ok", None], ["raised", "NameError"], ["value", ["int", "0x1"]]]).encode()
+    verdict = judge(plan, raised)
+    assert not verdict.passed and verdict.reason.startswith("'x = f()': ")
+
+
+def test_a_method_call_is_a_truth_check_and_only_math_isclose_is_isclose():
+    assert plan_asserts(["assert f().startswith('a')"]).steps == [["eval", "f().startswith('a')"]]
+    assert plan_asserts(["assert cmath.isclose(f(), 1)"]).steps == [["eval", "cmath.isclose(f(), 1)"]]
