@@ -554,3 +554,10 @@ def test_a_setup_step_that_raised_fails_the_solution_even_when_the_checks_hold()
 def test_a_method_call_is_a_truth_check_and_only_math_isclose_is_isclose():
     assert plan_asserts(["assert f().startswith('a')"]).steps == [["eval", "f().startswith('a')"]]
     assert plan_asserts(["assert cmath.isclose(f(), 1)"]).steps == [["eval", "cmath.isclose(f(), 1)"]]
+
+
+def test_an_outcome_that_is_not_a_value_pair_fails_the_step_that_produced_it():
+    plan = plan_asserts(["assert f() == 1"])
+    for outcome in ({"value": ["int", "0x1"]}, 7, "value", ["raised", "ZeroDivisionError"]):
+        verdict = judge(plan, json.dumps([["ok", None], outcome]).encode())
+        assert not verdict.passed and verdict.reason.startswith("'f()': "), (outcome, verdict)
