@@ -561,3 +561,28 @@ def test_an_outcome_that_is_not_a_value_pair_fails_the_step_that_produced_it():
     for outcome in ({"value": ["int", "0x1"]}, 7, "value", ["raised", "ZeroDivisionError"]):
         verdict = judge(plan, json.dumps([["ok", None], outcome]).encode())
         assert not verdict.passed and verdict.reason.startswith("'f()': "), (outcome, verdict)
+
+
+def test_only_the_complex_kind_reads_a_pair_of_number_strings():
+    assert decode(["complex", ["1.5", "-2"]]) == complex(1.5, -2)
+    for kind in ("list", "tuple", "set", "frozenset", "dict"):
+        with pytest.raises(ValueError):
+            decode([kind, ["1", "2"]])
+
+
+def test_isclose_of_two_literals_is_refused():
+    with pytest.raises(ValueError, match="isclose needs one computed argument"):
+        plan_asserts(["assert math.isclose(1.0, 1.0)"])
+
+
+def test_a_report_short_of_the_steps_says_so():
+    plan = plan_asserts(["assert f() == 1", "assert g() == 2"])
+    verdict = judge(plan, report_of(["int", "0x1"]))
+    assert not verdict.passed and verdict.reason == "the report has 1 outcomes for 2 steps"
+
+
+def test_up_to_32_elements_may_share_a_hash():
+    same_hash = [["int", hex(k * (2**61 - 1))] for k in range(1, 34)]  # multiples of 2**61 - 1 all hash to 0
+    assert len(decode(["set", same_hash[:32]])) == 32
+    with pytest.raises(ValueError, match="hash alike"):
+        decode(["set", same_hash])
