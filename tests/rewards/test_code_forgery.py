@@ -565,7 +565,7 @@ def test_an_outcome_that_is_not_a_value_pair_fails_the_step_that_produced_it():
 
 def test_only_the_complex_kind_reads_a_pair_of_number_strings():
     assert decode(["complex", ["1.5", "-2"]]) == complex(1.5, -2)
-    for kind in ("list", "tuple", "set", "frozenset", "dict"):
+    for kind in ("bool", "bytes", "list", "tuple", "set", "frozenset", "dict"):  # before "complex" and after
         with pytest.raises(ValueError):
             decode([kind, ["1", "2"]])
 
