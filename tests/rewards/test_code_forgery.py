@@ -586,3 +586,38 @@ def test_up_to_32_elements_may_share_a_hash():
     assert len(decode(["set", same_hash[:32]])) == 32
     with pytest.raises(ValueError, match="hash alike"):
         decode(["set", same_hash])
+
+
+def test_isclose_with_the_literal_first():
+    plan = plan_asserts(["assert math.isclose(3.0, f(), rel_tol=1e-3)"])
+    assert plan.steps == [["eval", "f()"]]
+    assert judge(plan, report_of(["float", "3.002"])).passed and not judge(plan, report_of(["float", "3.01"])).passed
+
+
+def test_a_lowercase_function_of_a_difference_is_the_sandboxs_call():
+    assert plan_asserts(["assert area(f() - 1) < 5"]).steps == [["eval", "area(f() - 1)"]]
+
+
+def test_a_report_of_300_steps_is_read_whole():
+    plan = plan_asserts(["assert f() == 1"] * 300)
+    assert judge(plan, report_of(*[["int", "0x1"]] * 300)).passed
+
+
+def test_a_dict_of_no_pairs_is_malformed_and_a_failed_start_is_quoted():
+    with pytest.raises(ValueError):
+        decode(["dict", 5])
+    plan = plan_asserts(["assert f() == 1"])
+    verdict = judge(plan, json.dumps([["raised", "SyntaxError: x"], ["value", ["int", "0x1"]]]).encode())
+    assert verdict.reason == "the solution did not run: ['raised', 'SyntaxError: x']"
+
+
+def test_frozensets_nested_201_deep_are_refused():
+    def tree(levels):
+        inner = ["int", "0x7"]
+        for _ in range(levels):
+            inner = ["frozenset", [inner]]
+        return inner
+
+    assert decode(tree(200)) is not None
+    with pytest.raises(ValueError, match="not a value tree"):
+        decode(tree(201))
