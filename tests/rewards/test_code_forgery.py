@@ -621,3 +621,21 @@ def test_frozensets_nested_201_deep_are_refused():
     assert decode(tree(200)) is not None
     with pytest.raises(ValueError, match="not a value tree"):
         decode(tree(201))
+
+
+def test_dicts_nested_201_deep_in_their_values_are_refused():
+    def tree(levels):
+        inner = ["int", "0x7"]
+        for _ in range(levels):
+            inner = ["dict", [[["int", "0x0"], inner]]]
+        return inner
+
+    assert decode(tree(200)) is not None
+    with pytest.raises(ValueError, match="not a value tree"):
+        decode(tree(201))
+
+
+def test_another_modules_isclose_is_the_sandboxs_call_and_an_empty_tree_is_malformed():
+    assert plan_asserts(["assert np.isclose(f(), 1)"]).steps == [["eval", "np.isclose(f(), 1)"]]
+    with pytest.raises(ValueError, match="not a value tree"):
+        decode([])
