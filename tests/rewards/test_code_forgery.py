@@ -639,3 +639,9 @@ def test_another_modules_isclose_is_the_sandboxs_call_and_an_empty_tree_is_malfo
     assert plan_asserts(["assert np.isclose(f(), 1)"]).steps == [["eval", "np.isclose(f(), 1)"]]
     with pytest.raises(ValueError, match="not a value tree"):
         decode([])
+
+
+@pytest.mark.parametrize("tree", [5, "int", {"k": ["int", "0x1"]}, [5, "0x1"], None])
+def test_anything_but_a_list_headed_by_its_kind_is_malformed(tree):
+    with pytest.raises(ValueError, match="not a value tree"):
+        decode(tree)
