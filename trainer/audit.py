@@ -3,8 +3,8 @@
 Each line says which prompt (its row in the training data, the epoch it was drawn in), at which step, from which
 weights its samples were generated (the oldest and newest weight version over their tokens), and how many of its
 samples entered the loss (rows with a response token in the mask). A step's lines are written after its update and
-before its checkpoint, so a resumed run drops the lines after its checkpoint and writes them again: the file of a
-killed-and-resumed run lists the prompts the uninterrupted run trained on, each once per epoch::
+before its checkpoint, so a resumed run drops the lines after its checkpoint and writes them again: each step's
+lines are there once (tests/trainer/test_resume.py compares a resumed run's file with an uninterrupted run's)::
 
     {"step": 1, "epoch": 0, "prompt_id": 17, "weight_version": [0, 0], "samples": 4, "samples_trained": 4}
 """
