@@ -49,16 +49,14 @@ def trained_prompts(batch: DataProto, step: int, version: int) -> list[dict[str,
 
 
 def append_records(run_dir: Path, records: list[dict[str, Any]]) -> None:
-    """Append ``records`` to the run's audit file, one JSON line each, flushed to disk before returning."""
+    """Append ``records`` to the run's audit file, one JSON line each (the file is closed, so written, on return)."""
     with open(Path(run_dir) / AUDIT_FILE, "a", encoding="utf-8") as out:
         out.writelines(json.dumps(record) + "\n" for record in records)
-        out.flush()
 
 
 def audit_summary(run_dir: Path | None) -> str:
     """The summary's line: how many prompts the run's steps trained on, how many distinct, over which epochs."""
-    path = Path(run_dir or ".") / AUDIT_FILE
-    if run_dir is None or not path.is_file():
+    if run_dir is None or not (path := Path(run_dir) / AUDIT_FILE).is_file():
         return "none recorded"
     records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     if not records:
