@@ -64,7 +64,6 @@ _MAX_SAME_HASH = 32
 """Most elements of one decoded set (or keys of a dict) that may share a hash: ints that all hash alike
 (multiples of 2**61 - 1) make building a set quadratic, 5.9 s for a 1 MiB report; a set the harness
 encodes has distinct elements, which share a hash only by rare coincidence."""
-_NOT_A_LITERAL = object()
 
 
 @dataclass(frozen=True)
@@ -99,11 +98,12 @@ def _unsupported(test: str, why: str) -> ValueError:
     )
 
 
-def _literal(node: ast.AST) -> Any:
+def _literal(node: ast.AST) -> tuple[bool, Any]:
+    """``(True, value)`` for a literal, ``(False, None)`` for anything the solution computes."""
     try:
-        return ast.literal_eval(node)
+        return True, ast.literal_eval(node)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        return _NOT_A_LITERAL
+        return False, None
 
 
 def _distance(node: ast.expr) -> tuple[ast.expr, Callable[[Any], Any]]:
@@ -111,18 +111,19 @@ def _distance(node: ast.expr) -> tuple[ast.expr, Callable[[Any], Any]]:
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "abs" and len(node.args) == 1:
         inner = node.args[0]
         if isinstance(inner, ast.BinOp) and isinstance(inner.op, ast.Sub) and not node.keywords:
-            left, right = _literal(inner.left), _literal(inner.right)
-            if right is not _NOT_A_LITERAL and left is _NOT_A_LITERAL:
+            (left_is_literal, left), (right_is_literal, right) = _literal(inner.left), _literal(inner.right)
+            if right_is_literal and not left_is_literal:
                 return inner.left, lambda value: abs(value - right)
-            if left is not _NOT_A_LITERAL and right is _NOT_A_LITERAL:
+            if left_is_literal and not right_is_literal:
                 return inner.right, lambda value: abs(left - value)
     return node, lambda value: value
 
 
 def _split_compare(node: ast.Compare, test: str) -> tuple[ast.expr, Callable[[Any], bool]]:
     operands = [node.left, *node.comparators]
-    values = [_literal(operand) for operand in operands]
-    computed = [i for i, value in enumerate(values) if value is _NOT_A_LITERAL]
+    literals = [_literal(operand) for operand in operands]
+    values = [value for _, value in literals]
+    computed = [i for i, (is_literal, _) in enumerate(literals) if not is_literal]
     if len(computed) != 1:
         raise _unsupported(test, "a comparison needs exactly one computed side, the others literals")
     (at,) = computed
@@ -137,17 +138,19 @@ def _split_compare(node: ast.Compare, test: str) -> tuple[ast.expr, Callable[[An
 
 
 def _split_isclose(node: ast.Call, test: str) -> tuple[ast.expr, Callable[[Any], bool]]:
-    options = {keyword.arg: _literal(keyword.value) for keyword in node.keywords}
-    values = [_literal(arg) for arg in node.args]
+    tolerances = {keyword.arg: _literal(keyword.value) for keyword in node.keywords}
+    arguments = [_literal(arg) for arg in node.args]
+    computed = [i for i, (is_literal, _) in enumerate(arguments) if not is_literal]
     if (
-        len(values) != 2
-        or [v is _NOT_A_LITERAL for v in values].count(True) != 1
-        or not set(options) <= {"rel_tol", "abs_tol"}
-        or _NOT_A_LITERAL in options.values()
+        len(arguments) != 2
+        or len(computed) != 1
+        or not set(tolerances) <= {"rel_tol", "abs_tol"}
+        or not all(is_literal for is_literal, _ in tolerances.values())
     ):
         raise _unsupported(test, "isclose needs one computed argument, one literal and literal tolerances")
-    at = values.index(_NOT_A_LITERAL)
-    expected = values[1 - at]
+    (at,) = computed
+    _, expected = arguments[1 - at]
+    options = {name: value for name, (_, value) in tolerances.items()}
     return node.args[at], lambda value: math.isclose(value, expected, **options)
 
 
@@ -179,7 +182,7 @@ def _split(node: ast.expr, test: str) -> list[tuple[ast.expr, Callable[[Any], bo
         return [_split_compare(node, test)]
     if _is_isclose(node):
         return [_split_isclose(node, test)]
-    if _literal(node) is not _NOT_A_LITERAL:
+    if _literal(node)[0]:
         raise _unsupported(test, "it asserts a literal, nothing the solution computes")
     return [(node, bool)]
 

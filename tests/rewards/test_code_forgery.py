@@ -645,3 +645,22 @@ def test_another_modules_isclose_is_the_sandboxs_call_and_an_empty_tree_is_malfo
 def test_anything_but_a_list_headed_by_its_kind_is_malformed(tree):
     with pytest.raises(ValueError, match="not a value tree"):
         decode(tree)
+
+
+@pytest.mark.parametrize("kind", ["bool", "int", "float", "list", "dict", "none"])
+def test_only_the_none_kind_may_come_without_data(kind):
+    """``["none"]`` is None; an empty tree of any other kind (these sort before "none" and after) is malformed."""
+    if kind == "none":
+        assert decode(["none"]) is None
+    else:
+        with pytest.raises(ValueError, match=f"malformed '{kind}'"):
+            decode([kind])
+
+
+def test_a_setup_step_must_report_exactly_ok_none():
+    """A setup outcome cut short (``["ok"]``) is not a step that ran, even when every check holds."""
+    plan = plan_asserts(["x = f()", "assert x == 1"])
+    for outcome in (["ok"], ["ok", None, None], ["ok", 0]):
+        report = json.dumps([["ok", None], outcome, ["value", ["int", "0x1"]]]).encode()
+        verdict = judge(plan, report)
+        assert not verdict.passed and verdict.reason.startswith("'x = f()': "), outcome
