@@ -664,3 +664,27 @@ def test_a_setup_step_must_report_exactly_ok_none():
         report = json.dumps([["ok", None], outcome, ["value", ["int", "0x1"]]]).encode()
         verdict = judge(plan, report)
         assert not verdict.passed and verdict.reason.startswith("'x = f()': "), outcome
+
+
+def test_abs_is_a_distance_only_with_exactly_one_argument():
+    """``abs()`` and ``abs(x - 1, 2)`` are the sandbox's calls (they raise there), not a distance taken here."""
+    assert plan_asserts(["assert abs() < 1"]).steps == [["eval", "abs()"]]
+    assert plan_asserts(["assert abs(f() - 1, 2) < 1"]).steps == [["eval", "abs(f() - 1, 2)"]]
+
+
+def test_isclose_with_a_third_positional_argument_is_refused():
+    with pytest.raises(ValueError, match="isclose needs one computed argument"):
+        plan_asserts(["assert math.isclose(f(), 1.0, 0.5)"])
+
+
+@pytest.mark.parametrize("test", ["assert 0", "assert ''", "assert None", "assert 1", "assert (1, 2)"])
+def test_asserting_any_literal_is_refused_falsy_ones_too(test):
+    with pytest.raises(ValueError, match="it asserts a literal"):
+        plan_asserts([test])
+
+
+@pytest.mark.parametrize("start", [["ok"], ["error", None], ["ok", None, None], ["a", None]])
+def test_the_solution_ran_only_when_its_start_reports_exactly_ok_none(start):
+    plan = plan_asserts(["assert f() == 1"])
+    verdict = judge(plan, json.dumps([start, ["value", ["int", "0x1"]]]).encode())
+    assert not verdict.passed and verdict.reason.startswith("the solution did not run"), start
