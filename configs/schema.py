@@ -32,6 +32,7 @@ BYPASS_LOSS_TYPES = ("ppo_clip", "reinforce")  # losses.bypass's, kept free of t
 REWARD_SOURCES = ("verifier", "reward_model")  # rewards/sources.py's, kept free of torch here
 REWARD_NORMALIZATIONS = ("none", "batch", "sigmoid")
 REWARD_COMBINE_MODES = ("sum", "fallback")
+REWARD_ON_FAILURE = ("exclude", "score")
 
 # Each section checks its own fields in ``problems()`` (messages start with the
 # field name; the config check adds the section's path). Rules that involve
@@ -586,9 +587,15 @@ class RewardConfig:
     num_workers: int = 1
     """Processes scoring responses in parallel (each with a hard per-sample timeout)."""
     timeout_s: float = 10.0
-    """Hard wall-clock limit per sample; a sample past it scores ``timeout_score`` and is counted."""
+    """Hard wall-clock limit per sample; a sample past it failed (see ``on_failure``) and is counted."""
+    on_failure: str = "exclude"
+    """What a sample whose reward could not be computed (its verifier timed out or raised: a sandbox crash, a judge
+    endpoint down) does in training: ``exclude`` (out of its group's baseline and out of the loss; a group left with
+    fewer than two samples is dropped; ``trainer/reward_failures.py``) or ``score`` (it trains on ``timeout_score``,
+    as veRL does)."""
     timeout_score: float = 0.0
-    """Score given to a sample that timed out or whose verifier raised."""
+    """Score of a sample that timed out or whose verifier raised (what metrics and validation count; what it
+    trains on with ``on_failure=score``)."""
     custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
     """A user's scoring function loaded from a file (verifier ``custom``)."""
     verifier_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -621,6 +628,7 @@ class RewardConfig:
             + greater_than(self, 0, "timeout_s")
             + at_least(self, 64, "worker_memory_mb", optional=True)
             + one_of(self, "combine", REWARD_COMBINE_MODES)
+            + one_of(self, "on_failure", REWARD_ON_FAILURE)
         )
         for name, source in self.sources.items():
             if name not in REWARD_SOURCES:

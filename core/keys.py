@@ -30,6 +30,7 @@ REWARD_COMPONENTS = "reward_components"  # (B, K) one score per reward component
 SUM_PI_SQUARED = "sum_pi_squared"  # (B, T) sum over the vocabulary of pi(v)^2 at each response position
 ROLLOUT_IS_WEIGHTS = "rollout_is_weights"  # (B, T) rollout -> training importance weights, no gradient
 RM_SCORES = "rm_scores"  # (B,) float32 the reward model's score of each row's prompt + response (veRL's name)
+REWARD_FAILED = "reward_failed"  # (B,) bool: no reward could be computed (a verifier timed out or raised)
 
 # Which tensor columns run along which axis, for padding rollouts of different widths to one
 # (core/rollout_batch.py): P prompt positions (left-padded), T response positions (right-padded).

@@ -55,7 +55,7 @@ being the number as parsed (the manager reports ``reward/judge_raw/mean``).
 **Failures raise, they never score 0 silently**: a reply with no parsable
 score raises :class:`ValueError` quoting the reply's start; an HTTP error,
 refused connection or client timeout raises :class:`JudgeRequestError`. The
-manager then gives the sample ``reward.timeout_score`` and counts it in
+manager counts the sample as failed (``reward.on_failure``: left out of training by default) in
 ``reward/errors``; a judge that does not answer within ``reward.timeout_s``
 has its worker killed and is counted in ``reward/timeouts``.
 

@@ -48,6 +48,8 @@ logger = logging.getLogger(__name__)
 
 ABSTAINED = "abstained"
 """The outcome status of a sample the verifiers did not decide (see :class:`RewardOutput`'s ``decided``)."""
+FAILED = ("timeout", "error")
+"""The outcome statuses of a sample whose score could not be computed (see :class:`RewardOutput`'s ``failed``)."""
 
 
 def overlong_penalty(length: int, max_length: int, buffer_len: int, penalty_factor: float) -> float:
@@ -89,6 +91,9 @@ class RewardOutput:
     the manager was built with ``abstain_unrouted``); such a sample scores 0."""
     errors: tuple[str, ...] = ()
     """The first line of the error of each sample whose verifier raised (none when every one returned)."""
+    failed: tuple[bool, ...] = ()
+    """Per sample: True where no score could be computed (the verifier timed out or raised; it scores
+    ``timeout_score``); empty when no sample failed this way."""
 
     @cached_property
     def token_level_scores(self) -> torch.Tensor:
@@ -272,6 +277,7 @@ class RewardManager:
             [{"score": s, **e} for s, e in zip(scores, extras)],
             [o.status != ABSTAINED for o in outcomes],
             tuple(_first_line(o.error) for o in outcomes if o.status == "error"),
+            tuple(o.status in FAILED for o in outcomes),
         )
 
 

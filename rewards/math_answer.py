@@ -97,7 +97,7 @@ def math_answer_score(
     candidate was refused unparsed for its nesting depth or length. A
     ground truth that is not text or a number (``None`` above all, whose
     ``str`` would make ``\\boxed{None}`` correct) raises, so the sample is
-    counted as a reward error and scores ``reward.timeout_score``.
+    counted as a reward error (a failed sample: ``reward.on_failure``).
     """
     if isinstance(ground_truth, bool) or not isinstance(ground_truth, (str, int, float)):
         raise TypeError(

@@ -18,7 +18,8 @@ reward model is a source) no route covers the row's data_source. An
 abstaining row's verifier score is 0 before normalization, so ``sum`` adds
 nothing for it beyond what ``batch`` normalization makes of a 0. The
 verifier's own failure policy stands: a sample that timed out or raised
-scores ``reward.timeout_score``, decided, and is counted as before.
+scores ``reward.timeout_score``, decided, is counted as before, and stays failed
+(``RewardOutput.failed``: training leaves it out under ``reward.on_failure=exclude``).
 
 Undeclared sources (the default, ``reward.sources: {}``): the verifier alone,
 or, with ``reward_model.enable``, the reward model alone, as veRL does (its
@@ -128,4 +129,5 @@ class RewardSources:
                 field[REWARD_MODEL] = float(rm_scores[i])
         all_metrics = {**(verified.metrics if verified is not None else {}), **metrics}
         decided_list = verified.decided if verified is not None else [True] * len(scores)
-        return RewardOutput(scores.to(torch.float32), response_mask, all_metrics, fields, decided_list)
+        failed = verified.failed if verified is not None else ()
+        return RewardOutput(scores.to(torch.float32), response_mask, all_metrics, fields, decided_list, (), failed)

@@ -2,8 +2,8 @@
 
 The reward manager runs a verifier in a pool of worker processes with a
 wall-clock limit per response (``rewards/pool.py``); a response whose
-verifier raises, or runs past the limit, scores ``reward.timeout_score`` and
-is counted as a reward error. :func:`check_reward_verifier` runs the
+verifier raises, or runs past the limit, is a failed sample (left out of
+training under ``reward.on_failure=exclude``) and is counted as a reward error. :func:`check_reward_verifier` runs the
 verifier the same way, in a :class:`~hybridflow.rewards.pool.ScoringPool`
 of two workers, on the caller's cases and on three odd responses (an empty
 one, a 1 MB one, a non-ASCII one with a NUL), each twice, and checks:

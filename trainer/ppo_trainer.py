@@ -37,6 +37,7 @@ from hybridflow.core.keys import (
     RESPONSE_MASK,
     REWARD_BASELINES,
     REWARD_COMPONENTS,
+    REWARD_FAILED,
     RM_SCORES,
     ROLLOUT_IS_WEIGHTS,
     ROLLOUT_LOG_PROBS,
@@ -50,7 +51,6 @@ from hybridflow.core.memory import MEMORY_PEAK_GB
 from hybridflow.core.parallel_dims import ParallelDims
 from hybridflow.core.rank_wait import WorkerError
 from hybridflow.core.rollout_batch import concat_rollouts
-from hybridflow.estimators import compute_advantage
 from hybridflow.losses.rollout_correction import rollout_correction
 from hybridflow.plugins import get_estimator
 from hybridflow.rewards.manager import RewardOutput
@@ -65,6 +65,7 @@ from hybridflow.trainer.kl_control import KLController, apply_kl_penalty
 from hybridflow.trainer.launch import Progress
 from hybridflow.trainer.metrics import StageTimer, compute_data_metrics, throughput_metrics
 from hybridflow.trainer.prompt_loader import PromptLoader, PromptSet
+from hybridflow.trainer.reward_failures import FailedSteps, advantages_without_failures
 from hybridflow.trainer.rollout_modes import (
     Rollout,
     engine_metrics,
@@ -168,6 +169,7 @@ class PPOTrainer:
         self.kl_ctrl = KLController.from_config(config.algorithm.kl_ctrl)
         self.inputs = InputPlan.for_estimator(get_estimator(config.algorithm.adv_estimator), config)
         self.hooks = BatchHooks(list(config.algorithm.batch_hooks), dict(config.algorithm.batch_hook_options))
+        self.failed_steps = FailedSteps()
         self.tracking = Tracking(list(config.trainer.logger), run_info(config, self.run_dir))
         self.global_step = 0
         self._verifier_seen = False
@@ -265,23 +267,27 @@ class PPOTrainer:
             with timer("values"):  # 5. values, for estimators that need a critic
                 values = self.critic.compute_values(batch)
                 batch.union(self.memory(metrics, "values", values))
-        with timer("adv"):  # 6. advantages, the estimator resolved by name
+        with timer("adv"):  # 6. advantages, the estimator resolved by name, over the samples whose reward was computed
             options = dict(self.config.algorithm.estimator_options)
-            batch = compute_advantage(batch, self.config.algorithm.adv_estimator, **options)
+            batch, trained, failure_metrics = advantages_without_failures(
+                batch, self.config.algorithm.adv_estimator, options
+            )
+            metrics.update(failure_metrics)
             batch, hook_metrics = self.hooks.run("before_update", batch)
             metrics.update(hook_metrics)
-        with timer("update"):  # 7. update critic, then actor, each on the same global mini-batches
-            batch.meta_info[GLOBAL_STEP] = self.global_step
-            if self.critic is not None:
-                critic = self.critic.update_critic(self.dims.critic.arrange_for_update(batch))
-                metrics.update(_mean_over_ranks(self.memory(metrics, "update", critic)))
-            actor = self.actor.update_actor(self.dims.actor.arrange_for_update(batch))
-            metrics.update(_mean_over_ranks(self.memory(metrics, "update", actor)))
+        if self.failed_steps.trains(trained, self.global_step + 1):
+            with timer("update"):  # 7. update critic, then actor, each on the same global mini-batches
+                batch.meta_info[GLOBAL_STEP] = self.global_step
+                if self.critic is not None:
+                    critic = self.critic.update_critic(self.dims.critic.arrange_for_update(batch))
+                    metrics.update(_mean_over_ranks(self.memory(metrics, "update", critic)))
+                actor = self.actor.update_actor(self.dims.actor.arrange_for_update(batch))
+                metrics.update(_mean_over_ranks(self.memory(metrics, "update", actor)))
         # the audit trail, before the step's checkpoint: a resume drops what follows the checkpoint and rewrites it
         append_records(self.run_dir, trained_prompts(batch, self.global_step + 1, version=self.global_step))
         metrics.update(self.sync_weights())  # the new weights to a rollout on ranks of its own
 
-        metrics.update(compute_data_metrics(batch))
+        metrics.update(compute_data_metrics(batch[trained] if bool(trained.any()) else batch))  # what trained
         metrics.update(timer.metrics())
         metrics.update(throughput_metrics(batch, time.perf_counter() - step_start, self.world_size))
         metrics.update(self.traffic())
@@ -447,6 +453,8 @@ class PPOTrainer:
         out, _ = self.rewards(batch)
         metrics = dict(out.metrics)
         batch.batch[TOKEN_LEVEL_SCORES] = out.token_level_scores
+        if self.config.reward.on_failure == "exclude":  # out of the advantage and the loss: trainer/reward_failures.py
+            batch.batch[REWARD_FAILED] = torch.tensor(out.failed or [False] * len(batch), dtype=torch.bool)
         if self.inputs.reward_components:
             batch.batch[REWARD_COMPONENTS] = reward_components(
                 out.fields, self.inputs.reward_components, self.config.reward.timeout_score

@@ -88,7 +88,8 @@ def test_hang_and_raise_in_a_batch_of_good_ones(hostile_manager, tokenizer, capl
     expected = [1.0, -1.0, 1.0, 0.0, -1.0, 0.0, -1.0, 1.0, 0.0]
     batch = make_batch(tokenizer, responses, ["custom/data"] * len(responses), truths)
     start = time.monotonic()
-    scores, metrics = hostile_manager(batch, tokenizer)
+    out = hostile_manager.score_batch(batch, tokenizer)
+    scores, metrics = out.token_level_scores, out.metrics
     elapsed = time.monotonic() - start
     # one hang costs one timeout on one worker; the others keep scoring meanwhile. The
     # margin covers starting two replacement workers (the hang's and the dead one's).
@@ -96,6 +97,8 @@ def test_hang_and_raise_in_a_batch_of_good_ones(hostile_manager, tokenizer, capl
     assert scores.sum(dim=-1).tolist() == expected
     assert metrics["reward/timeouts"] == 1.0
     assert metrics["reward/errors"] == 2.0  # the raise and the dead worker
+    # the hang, the raise and the dead worker are failures (reward.on_failure), not the wrong answers "x", "3", "5"
+    assert out.failed == (False, True, False, False, True, False, True, False, False)
     assert metrics["reward/score/mean"] == pytest.approx(sum(expected) / len(expected))
     good = [len(r) for r in responses if r not in ("hang", "boom", "die")]
     assert metrics["reward/length/mean"] == pytest.approx(sum(good) / len(good))

@@ -63,7 +63,9 @@ def test_undeclared_sources_are_the_verifier_or_else_the_reward_model_alone():
 
 def test_combine_puts_the_score_at_the_last_response_token_and_keeps_the_fields():
     mask = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 0], [1, 1, 1]])
-    verified = RewardOutput(V, mask, {"reward/errors": 0.0}, [{"score": s, "acc": s} for s in V.tolist()], [True] * 4)
+    fields = [{"score": s, "acc": s} for s in V.tolist()]
+    failed = (False, True, False, False)  # a verifier's failure stays one with the reward model's score added
+    verified = RewardOutput(V, mask, {"reward/errors": 0.0}, fields, [True] * 4, (), failed)
     sources = RewardSources((Source(VERIFIER, 1.0), Source(REWARD_MODEL, 1.0)), "sum")
     out = sources.combine(verified, RM, mask)
     total = (V + RM).tolist()
@@ -74,6 +76,7 @@ def test_combine_puts_the_score_at_the_last_response_token_and_keeps_the_fields(
     assert [f["reward_model"] for f in out.fields] == pytest.approx(RM.tolist())
     assert [f["acc"] for f in out.fields] == V.tolist() and "reward/errors" in out.metrics
     assert verified.fields[0]["score"] == 1.0  # the verifiers' own output is left as it was
+    assert out.failed == failed
 
 
 def fresh(text: str) -> str:

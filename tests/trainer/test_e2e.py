@@ -209,3 +209,34 @@ def test_a_reward_function_that_raises_on_every_sample_stops_the_run_with_its_er
     assert "the reward's verifier raised on every sample of the first batch it scored (16)" in message, message
     assert "ZeroDivisionError: division by zero (16x)" in message, message
     assert not list_checkpoints(tmp_path / "run" / "checkpoints")  # stopped before its first update
+
+
+def test_samples_whose_verifier_times_out_are_kept_out_of_the_loss_and_counted(ray_session, tmp_path):
+    """reward.on_failure=exclude (the default): the verifier hangs on every fourth prompt (by its dataset row); those
+    prompts' samples time out, enter no loss (the audit trail: 0 of 4 trained) and are counted per step."""
+    hangs = tmp_path / "hanging_score.py"
+    hangs.write_text(
+        "import time\n"
+        "def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
+        "    if extra_info['index'] % 4 == 0:\n"
+        "        time.sleep(60)\n"
+        "    return float(solution_str.strip() == ground_truth)\n"
+    )
+    config = small_config(
+        tmp_path,
+        **{
+            "reward.custom_reward_function.path": str(hangs),
+            "reward.timeout_s": 0.5,
+            "reward.num_workers": 2,
+            "trainer.total_training_steps": 2,
+        },
+    )
+    build_and_fit(config, tmp_path / "run")
+    trail = [json.loads(line) for line in (tmp_path / "run" / "trained_prompts.jsonl").read_text().splitlines()]
+    assert [r["samples_trained"] for r in trail] == [0 if r["prompt_id"] % 4 == 0 else 4 for r in trail]
+    for step, metrics in enumerate(read_metrics(tmp_path / "run"), start=1):
+        hung = [r for r in trail if r["step"] == step and r["prompt_id"] % 4 == 0]
+        assert metrics["reward/timeouts"] == 4 * len(hung)
+        assert metrics["reward/infra_failed_frac"] == 4 * len(hung) / 16
+        assert metrics["reward/groups_dropped"] == len(hung)
+    assert any(r["samples_trained"] == 0 for r in trail)  # the seeded draw has hanging prompts
