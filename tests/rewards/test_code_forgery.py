@@ -688,3 +688,16 @@ def test_the_solution_ran_only_when_its_start_reports_exactly_ok_none(start):
     plan = plan_asserts(["assert f() == 1"])
     verdict = judge(plan, json.dumps([start, ["value", ["int", "0x1"]]]).encode())
     assert not verdict.passed and verdict.reason.startswith("the solution did not run"), start
+
+
+@pytest.mark.parametrize("test", ["assert math.ceil(f())", "assert valid(f())", "assert math.isfinite(f())"])
+def test_only_isclose_by_that_name_is_split_other_calls_go_whole(test):
+    """Names that sort before or after "isclose" are the sandbox's calls, checked for truth here."""
+    assert plan_asserts([test]).steps == [["eval", test.removeprefix("assert ")]]
+
+
+def test_a_complex_or_a_value_of_more_than_one_datum_is_malformed():
+    with pytest.raises(ValueError, match="not a value: 'complex'"):
+        decode(["complex", ["1", "2", "3"]])
+    with pytest.raises(ValueError, match="malformed 'int'"):
+        decode(["int", "0x1", "0x2"])
