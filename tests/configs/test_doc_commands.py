@@ -26,7 +26,7 @@ from hybridflow.plugins.manager import PluginSource
 from hybridflow.trainer.config_checks import config_problems
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 BASH_BLOCK = re.compile(r"```bash\n(.*?)```", re.S)
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 # a relative path (links from docs/ start with ../) with at least one folder, ending in a file type this repository
 # holds
@@ -103,7 +103,7 @@ def test_the_pages_name_paths_and_commands():
     every_path = set().union(*(paths_named(p) for p in PAGES))
     assert {"configs/roles.py", "tests/test_layers.py", "bench/bench_vs_trl.py"} <= every_path
     commands = commands_named(ROOT / "README.md")
-    assert {"compare", "plugins"} <= commands["hybridflow"] and {"run", "test"} <= commands["make"]
+    assert {"compare", "plugins"} <= commands["hybridflow"] and {"run", "test", "docs"} <= commands["make"]
 
 
 def test_a_missing_path_and_command_are_seen(tmp_path):
@@ -121,3 +121,9 @@ def test_a_missing_path_and_command_are_seen(tmp_path):
     assert named["make"] - make_targets() == {"lints"}
     assert named["script"] - console_scripts() == {"hybridflow-nothing"}
     assert importlib.util.find_spec("hybridflow.no_such_module") is None
+
+
+def test_the_readme_is_a_front_page():
+    """At most 160 lines: what it is, the two commands, the layout, three paths, the links; the rest is in docs/."""
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 160, len(lines)

@@ -30,7 +30,16 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 # The tree's files that are not the package: the suite, benchmarks, docs, and the build's own files.
 NOT_SHIPPED_DIRS = ("tests/", "bench/", "docs/", ".ci/")
-NOT_SHIPPED_FILES = {".gitignore", "Makefile", "README.md", "LICENSE", "setup.cfg", "setup.py", "pyproject.toml"}
+NOT_SHIPPED_FILES = {
+    ".gitignore",
+    "Makefile",
+    "README.md",
+    "LICENSE",
+    "setup.cfg",
+    "setup.py",
+    "pyproject.toml",
+    "mkdocs.yml",
+}
 DATA_DIRS = ("templates/", "examples/")  # copied whole; their Python files belong to other packages
 BUILTIN_PLUGINS = ("grpo", "rloo", "gae", "reinforce_plus_plus", "vanilla", "gspo", "math", "gsm8k", "code")
 
