@@ -10,9 +10,11 @@ holds the full model. Per bucket size, each repeat measures
 runs them (the FSDP all-gather of each weight included), and, side by side in
 the same processes, the path through the disk a checkpoint-based hand-off
 takes (trainer rank 0 gathers and ``torch.save``\\ s the state dict, the
-rollout ``torch.load``\\ s it and copies it in). After every transfer the
-rollout's weights are compared with the trainer's, exactly. Prints a Markdown
-table of medians.
+rollout ``torch.load``\\ s it and copies it in), and the same transfer without
+the buckets' fingerprints (``WeightTransfer.verify`` off on both ends; the two
+take turns, the order swapped every repeat), so the fingerprints' cost is a
+ratio. After every transfer the rollout's weights are compared with the
+trainer's, exactly. Prints a Markdown table of medians.
 """
 
 from __future__ import annotations
@@ -69,34 +71,40 @@ def rank_main(rank, trainers, ports, buckets_mb, repeats, scratch, results):
             transfer = WeightTransfer("127.0.0.1", ports[1], 0 if trainer else 1, members, torch.device("cpu"))
             transfer.publish(manifest_of(net.named_parameters())) if trainer else transfer.read_manifest()
         params = dict(net.named_parameters())
-        for mb in buckets_mb:
-            for repeat in range(repeats):
-                version = repeat + 1
-                if trainer:
-                    weights = iter_full_weights(net)
-                    if transfer is None:
-                        for _ in weights:
-                            pass
-                    else:
-                        stats = transfer.send(weights, version, mb << 20)
-                        results.put(("send", mb, stats.seconds, stats.bytes))
-                    _disk_send(net, rank, scratch, results, mb)
-                    full = full_parameters(net)
-                    if rank == 0:
-                        torch.save(full, os.path.join(scratch, "check.pt"))
+        for mb, repeat, verify in _schedule(buckets_mb, repeats):
+            version = repeat + 1
+            if transfer is not None:
+                transfer.verify = verify  # both ends switch at the same point of the schedule
+            tag = "" if verify else "_unverified"
+            if trainer:
+                weights = iter_full_weights(net)
+                if transfer is None:
+                    for _ in weights:
+                        pass
                 else:
-                    with torch.no_grad():
-                        stats = transfer.receive(lambda name, t: params[name].copy_(t), mb << 20)
-                    results.put(("receive", mb, stats.seconds, stats.bytes))
+                    stats = transfer.send(weights, version, mb << 20)
+                    results.put(("send" + tag, mb, stats.seconds, stats.bytes))
+                    results.put(("send_verify" + tag, mb, stats.verify_seconds, 0))
+                if verify:
+                    _disk_send(net, rank, scratch, results, mb)
+                full = full_parameters(net)
+                if rank == 0:
+                    torch.save(full, os.path.join(scratch, "check.pt"))
+            else:
+                with torch.no_grad():
+                    stats = transfer.receive(lambda name, t: params[name].copy_(t), mb << 20)
+                results.put(("receive" + tag, mb, stats.seconds, stats.bytes))
+                results.put(("receive_verify" + tag, mb, stats.verify_seconds, 0))
+                if verify:
                     _disk_receive(params, scratch, results, mb)
-                _barrier(transfer, trainer, rank)
-                if not trainer:
-                    want = torch.load(os.path.join(scratch, "check.pt"))
-                    assert all(torch.equal(params[k], want[k]) for k in params), "rollout weights differ"
-                    with torch.no_grad():
-                        for p in params.values():
-                            p.zero_()  # the next transfer must write every weight again
-                _barrier(transfer, trainer, rank)
+            _barrier(transfer, trainer, rank)
+            if not trainer:
+                want = torch.load(os.path.join(scratch, "check.pt"))
+                assert all(torch.equal(params[k], want[k]) for k in params), "rollout weights differ"
+                with torch.no_grad():
+                    for p in params.values():
+                        p.zero_()  # the next transfer must write every weight again
+            _barrier(transfer, trainer, rank)
         if trainer:
             dist.barrier()
     finally:
@@ -104,6 +112,15 @@ def rank_main(rank, trainers, ports, buckets_mb, repeats, scratch, results):
             dist.destroy_process_group()
     sys.stdout.flush()
     os._exit(0)
+
+
+def _schedule(buckets_mb, repeats):
+    """(bucket MiB, repeat, fingerprints on) in the order every rank runs them: on and off take turns, the order
+    swapped every repeat, so neither always runs first."""
+    for mb in buckets_mb:
+        for repeat in range(repeats):
+            for verify in (True, False) if repeat % 2 == 0 else (False, True):
+                yield mb, repeat, verify
 
 
 def _barrier(transfer, trainer, rank):
@@ -158,7 +175,7 @@ def main() -> None:
         for p in procs:
             p.start()
         rows = []
-        expected = len(buckets_mb) * args.repeats * 4
+        expected = len(buckets_mb) * args.repeats * 10  # per repeat: 8 transfer rows (on and off), 2 disk rows
         while len(rows) < expected:
             rows.append(results.get(timeout=600))
         for p in procs:
@@ -168,16 +185,21 @@ def main() -> None:
         f"{4 * params / 2**20:.0f} MiB), {args.trainer_ranks} FSDP2 trainer ranks -> 1 rollout rank, gloo, "
         f"medians of {args.repeats}\n"
     )
-    print("| bucket MiB | send s | receive s | GB/s | bytes | disk: save s | disk: load s | disk / transfer |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(
+        "| bucket MiB | send s | receive s | GB/s | bytes | disk: save s | disk: load s | disk / transfer "
+        "| unfingerprinted s | fingerprint s (send + receive) | fingerprinted / not |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for mb in buckets_mb:
         med = lambda kind: statistics.median(r[2] for r in rows if r[0] == kind and r[1] == mb)  # noqa: E731
         sent = next(r[3] for r in rows if r[0] == "send" and r[1] == mb)
         transfer = max(med("send"), med("receive"))
+        bare = max(med("send_unverified"), med("receive_unverified"))
         disk = med("disk_save") + med("disk_load")
         print(
             f"| {mb} | {med('send'):.2f} | {med('receive'):.2f} | {sent / transfer / 1e9:.2f} | {sent:,} "
-            f"| {med('disk_save'):.2f} | {med('disk_load'):.2f} | {disk / transfer:.2f}x |"
+            f"| {med('disk_save'):.2f} | {med('disk_load'):.2f} | {disk / transfer:.2f}x | {bare:.2f} "
+            f"| {med('send_verify') + med('receive_verify'):.3f} | {transfer / bare:.3f} |"
         )
 
 

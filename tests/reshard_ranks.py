@@ -166,3 +166,39 @@ def tp_update_rank(rank, world, port, out_dir):
     finally:
         dist.destroy_process_group()
     _exit()
+
+
+def reshard_tamper_rank(rank, world, port, out_dir):
+    """FSDP over 2 ranks to rollout TP 1 (each rank receives the other's half): rank 1 flips one bit of round 0 as
+    it arrives (a test seam), then both run again untouched."""
+    from hybridflow.core.weight_transfer import WeightSyncError
+
+    _start(rank, world, port)
+    try:
+        model = build_model("uneven-qwen2")
+        full = {n: p.detach().clone() for n, p in model.named_parameters()}
+        shard_model(model, _mesh("fsdp", world))
+        targets, slices = _rollout_targets(full, model.config, rank, 1)
+        plan = plan_reshard(sharded_parameters(model), targets, slices)
+        report = {}
+
+        def flip_a_bit(index, received):
+            if index == 0 and received.numel():
+                received.view(torch.int32)[0] ^= 1 << 7
+
+        plan.tamper = flip_a_bit if rank == 1 else None
+        try:
+            stats = plan.run(SMALL_BUCKET)
+            report["first"] = {"rounds": stats.rounds, "verify_s": stats.verify_seconds}
+        except WeightSyncError as err:
+            report["first"] = {"error": str(err), "unwritten": sum(bool(t.isnan().any()) for t in targets.values())}
+        plan.tamper = None
+        for t in targets.values():
+            t.fill_(float("nan"))
+        stats = plan.run(SMALL_BUCKET)
+        report["second"] = {"rounds": stats.rounds, "wrong": _mismatches(targets, slices, full)}
+        torch.save(report, os.path.join(out_dir, f"tamper{rank}.pt"))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    _exit()

@@ -81,3 +81,42 @@ def _receive(rank, config, port, out_dir):
             {"version": stats.version, "buckets": stats.buckets, "params": held},
             os.path.join(out_dir, f"rollout{tp_rank}_{version}.pt"),
         )
+
+
+# Four weights of 64 float32 (256 bytes) in buckets of 256 bytes: four buckets, one weight each.
+TAMPER_WEIGHTS = [(f"w{i}", torch.arange(64, dtype=torch.float32) + 100 * i) for i in range(4)]
+
+
+def tamper_rank(rank, port, out_dir):
+    """Member 0 sends two versions; member 1 flips one bit of bucket 2 of the first as it arrives (a test seam)."""
+    import json
+
+    from hybridflow.core.weight_transfer import WeightSyncError
+
+    torch.set_num_threads(1)
+    transfer = WeightTransfer("127.0.0.1", port, rank, 2, torch.device("cpu"), timeout_s=60)
+    record = {}
+    if rank == 0:
+        transfer.publish(manifest_of(TAMPER_WEIGHTS))
+        for version in (1, 2):
+            stats = transfer.send(((n, t * version) for n, t in TAMPER_WEIGHTS), version, 256)
+            record[f"sent{version}"] = [stats.buckets, stats.verify_seconds > 0]
+    else:
+        transfer.read_manifest()
+
+        def flip_a_bit(index, flat):
+            if index == 2 and flat[0] == 200.0:  # the first version's bucket 2 only
+                flat.view(torch.int32)[5] ^= 1 << 3
+
+        transfer.tamper = flip_a_bit
+        for version in (1, 2):
+            written = {}
+            try:
+                stats = transfer.receive(lambda name, t: written.__setitem__(name, t.tolist()), 256)
+                record[f"received{version}"] = {"version": stats.version, "written": written}
+            except WeightSyncError as err:
+                record[f"received{version}"] = {"error": str(err), "written": written}
+    with open(os.path.join(out_dir, f"tamper{rank}.json"), "w") as out:
+        json.dump(record, out)
+    sys.stdout.flush()
+    os._exit(0)

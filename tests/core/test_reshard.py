@@ -10,7 +10,7 @@ missed element fails ``torch.equal``.
 import pytest
 import torch
 import torch.multiprocessing as mp
-from reshard_ranks import LARGE_BUCKET, SMALL_BUCKET, STEP_BUCKET, reshard_rank
+from reshard_ranks import LARGE_BUCKET, SMALL_BUCKET, STEP_BUCKET, reshard_rank, reshard_tamper_rank
 
 from hybridflow.core.reshard import Box, TensorSlice, _route, _schedule, _split
 from hybridflow.core.worker import free_ports
@@ -90,3 +90,19 @@ def test_fsdp4_to_rollout_tp_1_2_4(tmp_path):
 def test_dp2_tp2_to_rollout_tp_1_4(tmp_path):
     models, qs = ("builtin:tiny-qwen2", "uneven-qwen2"), (1, 4)
     _check(_run(tmp_path, "dp2xtp2", models, qs), models, qs)
+
+
+def test_a_round_corrupted_in_transit_is_caught_and_nothing_after_it_is_written(tmp_path):
+    """FSDP 2 -> rollout TP 1, one flipped bit in what rank 1 receives in round 0: rank 1 raises WeightSyncError naming
+    the round, the sender and itself, its weights stay unwritten; rank 0 finishes; the next run is whole on both."""
+    mp.start_processes(reshard_tamper_rank, args=(2, free_ports(1)[0], str(tmp_path)), nprocs=2, start_method="spawn")
+    caught, clean = (torch.load(tmp_path / f"tamper{r}.pt", weights_only=False) for r in (1, 0))
+    assert caught["first"]["error"].startswith("reshard round 0: the chunk from rank 0 (")
+    assert (
+        "arrived corrupted on rank 1 (its fingerprint differs from the sender's); the rounds before it were"
+        in (caught["first"]["error"])
+    )
+    assert caught["first"]["unwritten"] > 0  # the corrupted round and the ones after it left NaN behind
+    assert clean["first"]["rounds"] > 1 and clean["first"]["verify_s"] > 0
+    for report in (caught, clean):
+        assert report["second"]["wrong"] == []

@@ -112,7 +112,11 @@ class BuiltinRollout:
             if self.plan is None:  # collective, once: the blocks and shards never change identity
                 self.plan = self._plan(shards)
             run = self.plan.run(self.bucket_bytes)
-            metrics = {"reshard/seconds": run.seconds, "reshard/peak_extra_bytes": float(run.peak_extra_bytes)}
+            metrics = {
+                "reshard/seconds": run.seconds,
+                "reshard/peak_extra_bytes": float(run.peak_extra_bytes),
+                "reshard/verify_s": run.verify_seconds,
+            }
         else:
             write = block_writer(self.params, self.hf_config, self.tp_rank, self.tp_size)
             for name, full in source.full():

@@ -36,7 +36,7 @@ from hybridflow.core.keys import (
 )
 from hybridflow.core.parallel_dims import ParallelDims
 from hybridflow.core.sampling import SamplingParams
-from hybridflow.core.weight_transfer import WeightTransfer
+from hybridflow.core.weight_transfer import WeightSyncError, WeightTransfer
 from hybridflow.workers.models import load_tokenizer
 from hybridflow.workers.rollout.base import EngineContext, build_engine, tokenizer_info
 from hybridflow.workers.rollout.sources import ReceivedWeights
@@ -71,6 +71,7 @@ class RolloutWorker(Worker):
         self.tp_size = dims.rollout.tp
         self.transfer: WeightTransfer | None = None
         self.stream: RolloutStream | None = None
+        self.broken_sync: str | None = None  # a sync that failed partway: what the engine holds is no one version
         self._calls = itertools.count(-1, -1)  # stream ids of generate_sequences calls, apart from the driver's
 
     @property
@@ -116,12 +117,18 @@ class RolloutWorker(Worker):
         """Receive one transfer into the engine (with the trainer's ``send_weights``); its ``weight_sync/*``
         metrics. Inside a running stream it waits for the stream's swap point (``stream.paused``)."""
         bucket = int(self.config.actor_rollout_ref.rollout.reshard_bucket_mb * 2**20)
-        with torch.no_grad(), self._paused():
-            source = ReceivedWeights(self.transfer.incoming(bucket))
-            self.engine.load_weights(source, requests_in_flight=self.stream is not None)
-            stats = source.stats()
+        try:
+            with torch.no_grad(), self._paused():
+                source = ReceivedWeights(self.transfer.incoming(bucket))
+                self.engine.load_weights(source, requests_in_flight=self.stream is not None)
+                stats = source.stats()
+                if self.stream is not None:
+                    self.stream.set_version(stats.version)
+        except BaseException as err:  # fail closed: nothing generates on a partial sync
+            self.broken_sync = f"{type(err).__name__}: {err}"
             if self.stream is not None:
-                self.stream.set_version(stats.version)
+                self.stream.close()
+            raise
         return stats.metrics()
 
     @register(dispatch=DP_COMPUTE_PROTO, reads=SEQUENCE_COLUMNS)
@@ -129,6 +136,7 @@ class RolloutWorker(Worker):
         """One generation call, as the actor's (``meta_info``: ``n``, ``greedy``, ``seed``, optionally
         ``max_new_tokens``, ``stop_token_ids``); a running stream pauses for it, or takes it as one more request
         where the stream alone steps the engine."""
+        self._refuse_a_broken_sync()
         meta = prompts.meta_info
         stops = tuple(meta.get(STOP_TOKEN_IDS, ()))
         if self.engine.generates_through_stream and self.stream is not None:
@@ -155,6 +163,7 @@ class RolloutWorker(Worker):
         """Submit ``prompts`` (``meta_info``: ``n``, ``seed``, ``request``: a unique id) to the stream and wait for
         their rollout: the columns of :meth:`generate_sequences` plus ``rollout_versions`` (each token's weight
         version, which the driver checks against its staleness bound)."""
+        self._refuse_a_broken_sync()
         meta = prompts.meta_info
         if self.stream is None:
             raise RuntimeError(f"trainer.rollout_mode={self.config.trainer.rollout_mode!r} streams nothing")
@@ -170,6 +179,12 @@ class RolloutWorker(Worker):
         )
         stream.set_version(self.engine.weight_version)
         return stream
+
+    def _refuse_a_broken_sync(self) -> None:
+        if self.broken_sync is not None:
+            raise WeightSyncError(
+                f"rollout rank {self.rank} generates nothing after a failed weight sync: {self.broken_sync}"
+            )
 
     def _paused(self) -> AbstractContextManager:
         return self.stream.paused() if self.stream is not None else nullcontext()
