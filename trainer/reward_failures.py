@@ -75,12 +75,12 @@ def advantages_without_failures(
 
 
 class RewardUnavailableError(RuntimeError):
-    """No sample's reward could be computed for :data:`MAX_FAILED_STEPS` steps in a row."""
+    """Nothing could be trained on for :data:`MAX_FAILED_STEPS` steps in a row: the rewards failed."""
 
 
 class FailedSteps:
-    """Counts the consecutive steps that had nothing to train on because every reward failed; a step with any
-    row trained resets the count."""
+    """Counts the consecutive steps left with nothing to train on (every reward failed, or every group kept fewer
+    than two scored samples); a step with any row trained resets the count."""
 
     def __init__(self, limit: int = MAX_FAILED_STEPS) -> None:
         self.limit = limit
@@ -95,12 +95,13 @@ class FailedSteps:
         self.in_a_row += 1
         if self.in_a_row >= self.limit:
             raise RewardUnavailableError(
-                f"the reward failed for every sample of {self.in_a_row} steps in a row (the last: step {step}): "
-                "the verifier, sandbox, judge or reward model is down; each failure is logged above with its reason "
+                f"{self.in_a_row} steps in a row (the last: step {step}) had no sample to train on: their rewards "
+                "failed (the verifier, sandbox or judge is down); each failure is logged above with its reason "
                 "(reward.on_failure=score would train on reward.timeout_score instead)"
             )
         logger.warning(
-            "step %d: the reward failed for every sample; the step trains nothing (%d of %d such steps in a row)",
+            "step %d: no sample to train on (every reward failed, or left its group with fewer than two scored); "
+            "the step trains nothing (%d of %d such steps in a row)",
             step, self.in_a_row, self.limit,
         )  # fmt: skip
         return False

@@ -95,10 +95,13 @@ def test_a_step_whose_every_reward_failed_trains_nothing_and_three_in_a_row_stop
     none, some = torch.zeros(4, dtype=torch.bool), torch.tensor([True, False, False, False])
     with caplog.at_level(logging.WARNING):
         assert not steps.trains(none, 1) and not steps.trains(none, 2)
-    assert "step 2: the reward failed for every sample; the step trains nothing (2 of 3" in caplog.text
+    assert "step 2: no sample to train on (every reward failed, or left its group with fewer than two" in caplog.text
+    assert "scored); the step trains nothing (2 of 3 such steps in a row)" in caplog.text
     assert steps.trains(some, 3)  # a step with a row to train resets the count
     assert not steps.trains(none, 4) and not steps.trains(none, 5)
-    with pytest.raises(RewardUnavailableError, match="every sample of 3 steps in a row \\(the last: step 6\\)"):
+    with pytest.raises(
+        RewardUnavailableError, match="3 steps in a row \\(the last: step 6\\) had no sample to train on"
+    ):
         steps.trains(none, 6)
     batch = batch_of([0, 0], ["a", "a"], [True, True])
     batch, trained, metrics = advantages_without_failures(batch, "grpo", {})
