@@ -29,7 +29,7 @@ from hybridflow.plugins import get_estimator
 logger = logging.getLogger(__name__)
 
 MAX_FAILED_STEPS = 3
-"""Consecutive steps with every sample's reward failed after which the run stops: the reward is down, not flaky."""
+"""Consecutive steps left with nothing to train on after which the run stops: the reward is down, not flaky."""
 
 
 def rows_to_train(failed: torch.Tensor, uids: np.ndarray, groups: bool) -> torch.Tensor:
