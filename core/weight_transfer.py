@@ -236,7 +236,7 @@ class Incoming:
                 raise WeightSyncError(
                     f"weight sync of version {self.version}: bucket {index} of {len(self.plan)} ({names}) arrived "
                     f"corrupted on member {self.transfer.member} of {self.transfer.members} (its fingerprint differs "
-                    f"from the sender's); buckets 0..{index - 1} were written, so the rollout holds a mixture of "
+                    f"from the sender's); the buckets before it were written, so the rollout holds a mixture of "
                     "versions and must not generate"
                 )
             for i, part in zip(bucket, flat.split(sizes)):

@@ -287,7 +287,8 @@ class PPOTrainer:
         append_records(self.run_dir, trained_prompts(batch, self.global_step + 1, version=self.global_step))
         metrics.update(self.sync_weights())  # the new weights to a rollout on ranks of its own
 
-        metrics.update(compute_data_metrics(batch[trained] if bool(trained.any()) else batch))  # what trained
+        some_left_out = bool(trained.any()) and not bool(trained.all())
+        metrics.update(compute_data_metrics(batch[trained] if some_left_out else batch))  # the rows that trained
         metrics.update(timer.metrics())
         metrics.update(throughput_metrics(batch, time.perf_counter() - step_start, self.world_size))
         metrics.update(self.traffic())
