@@ -828,6 +828,12 @@ class TrainerConfig:
     """Checkpoint directory (relative to the run directory)."""
     resume_mode: str = "auto"
     """``auto`` (latest checkpoint in ``default_local_dir`` if any), ``disable``, or a checkpoint path."""
+    max_restarts: int = 0
+    """Restart the run this many times after a worker's failure (a rank or a rollout engine that died, stalled or
+    timed out, a collective timed out, a corrupted weight sync): the worker groups start again and resume from the
+    last checkpoint (set ``save_freq``; without a checkpoint a restart begins at step 0). Each fault is a line of
+    ``faults.jsonl`` in the run directory. An error the workers' code raises again at the step it failed at
+    stops the run at once. ``trainer=gpu`` sets 3."""
     max_ckpt_to_keep: int = 2
     """Keep this many most recent checkpoints."""
     save_hf_on_end: bool = False
@@ -867,7 +873,7 @@ class TrainerConfig:
             + one_of(self, "placement", PLACEMENTS)
             + one_of(self, "rollout_mode", STEP_MODES)
             + at_least(self, 1, "total_training_steps", optional=True)
-            + at_least(self, 0, "max_ckpt_to_keep", "log_val_generations")
+            + at_least(self, 0, "max_ckpt_to_keep", "log_val_generations", "max_restarts")
             + [f"{m} (0 turns it off, as veRL's -1 does)" for m in at_least(self, 0, "test_freq", "save_freq")]
             + one_of(self, "device", (AUTO, *DEVICES))
         )

@@ -108,12 +108,17 @@ class RankCall:
         return f"{self.role}.{self.method}"
 
 
+STILL_IN_CALL = "still in the call when it failed"
+"""Where a failed call's error starts to list the ranks still in the call (read by trainer/restarts.py)."""
+
+
 class WorkerError(RuntimeError):
     """A call failed on a rank; the message names role, method, rank, node and the cause."""
 
     def __init__(self, message: str, role: str, method: str, rank: int | None, cause: BaseException | None) -> None:
         super().__init__(message)
         self.role, self.method, self.rank, self.cause = role, method, rank, cause
+        self.step: int | None = None  # the trainer's step it stopped, set by the trainer
 
 
 class WorkerTimeoutError(WorkerError, TimeoutError):
@@ -203,7 +208,7 @@ def _failed(
         message += _last_words_text(call.label)
     if still:
         message += (
-            "\nstill in the call when it failed (a peer that never reached a collective is among them):\n  "
+            f"\n{STILL_IN_CALL} (a peer that never reached a collective is among them):\n  "
             + "\n  ".join(_doing(still))
         )
     return WorkerError(message, call.role, call.method, call.label.rank, err)

@@ -321,10 +321,14 @@ def editable_install(example, workdir, distribution, module):
         reset_plugin_manager()
 
 
-def faulty(base: type, method: str, rank: int, call: int, action: str, record: Path) -> type:
-    """``base`` whose rank ``rank`` stops itself (``action="stop"``) or sleeps for good (``"sleep"``) as call
-    ``call`` of ``method`` begins, after writing its pid and the time to ``record``. A class made here is sent to
-    the workers by value, faults and all."""
+def faulty(
+    base: type, method: str, rank: int, call: int, action: str, record: Path, after: Path | None = None
+) -> type:
+    """``base`` whose rank ``rank`` stops itself (``action="stop"``), sleeps for good (``"sleep"``) or dies by
+    SIGKILL (``"kill"``) as call ``call`` of ``method`` begins, after writing its pid and the time to ``record``.
+    The fault fires once: not where ``record`` exists already (a run that restarts itself makes new workers), nor
+    before ``after`` exists (faults that fire in turn, one per restart). A class made here is sent to the workers
+    by value, faults and all."""
 
     def __init__(self, *args, **kwargs):
         base.__init__(self, *args, **kwargs)
@@ -334,8 +338,11 @@ def faulty(base: type, method: str, rank: int, call: int, action: str, record: P
 
         def wrapped(*a, **kw):
             calls[0] += 1
-            if calls[0] == call:
+            armed = not record.exists() and (after is None or after.exists())
+            if calls[0] == call and armed:
                 record.write_text(json.dumps({"pid": os.getpid(), "at": time.time()}))
+                if action == "kill":
+                    os.kill(os.getpid(), signal.SIGKILL)
                 if action == "stop":
                     os.kill(os.getpid(), signal.SIGSTOP)
                 time.sleep(600)

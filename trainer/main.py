@@ -45,6 +45,7 @@ from hybridflow.trainer.launch import (
 )
 from hybridflow.trainer.multirun import current_job, logger_names, run_sweep_job
 from hybridflow.trainer.ppo_trainer import RunSummary
+from hybridflow.trainer.restarts import fit_with_restarts
 
 logger = logging.getLogger("hybridflow.train")
 
@@ -122,7 +123,9 @@ def build_and_fit(config: PPOConfig, run_dir: Path, facts: dict[str, Any] | None
                 facts.update(
                     ray_node_id=context.get_node_id(), ray_gcs_address=context.gcs_address, ray_up_at=time.time()
                 )
-            return _fit_on_ray(config, run_dir, dims, placement, tokenizer, train, val)
+            return fit_with_restarts(
+                lambda attempt: _fit_on_ray(attempt, run_dir, dims, placement, tokenizer, train, val), config, run_dir
+            )
     finally:
         if facts is not None:
             facts["ray_down_at"] = time.time()
@@ -272,6 +275,7 @@ def format_summary(summary: RunSummary, config: PPOConfig) -> str:
         ("run directory", str(summary.run_dir) if summary.run_dir is not None else "-"),
         ("checkpoints", _checkpoints_row(summary, config)),
         ("prompts trained", audit_summary(summary.run_dir)),
+        *([("restarts", f"{summary.restarts} after worker faults (faults.jsonl)")] if summary.restarts else []),
         ("hf export", "none (trainer.save_hf_on_end=false)" if summary.hf_export is None else str(summary.hf_export)),
     ]
     return summary_table("hybridflow run summary", rows)

@@ -107,6 +107,8 @@ class RunSummary:
     """How many checkpoints the checkpoint directory holds at the end."""
     hf_export: Path | None = None
     """The transformers directory written at the end (``trainer.save_hf_on_end``), if any."""
+    restarts: int = 0
+    """How many times the run restarted itself after a worker's failure (``trainer.max_restarts``)."""
 
 
 def _resume_hint(checkpoint_root: Path) -> str:
@@ -207,6 +209,7 @@ class PPOTrainer:
             )
             raise
         except WorkerError as err:  # a rank failed, timed out or stalled: the error names it
+            err.step = self.global_step + 1  # for faults.jsonl
             logger.error(
                 "stopped at step %d of %d by a worker: %s\n%s",
                 self.global_step + 1,
@@ -234,9 +237,11 @@ class PPOTrainer:
             summary.val_before = {
                 k: v for k, v in read_step(self.run_dir / METRICS_FILE, 0).items() if k.startswith("val/")
             }
-        elif self.config.trainer.test_freq > 0 and self.config.trainer.val_before_train:
-            summary.val_before = self.validate()
-            self.tracking.log(summary.val_before, self.global_step)
+        else:  # from step 0: a restart before the first checkpoint logs every step again, each once
+            self.tracking.rewind(-1)
+            if self.config.trainer.test_freq > 0 and self.config.trainer.val_before_train:
+                summary.val_before = self.validate()
+                self.tracking.log(summary.val_before, self.global_step)
         drop_steps_after(self.run_dir / AUDIT_FILE, self.global_step)  # a fresh run's, or those past the checkpoint
         last_val = summary.val_before.get("val/accuracy", float("nan"))
         with Progress(self.total_steps, self.global_step) as progress:  # log lines print above its bar
@@ -246,9 +251,11 @@ class PPOTrainer:
                 last = self.global_step == self.total_steps
                 if self.config.trainer.test_freq > 0 and (self._due(self.config.trainer.test_freq) or last):
                     metrics.update(self.validate())
+                # logged before the checkpoint: a run stopped between the two resumes from the step before and
+                # rewinds this line, where the other order would leave the step's line missing for good
+                self.tracking.log(metrics, self.global_step)
                 if self._due(self.config.trainer.save_freq) or (last and self.config.trainer.save_freq > 0):
                     summary.checkpoints.append(self.save_checkpoint())
-                self.tracking.log(metrics, self.global_step)
                 last_val = metrics.get("val/accuracy", last_val)
                 progress.update(score=metrics["score/mean"], val_acc=last_val)
                 summary.last_metrics = metrics
