@@ -207,10 +207,8 @@ def _failed(
     if isinstance(err, RayActorError):  # Ray says only that the process died: its stderr may say why
         message += _last_words_text(call.label)
     if still:
-        message += (
-            f"\n{STILL_IN_CALL} (a peer that never reached a collective is among them):\n  "
-            + "\n  ".join(_doing(still))
-        )
+        doing = "\n  ".join(_doing(still))
+        message += f"\n{STILL_IN_CALL} (a peer that never reached a collective is among them):\n  {doing}"
     return WorkerError(message, call.role, call.method, call.label.rank, err)
 
 

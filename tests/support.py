@@ -321,9 +321,7 @@ def editable_install(example, workdir, distribution, module):
         reset_plugin_manager()
 
 
-def faulty(
-    base: type, method: str, rank: int, call: int, action: str, record: Path, after: Path | None = None
-) -> type:
+def faulty(base: type, method: str, rank: int, call: int, action: str, record: Path, after: Path | None = None) -> type:
     """``base`` whose rank ``rank`` stops itself (``action="stop"``), sleeps for good (``"sleep"``) or dies by
     SIGKILL (``"kill"``) as call ``call`` of ``method`` begins, after writing its pid and the time to ``record``.
     The fault fires once: not where ``record`` exists already (a run that restarts itself makes new workers), nor

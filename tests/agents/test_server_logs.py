@@ -30,6 +30,7 @@ TRAIN = [
     "actor_rollout_ref.actor.ppo_mini_batch_size=2",
     "actor_rollout_ref.rollout.n=4",
     "trainer.test_freq=0",
+    "trainer.n_gpus_per_node=1",  # one rank: each costs the suite a process start
 ]
 ACCESS_LINE = re.compile(r'"POST /v1/(?:chat/)?completions HTTP/1\.1" 200')
 

@@ -57,7 +57,8 @@ def test_an_installed_engine_keeps_the_contract_and_trains_grpo_by_name(engine_p
     trained = run(
         python, "-m", "hybridflow.trainer.main", "actor_rollout_ref.rollout.name=traced_builtin",
         "algorithm.adv_estimator=grpo", "trainer.total_training_steps=3", "trainer.test_freq=0",
-        "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.rollout.n=4",
+        "trainer.n_gpus_per_node=1", "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.rollout.n=4",
         f"hydra.run.dir={run_dir}", f"data.synthetic_dir={tmp_path}/data",
         cwd=tmp_path,
     )  # fmt: skip

@@ -24,6 +24,7 @@ TINY_RUN = [
     "actor_rollout_ref.rollout.response_length=4",
     "trainer.total_training_steps=2",
     "trainer.test_freq=2",
+    "trainer.n_gpus_per_node=1",  # one rank: what a sweep does with its jobs does not depend on their ranks
 ]
 
 
