@@ -44,6 +44,7 @@ def run(tmp_path, name, **overrides):
         "actor_rollout_ref.rollout.response_length": 4,
         "trainer.total_training_steps": 3,
         "trainer.test_freq": 0,
+        "trainer.n_gpus_per_node": 1,  # one rank: each costs the suite a process start
         "algorithm.adv_estimator": "gae",
         "actor_rollout_ref.actor.use_kl_loss": True,
         # the old-log-prob pass runs (and offloads) only when it recomputes

@@ -47,6 +47,7 @@ def config(files, placement="colocated"):
         "trainer.test_freq": 0,
         "trainer.save_freq": 1,
         "trainer.placement": placement,
+        "trainer.n_gpus_per_node": 1 if placement == "split" else 2,  # the split case stalls the rollout's rank
         "trainer.timeouts.heartbeat_s": HEARTBEAT_S,
         "trainer.timeouts.stall_s": STALL_S,
         "trainer.timeouts.collective_s": COLLECTIVE_S,
