@@ -648,7 +648,8 @@ class RewardSourceConfig:
     """The factor this source's (normalized) score enters the reward with."""
     normalize: str = "none"
     """What is done to this source's raw scores first: ``none``; ``batch`` (z-score over the step's responses:
-    ``(s - mean) / (std + 1e-6)``, std with no Bessel correction); ``sigmoid`` (``1 / (1 + exp(-s))``, a
+    ``(s - mean) / (std + 1e-6)``, std with no Bessel correction, those whose verifier failed left out of mean and std
+    under ``reward.on_failure=exclude``); ``sigmoid`` (``1 / (1 + exp(-s))``, a
     Bradley-Terry reward model's logit as a probability)."""
 
     def problems(self) -> list[str]:

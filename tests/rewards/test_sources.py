@@ -30,6 +30,21 @@ def test_normalizations_by_hand():
     torch.testing.assert_close(normalize(RM, "none"), RM)
 
 
+def test_batch_normalization_leaves_the_failed_samples_out_of_its_statistics_under_exclude():
+    # V with its last sample failed: the statistics of 1, 0, 1 (mean 2/3, population std sqrt(2/9)), applied to all
+    std = math.sqrt(2 / 9) + 1e-6
+    expected = torch.tensor([(1 - 2 / 3) / std, (0 - 2 / 3) / std, (1 - 2 / 3) / std, (0 - 2 / 3) / std])
+    failed = torch.tensor([False, False, False, True])
+    torch.testing.assert_close(normalize(V, "batch", ~failed), expected, atol=1e-6, rtol=0)
+    torch.testing.assert_close(normalize(V, "batch", torch.zeros(4, dtype=torch.bool)), normalize(V, "batch"))
+    # through combine: the failure comes from the verifiers' output; under on_failure=score it counts (0.5, 0.5)
+    mask = torch.ones(4, 2, dtype=torch.long)
+    verified = RewardOutput(V, mask, {}, [{} for _ in range(4)], [True] * 4, (), tuple(failed.tolist()))
+    for exclude, want in ((True, expected), (False, (V - 0.5) / (0.5 + 1e-6))):
+        sources = RewardSources((Source(VERIFIER, 1.0, "batch"),), exclude_failed=exclude)
+        torch.testing.assert_close(sources.combine(verified, None, mask).scores, want, atol=1e-6, rtol=0)
+
+
 def test_weighted_sum_of_normalized_sources():
     sources = RewardSources((Source(VERIFIER, 1.0), Source(REWARD_MODEL, 0.5, "sigmoid")), "sum")
     scores, metrics = sources.scores(V, None, RM)
