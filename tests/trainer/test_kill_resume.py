@@ -3,7 +3,9 @@ the same prompts trained on, each step's audit lines once, bitwise-equal final w
 
 The driver is ``hybridflow-train`` in a process of its own; it is killed as soon as the audit trail has a line of
 step ``k`` (after that step's update, before its checkpoint), so the rerun resumes from the checkpoint of step
-``k - 1`` and must drop what the killed run wrote past it. Two modes run here, the synchronous one and the split
+``k - 1`` and must drop what the killed run wrote past it. The synchronous run is then killed a second time, as
+soon as the checkpoint of step ``k + 1`` is in place (its weights synced, the next generation not begun), and
+started a third time. Two modes run here, the synchronous one and the split
 asynchronous one with two batches in flight; one_step_off, staleness 1 and vLLM do not yet (each mode costs three
 runs of a fresh Ray instance, about a minute of the suite).
 """
@@ -19,10 +21,12 @@ import time
 import pytest
 from safetensors.torch import load_file
 
+from hybridflow.trainer.checkpoint import is_checkpoint
+
 pytestmark = pytest.mark.slow
 
 TRAIN = [sys.executable, "-m", "hybridflow.trainer.main"]
-STEPS = 4
+STEPS = 5  # the second kill, after the checkpoint of step 3 or 4, comes before a generation
 
 
 MODES = {
@@ -70,28 +74,41 @@ def run_to_the_end(run_dir, data_dir, mode="sync"):
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
 
 
-def kill_at_step(run_dir, data_dir, step, mode="sync"):
-    """Start the run; SIGKILL its driver once the audit trail has a line of ``step``."""
-    with open(run_dir.parent / f"{run_dir.name}.log", "w") as log:
+def kill_when(run_dir, data_dir, ready, what, mode="sync"):
+    """Start the run (again, in ``run_dir``); SIGKILL its driver as soon as ``ready()``."""
+    with open(run_dir.parent / f"{run_dir.name}.log", "a") as log:
         driver = subprocess.Popen(command(run_dir, data_dir, mode), env=env(), stdout=log, stderr=subprocess.STDOUT)
-        audit = run_dir / "trained_prompts.jsonl"
         deadline = time.monotonic() + 240
-        while not (audit.is_file() and f'"step": {step},' in audit.read_text()):
-            assert driver.poll() is None, f"the run ended before step {step}: {driver.returncode}"
-            assert time.monotonic() < deadline, "no audit line of the step in 240 s"
+        while not ready():
+            assert driver.poll() is None, f"the run ended before {what}: {driver.returncode}"
+            assert time.monotonic() < deadline, f"not {what} in 240 s"
             time.sleep(0.05)
         driver.send_signal(signal.SIGKILL)
         driver.wait(timeout=30)
+
+
+def trail_reached(run_dir, step):
+    """The audit trail has a line of ``step``: its update is done, its checkpoint not yet written."""
+    audit = run_dir / "trained_prompts.jsonl"
+    return lambda: audit.is_file() and f'"step": {step},' in audit.read_text()
+
+
+def checkpoint_published(run_dir, step):
+    """The checkpoint of ``step`` is in place: the weights synced, the next step's generation not begun."""
+    return lambda: is_checkpoint(run_dir / "checkpoints" / f"global_step_{step}")
 
 
 def test_a_run_killed_by_sigkill_and_started_again_ends_as_the_uninterrupted_one(tmp_path):
     data = tmp_path / "data"
     run_to_the_end(tmp_path / "straight", data)
     step = random.Random(52).choice([2, 3])  # a seeded draw: the point is not chosen to suit the code
-    kill_at_step(tmp_path / "killed", data, step)
-    killed_lines = trail(tmp_path / "killed")
-    assert max(r["step"] for r in killed_lines) == step  # killed past its last checkpoint (step - 1) ...
-    run_to_the_end(tmp_path / "killed", data)  # ... and started again with the same command
+    killed = tmp_path / "killed"
+    kill_when(killed, data, trail_reached(killed, step), f"step {step}'s update")
+    assert max(r["step"] for r in trail(killed)) == step  # killed past its last checkpoint (step - 1) ...
+    # ... started again with the same command, and killed again once the checkpoint of the next step is in place
+    kill_when(killed, data, checkpoint_published(killed, step + 1), f"step {step + 1}'s checkpoint")
+    assert max(r["step"] for r in trail(killed)) == step + 1
+    run_to_the_end(killed, data)  # ... and started a third time
     assert trail(tmp_path / "killed") == trail(tmp_path / "straight")  # every prompt, step and weight version, once
     straight = load_file(tmp_path / "straight" / "hf_model" / "model.safetensors")
     resumed = load_file(tmp_path / "killed" / "hf_model" / "model.safetensors")
@@ -110,7 +127,7 @@ def test_an_async_run_killed_with_batches_in_flight_trains_on_the_prompts_of_the
     data = tmp_path / "data"
     run_to_the_end(tmp_path / "straight", data, "async-2")
     step = random.Random(522).choice([2, 3])
-    kill_at_step(tmp_path / "killed", data, step, "async-2")
+    kill_when(tmp_path / "killed", data, trail_reached(tmp_path / "killed", step), f"step {step}", "async-2")
     run_to_the_end(tmp_path / "killed", data, "async-2")
     straight, resumed = trail(tmp_path / "straight"), trail(tmp_path / "killed")
 
