@@ -5,9 +5,11 @@ The driver is ``hybridflow-train`` in a process of its own; it is killed as soon
 step ``k`` (after that step's update, before its checkpoint), so the rerun resumes from the checkpoint of step
 ``k - 1`` and must drop what the killed run wrote past it. The synchronous run is then killed a second time, as
 soon as the checkpoint of step ``k + 1`` is in place (its weights synced, the next generation not begun), and
-started a third time. Two modes run here, the synchronous one and the split
-asynchronous one with two batches in flight; one_step_off, staleness 1 and vLLM do not yet (each mode costs three
-runs of a fresh Ray instance, about a minute of the suite).
+started a third time (with vLLM too). The off-policy modes are killed once, with batches in flight.
+
+`make test` runs the synchronous mode and the split asynchronous one with two batches in flight; vLLM, async with
+staleness 1 and one_step_off are marked ``kill_modes`` and run by ``make test-kill`` (each mode costs three runs
+of a fresh Ray instance, about a minute, and the suite stands at its 20 minutes).
 """
 
 import json
@@ -29,17 +31,24 @@ TRAIN = [sys.executable, "-m", "hybridflow.trainer.main"]
 STEPS = 5  # the second kill, after the checkpoint of step 3 or 4, comes before a generation
 
 
+SPLIT = ["trainer.placement=split", "algorithm.rollout_correction.rollout_is=token"]
 MODES = {
     "sync": [],
-    # the rollout on a rank of its own, batches submitted up to two versions ahead: two batches in flight when
-    # the driver dies, drawn again by the resumed run
-    "async-2": [
-        "trainer.placement=split",
-        "trainer.rollout_mode=async",
-        "trainer.max_staleness=2",
-        "algorithm.rollout_correction.rollout_is=token",
+    "vllm": [
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.enforce_eager=true",
+        "actor_rollout_ref.rollout.enable_sleep_mode=false",
+        "actor_rollout_ref.model.path=builtin:tiny-qwen2-h32",
     ],
+    # the rollout on a rank of its own, batches submitted ahead: that many in flight when the driver dies, drawn
+    # again by the resumed run
+    "async-2": [*SPLIT, "trainer.rollout_mode=async", "trainer.max_staleness=2"],
+    "async-1": [*SPLIT, "trainer.rollout_mode=async", "trainer.max_staleness=1"],
+    "one_step_off": [*SPLIT, "trainer.rollout_mode=one_step_off"],
 }
+AHEAD = {"async-2": 2, "async-1": 1, "one_step_off": 1}
+# the modes `make test` leaves out (a minute of the suite each; `make test-kill` runs them)
+OTHER_MODE = pytest.mark.kill_modes
 
 
 def command(run_dir, data_dir, mode="sync"):
@@ -98,17 +107,18 @@ def checkpoint_published(run_dir, step):
     return lambda: is_checkpoint(run_dir / "checkpoints" / f"global_step_{step}")
 
 
-def test_a_run_killed_by_sigkill_and_started_again_ends_as_the_uninterrupted_one(tmp_path):
+@pytest.mark.parametrize("mode", ["sync", pytest.param("vllm", marks=OTHER_MODE)])
+def test_a_run_killed_by_sigkill_and_started_again_ends_as_the_uninterrupted_one(tmp_path, mode):
     data = tmp_path / "data"
-    run_to_the_end(tmp_path / "straight", data)
+    run_to_the_end(tmp_path / "straight", data, mode)
     step = random.Random(52).choice([2, 3])  # a seeded draw: the point is not chosen to suit the code
     killed = tmp_path / "killed"
-    kill_when(killed, data, trail_reached(killed, step), f"step {step}'s update")
+    kill_when(killed, data, trail_reached(killed, step), f"step {step}'s update", mode)
     assert max(r["step"] for r in trail(killed)) == step  # killed past its last checkpoint (step - 1) ...
     # ... started again with the same command, and killed again once the checkpoint of the next step is in place
-    kill_when(killed, data, checkpoint_published(killed, step + 1), f"step {step + 1}'s checkpoint")
+    kill_when(killed, data, checkpoint_published(killed, step + 1), f"step {step + 1}'s checkpoint", mode)
     assert max(r["step"] for r in trail(killed)) == step + 1
-    run_to_the_end(killed, data)  # ... and started a third time
+    run_to_the_end(killed, data, mode)  # ... and started a third time
     assert trail(tmp_path / "killed") == trail(tmp_path / "straight")  # every prompt, step and weight version, once
     straight = load_file(tmp_path / "straight" / "hf_model" / "model.safetensors")
     resumed = load_file(tmp_path / "killed" / "hf_model" / "model.safetensors")
@@ -118,17 +128,21 @@ def test_a_run_killed_by_sigkill_and_started_again_ends_as_the_uninterrupted_one
     assert metrics == list(range(1, STEPS + 1))  # each step logged once
 
 
-def test_an_async_run_killed_with_batches_in_flight_trains_on_the_prompts_of_the_uninterrupted_one(tmp_path):
-    """Split asynchronous (staleness 2): the killed driver had up to two batches generating from older weights;
-    the resumed run draws them again from its checkpoint's loader position and generates them with the
-    checkpoint's weights. So each step trains on the same prompts as the uninterrupted run, each once, but not
-    from the same weight versions: the weights cannot be bitwise equal (the versions of the batches in flight
-    are not in the checkpoint), and the trail's versions differ only for the steps the rerun drew again."""
-    data = tmp_path / "data"
-    run_to_the_end(tmp_path / "straight", data, "async-2")
+@pytest.mark.parametrize(
+    "mode", ["async-2", pytest.param("async-1", marks=OTHER_MODE), pytest.param("one_step_off", marks=OTHER_MODE)]
+)
+def test_an_off_policy_run_killed_with_batches_in_flight_trains_on_the_same_prompts(tmp_path, mode):
+    """The rollout split off and ahead of the trainer (async with staleness 2 or 1, one step off): the killed
+    driver had batches generating from older weights; the resumed run draws them again from its checkpoint's
+    loader position and generates them with the checkpoint's weights. So each step trains on the same prompts as
+    the uninterrupted run, each once, but not from the same weight versions: the weights cannot be bitwise equal
+    (the versions of the batches in flight are not in the checkpoint), and the trail's versions differ only for
+    the steps the rerun drew again."""
+    data, ahead = tmp_path / "data", AHEAD[mode]
+    run_to_the_end(tmp_path / "straight", data, mode)
     step = random.Random(522).choice([2, 3])
-    kill_when(tmp_path / "killed", data, trail_reached(tmp_path / "killed", step), f"step {step}", "async-2")
-    run_to_the_end(tmp_path / "killed", data, "async-2")
+    kill_when(tmp_path / "killed", data, trail_reached(tmp_path / "killed", step), f"step {step}", mode)
+    run_to_the_end(tmp_path / "killed", data, mode)
     straight, resumed = trail(tmp_path / "straight"), trail(tmp_path / "killed")
 
     def prompts(lines):
@@ -137,9 +151,9 @@ def test_an_async_run_killed_with_batches_in_flight_trains_on_the_prompts_of_the
     assert prompts(resumed) == prompts(straight)  # the same prompts, steps and epochs, each once
     epoch_0 = [r["prompt_id"] for r in resumed if r["epoch"] == 0]
     assert len(epoch_0) == len(set(epoch_0))  # none trained twice in its epoch
-    for r in resumed:  # every sample within two versions of the trainer that trained on it
-        assert r["step"] - 1 - 2 <= r["weight_version"][0] <= r["weight_version"][1] <= r["step"] - 1, r
+    for r in resumed:  # every sample within `ahead` versions of the trainer that trained on it
+        assert r["step"] - 1 - ahead <= r["weight_version"][0] <= r["weight_version"][1] <= r["step"] - 1, r
     redrawn = {r["step"] for r, s in zip(resumed, straight) if r["weight_version"] != s["weight_version"]}
-    assert redrawn <= set(range(step, step + 2)), redrawn  # only batches that were in flight at the kill
+    assert redrawn <= set(range(step, step + ahead)), redrawn  # only batches that were in flight at the kill
     metrics = [json.loads(line)["step"] for line in (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()]
     assert metrics == list(range(1, STEPS + 1))  # each step logged once
