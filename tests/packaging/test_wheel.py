@@ -121,10 +121,12 @@ def test_a_wheel_from_a_clean_copy_installs_and_runs_outside_the_checkout(tmp_pa
     )  # fmt: skip
     assert installed.returncode == 0, installed.stderr
     outside.mkdir()
-    # the slowest check first, in the background: the default job, 2 steps, in its own Ray instance
+    # the slowest check first, in the background: the default job, 2 steps, in its own Ray instance (one rank: a
+    # rank is a process whose imports cost the suite seconds, and the wheel's code is the same on each)
     train_log = (tmp_path / "train.log").open("w")
     train = subprocess.Popen(
-        [str(bin_dir / "hybridflow-train"), "trainer.total_training_steps=2", "hydra.run.dir=run"],
+        [str(bin_dir / "hybridflow-train"), "trainer.total_training_steps=2", "trainer.n_gpus_per_node=1",
+         "hydra.run.dir=run"],
         cwd=outside, env=user_env(), stdout=train_log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:

@@ -7,9 +7,9 @@ step ``k`` (after that step's update, before its checkpoint), so the rerun resum
 soon as the checkpoint of step ``k + 1`` is in place (its weights synced, the next generation not begun), and
 started a third time (with vLLM too). The off-policy modes are killed once, with batches in flight.
 
-`make test` runs the synchronous mode and the split asynchronous one with two batches in flight, with the built-in
-engine; the other modes, and every mode with vLLM, are marked ``kill_modes`` and run by ``make test-kill`` (each
-costs three runs of a fresh Ray instance, about a minute, and the suite stands at its 20 minutes).
+`make test` runs the synchronous mode with the built-in engine; the other modes, and every mode with vLLM, are
+marked ``kill_modes`` and run by ``make test-kill`` (each costs three runs of a fresh Ray instance, about a
+minute, and the suite stands at its 20 minutes).
 """
 
 import json
@@ -130,7 +130,7 @@ def test_a_run_killed_by_sigkill_and_started_again_ends_as_the_uninterrupted_one
 
 @pytest.mark.parametrize(
     "mode",
-    ["async-2", *(pytest.param(m, marks=OTHER_MODE) for m in MODES if m not in ("sync", "vllm", "async-2"))],
+    [pytest.param(m, marks=OTHER_MODE) for m in MODES if m not in ("sync", "vllm")],
 )
 def test_an_off_policy_run_killed_with_batches_in_flight_trains_on_the_same_prompts(tmp_path, mode):
     """The rollout split off and ahead of the trainer (async with staleness 2 or 1, one step off): the killed
