@@ -59,8 +59,8 @@ test: install
 	HYBRIDFLOW_REQUIRE_VLLM=$(REQUIRE_VLLM) $(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not serial and not kill_modes" $(PYTEST_ARGS); $(PYTEST_OK)
 	HYBRIDFLOW_REQUIRE_VLLM=$(REQUIRE_VLLM) $(PY) -m pytest -m "serial and not kill_modes" $(PYTEST_ARGS); $(PYTEST_OK)
 
-# The SIGKILL-and-resume test in the rollout modes the suite leaves out for its time (vLLM, async with staleness 1,
-# one_step_off: about a minute each; tests/trainer/test_kill_resume.py).
+# The SIGKILL-and-resume test in the rollout modes the suite leaves out for its time (every off-policy mode, and every
+# mode with vLLM: about a minute each; tests/trainer/test_kill_resume.py).
 test-kill: install
 	@$(COMPILE_OWN) > /dev/null
 	HYBRIDFLOW_REQUIRE_VLLM=$(REQUIRE_VLLM) $(PY) -m pytest -n $(TEST_WORKERS) -m kill_modes tests/trainer/test_kill_resume.py

@@ -108,16 +108,21 @@ class RankCall:
         return f"{self.role}.{self.method}"
 
 
-STILL_IN_CALL = "still in the call when it failed"
-"""Where a failed call's error starts to list the ranks still in the call (read by trainer/restarts.py)."""
-
-
 class WorkerError(RuntimeError):
     """A call failed on a rank; the message names role, method, rank, node and the cause."""
 
-    def __init__(self, message: str, role: str, method: str, rank: int | None, cause: BaseException | None) -> None:
+    def __init__(
+        self,
+        message: str,
+        role: str,
+        method: str,
+        rank: int | None,
+        cause: BaseException | None,
+        still_in_call: tuple[str, ...] = (),
+    ) -> None:
         super().__init__(message)
         self.role, self.method, self.rank, self.cause = role, method, rank, cause
+        self.still_in_call = still_in_call  # the other ranks in the call when it failed, as the message lists them
         self.step: int | None = None  # the trainer's step it stopped, set by the trainer
 
 
@@ -206,10 +211,11 @@ def _failed(
     message = f"{call.name} failed on {call.label}: {describe(err)}"
     if isinstance(err, RayActorError):  # Ray says only that the process died: its stderr may say why
         message += _last_words_text(call.label)
-    if still:
-        doing = "\n  ".join(_doing(still))
-        message += f"\n{STILL_IN_CALL} (a peer that never reached a collective is among them):\n  {doing}"
-    return WorkerError(message, call.role, call.method, call.label.rank, err)
+    doing = tuple(_doing(still))
+    if doing:
+        message += "\nstill in the call when it failed (a peer that never reached a collective is among them):\n  "
+        message += "\n  ".join(doing)
+    return WorkerError(message, call.role, call.method, call.label.rank, err, doing)
 
 
 def _last_words_text(label: RankLabel) -> str:

@@ -226,6 +226,11 @@ def read_metrics(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def read_trail(run_dir):
+    """The run's audit trail (``trained_prompts.jsonl``), one record per line."""
+    return [json.loads(line) for line in (run_dir / "trained_prompts.jsonl").read_text().splitlines()]
+
+
 def mixed_precision_rank(rank, model_dir, out_dir, port):
     """One gloo rank: ``experiment=gsm8k_grpo trainer=cpu`` composed, the actor loaded and sharded as its worker
     does (master dtype, the role's compute dtype), one forward and one AdamW step; writes the dtypes seen."""

@@ -20,21 +20,19 @@ from __future__ import annotations
 import copy
 import json
 import logging
-import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ray.exceptions import RayActorError
+from ray.exceptions import RayActorError, RayTaskError
 
-from hybridflow.core.rank_wait import STILL_IN_CALL, WorkerError, WorkerStalledError, WorkerTimeoutError
+from hybridflow.core.rank_wait import WorkerError, WorkerStalledError, WorkerTimeoutError
 
 logger = logging.getLogger(__name__)
 
 FAULTS_FILE = "faults.jsonl"
-ERROR_LINE = re.compile(r"^[\w.]*(Error|Exception)\b.*:")
 
 
 @dataclass(frozen=True)
@@ -53,25 +51,23 @@ class Fault:
     message: str
     """The error's first line: the call, the rank, its node and pid."""
     cause: str
-    """The last ``SomethingError: ...`` line of the error's traceback, if it has one."""
+    """The exception under the failure, ``SomethingError: its first line`` ('' for a stall or a timeout)."""
     still_in_call: tuple[str, ...]
     """The other ranks still in the call when it failed (a peer that never reached a collective is among them)."""
 
     @classmethod
     def of(cls, err: WorkerError) -> Fault:
         """The fault ``err`` reports."""
-        head, _, still = str(err).partition("\n" + STILL_IN_CALL)
-        lines = head.splitlines()
         return cls(
             at=round(time.time(), 3),
-            step=getattr(err, "step", None),
+            step=err.step,
             kind=fault_kind(err),
             role=err.role,
             method=err.method,
             rank=err.rank,
-            message=lines[0],
-            cause=next((line.strip() for line in reversed(lines[1:]) if ERROR_LINE.match(line.strip())), ""),
-            still_in_call=tuple(line.strip() for line in still.splitlines()[1:] if line.strip()),
+            message=str(err).splitlines()[0],
+            cause=_cause_line(err.cause),
+            still_in_call=tuple(err.still_in_call),
         )
 
     def repeats(self, earlier: Fault | None) -> bool:
@@ -81,6 +77,16 @@ class Fault:
             and self.kind == earlier.kind == "failed"
             and (self.step, self.role, self.method) == (earlier.step, earlier.role, earlier.method)
         )
+
+
+def _cause_line(cause: BaseException | None) -> str:
+    """``SomethingError: first line`` of the exception a worker raised (unwrapped from Ray's task error)."""
+    if isinstance(cause, RayTaskError):
+        cause = cause.cause
+    if cause is None:
+        return ""
+    text = str(cause).strip()
+    return f"{type(cause).__name__}: {text.splitlines()[0]}" if text else type(cause).__name__
 
 
 def fault_kind(err: WorkerError) -> str:
@@ -119,10 +125,11 @@ def fit_with_restarts(fit: Callable[[Any], Any], config: Any, run_dir: Path) -> 
             summary = fit(config)
         except WorkerError as err:
             fault = Fault.of(err)
-            stop = restarts >= max_restarts or fault.repeats(last)
+            repeated = fault.repeats(last)
+            stop = restarts >= max_restarts or repeated
             record_fault(run_dir, fault, 0 if stop else restarts + 1)
             if stop:
-                if fault.repeats(last):
+                if repeated:
                     logger.error("not restarting: the same error at step %s as the last attempt's", fault.step)
                 raise
             restarts, last = restarts + 1, fault

@@ -12,7 +12,6 @@ marked ``kill_modes`` and run by ``make test-kill`` (each costs three runs of a 
 minute, and the suite stands at its 20 minutes).
 """
 
-import json
 import os
 import random
 import signal
@@ -22,6 +21,7 @@ import time
 
 import pytest
 from safetensors.torch import load_file
+from support import read_metrics, read_trail
 
 from hybridflow.trainer.checkpoint import is_checkpoint
 
@@ -74,10 +74,6 @@ def env():
     return {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "WANDB_API_KEY", "WANDB_MODE")}
 
 
-def trail(run_dir):
-    return [json.loads(line) for line in (run_dir / "trained_prompts.jsonl").read_text().splitlines()]
-
-
 def run_to_the_end(run_dir, data_dir, mode="sync"):
     out = subprocess.run(command(run_dir, data_dir, mode), env=env(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
@@ -114,18 +110,19 @@ def test_a_run_killed_by_sigkill_and_started_again_ends_as_the_uninterrupted_one
     step = random.Random(52).choice([2, 3])  # a seeded draw: the point is not chosen to suit the code
     killed = tmp_path / "killed"
     kill_when(killed, data, trail_reached(killed, step), f"step {step}'s update", mode)
-    assert max(r["step"] for r in trail(killed)) == step  # killed past its last checkpoint (step - 1) ...
+    assert max(r["step"] for r in read_trail(killed)) == step  # killed past its last checkpoint (step - 1) ...
     # ... started again with the same command, and killed again once the checkpoint of the next step is in place
     kill_when(killed, data, checkpoint_published(killed, step + 1), f"step {step + 1}'s checkpoint", mode)
-    assert max(r["step"] for r in trail(killed)) == step + 1
+    assert max(r["step"] for r in read_trail(killed)) == step + 1
     run_to_the_end(killed, data, mode)  # ... and started a third time
-    assert trail(tmp_path / "killed") == trail(tmp_path / "straight")  # every prompt, step and weight version, once
+    assert read_trail(tmp_path / "killed") == read_trail(
+        tmp_path / "straight"
+    )  # every prompt, step and weight version, once
     straight = load_file(tmp_path / "straight" / "hf_model" / "model.safetensors")
     resumed = load_file(tmp_path / "killed" / "hf_model" / "model.safetensors")
     assert straight.keys() == resumed.keys()
     assert all(straight[name].equal(resumed[name]) for name in straight), "the final weights differ"
-    metrics = [json.loads(line)["step"] for line in (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()]
-    assert metrics == list(range(1, STEPS + 1))  # each step logged once
+    assert [m["step"] for m in read_metrics(tmp_path / "killed")] == list(range(1, STEPS + 1))  # each step once
 
 
 @pytest.mark.parametrize(
@@ -145,7 +142,7 @@ def test_an_off_policy_run_killed_with_batches_in_flight_trains_on_the_same_prom
     step = random.Random(522).choice([2, 3])
     kill_when(tmp_path / "killed", data, trail_reached(tmp_path / "killed", step), f"step {step}", mode)
     run_to_the_end(tmp_path / "killed", data, mode)
-    straight, resumed = trail(tmp_path / "straight"), trail(tmp_path / "killed")
+    straight, resumed = read_trail(tmp_path / "straight"), read_trail(tmp_path / "killed")
 
     def prompts(lines):
         return [(r["step"], r["epoch"], r["prompt_id"], r["samples_trained"]) for r in lines]
@@ -158,5 +155,4 @@ def test_an_off_policy_run_killed_with_batches_in_flight_trains_on_the_same_prom
     if mode.endswith("one_step_off"):  # a batch's version is fixed when it is submitted
         redrawn = {r["step"] for r, s in zip(resumed, straight) if r["weight_version"] != s["weight_version"]}
         assert redrawn <= set(range(step, step + ahead)), redrawn  # only batches that were in flight at the kill
-    metrics = [json.loads(line)["step"] for line in (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()]
-    assert metrics == list(range(1, STEPS + 1))  # each step logged once
+    assert [m["step"] for m in read_metrics(tmp_path / "killed")] == list(range(1, STEPS + 1))  # each step once

@@ -29,7 +29,7 @@ def command(tmp_path, *extra):
         "hybridflow.trainer.main",
         "experiment=gsm8k_grpo",
         "trainer=cpu",
-        "trainer.n_gpus_per_node=1",  # one rank: the experiment's sharding is tested elsewhere; a rank costs seconds
+        "trainer.n_gpus_per_node=1",  # one rank: each costs the suite a process start
         *extra,
         f"data.train_files=[{tmp_path / 'train.parquet'}]",
         f"data.val_files=[{tmp_path / 'val.parquet'}]",

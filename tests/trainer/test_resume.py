@@ -9,6 +9,7 @@ import json
 
 import pytest
 from omegaconf import OmegaConf
+from support import read_trail
 
 from hybridflow.configs.schema import PPOConfig
 from hybridflow.data.synthetic import generate_synthetic
@@ -82,15 +83,11 @@ def test_resumed_run_equals_uninterrupted_run(ray_session, tmp_path, stop_at=2, 
             if key in expected[step]:
                 assert got[step][key] == pytest.approx(expected[step][key], rel=1e-5, abs=1e-7), (step, key)
     # the audit trail: the prompts the uninterrupted run trained on, each once per epoch, with the same weights
-    trail = audit(tmp_path / "straight")
-    assert audit(tmp_path / "resumed") == trail
+    trail = read_trail(tmp_path / "straight")
+    assert read_trail(tmp_path / "resumed") == trail
     assert [(r["step"], r["epoch"]) for r in trail] == [(s, 0) for s in (1, 2, 3) for _ in range(4)] + [(4, 1)] * 4
     assert sorted(r["prompt_id"] for r in trail if r["epoch"] == 0) == list(range(12))
     assert all(r["weight_version"] == [r["step"] - 1] * 2 and r["samples"] == 4 for r in trail)
-
-
-def audit(run_dir):
-    return [json.loads(line) for line in (run_dir / "trained_prompts.jsonl").read_text().splitlines()]
 
 
 # LoRA (actor_rollout_ref.model.lora_rank): the checkpoint holds the adapters and their optimizer state, the
