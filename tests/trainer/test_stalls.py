@@ -85,7 +85,10 @@ def resume_finishes(tmp_path, files, placement="colocated") -> None:
     """Step 1's checkpoint is the last one on disk; a rerun in the run directory loads it and trains step 2."""
     root = tmp_path / "run" / "checkpoints"
     assert [step for step, _ in list_checkpoints(root)] == [1]
-    summary = build_and_fit(config(files, placement), tmp_path / "run")
+    resumed = config(files, placement)
+    resumed.trainer.timeouts.stall_s = 60.0  # the bound is the stalled run's to show: a loaded machine once held a
+    # rank's Python lock for 5 s while it loaded the checkpoint here, and the resume failed as a stall
+    summary = build_and_fit(resumed, tmp_path / "run")
     assert summary.resumed_at == 1 and summary.steps == 2
     assert [step for step, _ in list_checkpoints(root)] == [1, 2]
 
