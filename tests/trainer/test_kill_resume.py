@@ -1,11 +1,12 @@
 """A run whose driver is killed by SIGKILL, then started again with the same command, ends as if nothing happened:
 the same prompts trained on, each step's audit lines once, bitwise-equal final weights (issue 52).
 
-The driver is ``hybridflow-train`` in a process of its own; it is killed as soon as the audit trail has a line of
-step ``k`` (after that step's update, before its checkpoint), so the rerun resumes from the checkpoint of step
-``k - 1`` and must drop what the killed run wrote past it. The synchronous run is then killed a second time, as
-soon as the checkpoint of step ``k + 1`` is in place (its weights synced, the next generation not begun), and
-started a third time (with vLLM too). The off-policy modes are killed once, with batches in flight.
+The driver is ``hybridflow-train`` in a process of its own; it is killed once step ``k``'s audit lines are written
+(after that step's update, before its checkpoint), so the rerun resumes from the checkpoint of step ``k - 1`` and
+must drop what the killed run wrote past it. The synchronous run is then killed a second time, once the checkpoint
+of step ``k + 1`` is in place (its weights synced, the next generation not begun), and started a third time (with
+vLLM too). The off-policy modes are killed once, with batches in flight. The driver stops itself at each point and
+waits there for the kill (``driver_that_pauses.py``).
 
 `make test` runs the synchronous mode with the built-in engine; the other modes, and every mode with vLLM, are
 marked ``kill_modes`` and run by ``make test-kill`` (each costs three runs of a fresh Ray instance, about a
@@ -18,16 +19,16 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
 from support import read_metrics, read_trail
 
-from hybridflow.trainer.checkpoint import is_checkpoint
-
 pytestmark = pytest.mark.slow
 
 TRAIN = [sys.executable, "-m", "hybridflow.trainer.main"]
+PAUSING_DRIVER = [sys.executable, str(Path(__file__).with_name("driver_that_pauses.py"))]
 STEPS = 5  # the second kill, after the checkpoint of step 3 or 4, comes before a generation
 
 
@@ -79,28 +80,27 @@ def run_to_the_end(run_dir, data_dir, mode="sync"):
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
 
 
-def kill_when(run_dir, data_dir, ready, what, mode="sync"):
-    """Start the run (again, in ``run_dir``); SIGKILL its driver as soon as ``ready()``."""
+def kill_when(run_dir, data_dir, pause, mode="sync"):
+    """Start the run (again, in ``run_dir``) with a driver that stops for good at ``pause`` (``audit:<step>``: after
+    that step's update, before its checkpoint; ``checkpoint:<step>``: once its checkpoint is in place); SIGKILL it
+    there. The driver stops itself (``driver_that_pauses.py``): a kill timed from outside can land late."""
+    paused = run_dir.parent / f"{run_dir.name}.paused"
+    paused.unlink(missing_ok=True)
+    pausing = {**env(), "HYBRIDFLOW_TEST_PAUSE": pause, "HYBRIDFLOW_TEST_PAUSED": str(paused)}
     with open(run_dir.parent / f"{run_dir.name}.log", "a") as log:
-        driver = subprocess.Popen(command(run_dir, data_dir, mode), env=env(), stdout=log, stderr=subprocess.STDOUT)
+        driver = subprocess.Popen(
+            [*PAUSING_DRIVER, *command(run_dir, data_dir, mode)[len(TRAIN) :]],
+            env=pausing,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         deadline = time.monotonic() + 240
-        while not ready():
-            assert driver.poll() is None, f"the run ended before {what}: {driver.returncode}"
-            assert time.monotonic() < deadline, f"not {what} in 240 s"
+        while not paused.is_file():
+            assert driver.poll() is None, f"the run ended before {pause}: {driver.returncode}"
+            assert time.monotonic() < deadline, f"not at {pause} in 240 s"
             time.sleep(0.05)
         driver.send_signal(signal.SIGKILL)
         driver.wait(timeout=30)
-
-
-def trail_reached(run_dir, step):
-    """The audit trail has a line of ``step``: its update is done, its checkpoint not yet written."""
-    audit = run_dir / "trained_prompts.jsonl"
-    return lambda: audit.is_file() and f'"step": {step},' in audit.read_text()
-
-
-def checkpoint_published(run_dir, step):
-    """The checkpoint of ``step`` is in place: the weights synced, the next step's generation not begun."""
-    return lambda: is_checkpoint(run_dir / "checkpoints" / f"global_step_{step}")
 
 
 @pytest.mark.parametrize("mode", ["sync", pytest.param("vllm", marks=OTHER_MODE)])
@@ -109,10 +109,10 @@ def test_a_run_killed_by_sigkill_and_started_again_ends_as_the_uninterrupted_one
     run_to_the_end(tmp_path / "straight", data, mode)
     step = random.Random(52).choice([2, 3])  # a seeded draw: the point is not chosen to suit the code
     killed = tmp_path / "killed"
-    kill_when(killed, data, trail_reached(killed, step), f"step {step}'s update", mode)
+    kill_when(killed, data, f"audit:{step}", mode)
     assert max(r["step"] for r in read_trail(killed)) == step  # killed past its last checkpoint (step - 1) ...
     # ... started again with the same command, and killed again once the checkpoint of the next step is in place
-    kill_when(killed, data, checkpoint_published(killed, step + 1), f"step {step + 1}'s checkpoint", mode)
+    kill_when(killed, data, f"checkpoint:{step + 1}", mode)
     assert max(r["step"] for r in read_trail(killed)) == step + 1
     run_to_the_end(killed, data, mode)  # ... and started a third time
     assert read_trail(tmp_path / "killed") == read_trail(
@@ -140,7 +140,7 @@ def test_an_off_policy_run_killed_with_batches_in_flight_trains_on_the_same_prom
     data, ahead = tmp_path / "data", AHEAD[mode.removeprefix("vllm-")]
     run_to_the_end(tmp_path / "straight", data, mode)
     step = random.Random(522).choice([2, 3])
-    kill_when(tmp_path / "killed", data, trail_reached(tmp_path / "killed", step), f"step {step}", mode)
+    kill_when(tmp_path / "killed", data, f"audit:{step}", mode)
     run_to_the_end(tmp_path / "killed", data, mode)
     straight, resumed = read_trail(tmp_path / "straight"), read_trail(tmp_path / "killed")
 
