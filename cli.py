@@ -1,5 +1,5 @@
 """The ``hybridflow`` command: ``hybridflow plugins``, ``hybridflow demo``, ``hybridflow compare``,
-``hybridflow export``."""
+``hybridflow export``, ``hybridflow plan``."""
 
 from __future__ import annotations
 
@@ -56,6 +56,19 @@ def _export(args: argparse.Namespace) -> int:
     else:
         print(f"wrote {out} (load it with AutoModelForCausalLM.from_pretrained and AutoTokenizer.from_pretrained)")
     return 0
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from hybridflow.tools.plan import plan_command
+    from hybridflow.trainer.config_checks import ConfigError
+
+    try:
+        code, text = plan_command(args.overrides, args.json)
+    except ConfigError as error:
+        print(f"hybridflow plan: {error}", file=sys.stderr)
+        return 2
+    print(text)
+    return code
 
 
 def version_line() -> str:
@@ -148,6 +161,17 @@ def build_parser() -> argparse.ArgumentParser:
         "adapter_model.safetensors) instead of the merged model",
     )
     export.set_defaults(func=_export)
+    plan = sub.add_parser(
+        "plan",
+        help="predict each stage's peak memory per rank for a training command's overrides, before anything runs",
+        description="The memory plan hybridflow-train checks before Ray starts (trainer.memory_check): each stage's "
+        "predicted peak per rank and its parts, the memory a rank has (trainer.memory_limit_gb, else the GPU's, or "
+        "on a CPU the available memory shared by the ranks), and whether the run fits. No weights are read. Exit "
+        "status 0 when it fits (or no limit is known), 1 when it does not, 2 for a bad config.",
+    )
+    plan.add_argument("overrides", nargs="*", help="hybridflow-train's overrides, e.g. trainer=gpu model=local ...")
+    plan.add_argument("--json", action="store_true", help="print the plan as JSON")
+    plan.set_defaults(func=_plan)
     return parser
 
 

@@ -25,6 +25,7 @@ SYNTHETIC_TASKS = ("arithmetic", "tool")
 KL_CONTROLLERS = ("fixed", "adaptive")
 PLACEMENTS = ("colocated", "split")
 STEP_MODES = ("sync", "one_step_off", "async")
+MEMORY_CHECKS = ("refuse", "warn", "off")
 RESUME_MODES = ("auto", "disable")
 ROLLOUT_IS_LEVELS = ("token", "sequence")  # losses.rollout_correction's, kept free of torch here
 ROLLOUT_IS_MODES = ("truncate", "mask")
@@ -835,6 +836,13 @@ class TrainerConfig:
     last checkpoint (set ``save_freq``; without a checkpoint a restart begins at step 0). Each fault is a line of
     ``faults.jsonl`` in the run directory. An error the workers' code raises again at the step it failed at
     stops the run at once. ``trainer=gpu`` sets 3."""
+    memory_check: str = "refuse"
+    """Before Ray starts, predict each stage's peak memory per rank (``trainer/memory_plan.py``; ``hybridflow plan``
+    prints it) against ``memory_limit_gb``: ``refuse`` stops a run that will not fit (exit 2, naming the stage and
+    the keys that would make it fit), ``warn`` logs it and goes on, ``off`` skips the check."""
+    memory_limit_gb: Optional[float] = None
+    """The memory one rank may use, GiB. None: the GPU's memory on ``device=cuda`` (no check where the machine
+    that starts the run has no GPU); on a CPU the machine's available memory shared by its ranks."""
     max_ckpt_to_keep: int = 2
     """Keep this many most recent checkpoints."""
     save_hf_on_end: bool = False
@@ -877,6 +885,8 @@ class TrainerConfig:
             + at_least(self, 0, "max_ckpt_to_keep", "log_val_generations", "max_restarts")
             + [f"{m} (0 turns it off, as veRL's -1 does)" for m in at_least(self, 0, "test_freq", "save_freq")]
             + one_of(self, "device", (AUTO, *DEVICES))
+            + one_of(self, "memory_check", MEMORY_CHECKS)
+            + greater_than(self, 0, "memory_limit_gb", optional=True)
         )
 
 

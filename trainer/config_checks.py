@@ -452,9 +452,10 @@ def settle_device(trainer: Any) -> None:
         logger.info(why)
 
 
-def config_problems(cfg: Any) -> list[str]:
+def config_problems(cfg: Any, *, this_machine: bool = True) -> list[str]:
     """Every invalid setting of ``cfg`` (a PPOConfig or its DictConfig), one message each; a PPOConfig's
-    ``trainer.device=auto`` is settled first (:func:`settle_device`)."""
+    ``trainer.device=auto`` is settled first (:func:`settle_device`). ``this_machine=False`` leaves out what only
+    the machine that runs it can say (its CPUs, GPUs and engine builds): ``hybridflow plan`` plans a GPU run here."""
     if isinstance(cfg, DictConfig):
         cfg = OmegaConf.to_object(cfg)
     settle_device(cfg.trainer)
@@ -466,14 +467,14 @@ def config_problems(cfg: Any) -> list[str]:
     problems += _lora_problems(cfg.actor_rollout_ref)
     problems += _server_placement_problems(cfg)
     problems += _server_problems(cfg)
-    problems += _capacity_problems(cfg.trainer)
+    problems += _capacity_problems(cfg.trainer) if this_machine else []
     use_critic = not any(p.startswith("algorithm.adv_estimator:") for p in problems) and needs_critic(cfg)
     dims = ParallelDims.from_config(cfg, use_critic=use_critic)
     problems += dims.problems()
     problems += _reward_problems(cfg.reward, cfg.actor_rollout_ref.rollout.response_length)
     problems += _reward_model_problems(cfg.reward, cfg.reward_model)
     problems += _resume_problems(cfg.trainer)
-    problems += _device_problems(cfg)
+    problems += _device_problems(cfg) if this_machine else []
     if not any(p.startswith("trainer.nnodes") or "tensor_model_parallel_size" in p for p in problems):
         problems += _model_problems(cfg)
     return problems

@@ -43,6 +43,7 @@ from hybridflow.trainer.launch import (
     run_command,
     summary_table,
 )
+from hybridflow.trainer.memory_check import check_memory
 from hybridflow.trainer.multirun import current_job, logger_names, run_sweep_job
 from hybridflow.trainer.ppo_trainer import RunSummary
 from hybridflow.trainer.restarts import fit_with_restarts
@@ -303,6 +304,7 @@ def train(cfg: DictConfig, facts: dict[str, Any] | None = None) -> float:
     """Check ``cfg``, name the run for the loggers, train; returns the final validation accuracy (NaN if not run)."""
     config: PPOConfig = OmegaConf.to_object(cfg)
     check_config(config)
+    check_memory(config)  # before Ray: a run that will not fit stops here
     for warning in config_warnings(config):
         logger.warning(warning)
     trainer = config.trainer

@@ -135,6 +135,30 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
         vocab_size=151_936,
         description="~494M params, Qwen2.5-0.5B's shape with random weights: GPU benchmarks (bench/gpu_check.sh)",
     ),
+    "qwen2.5-7b-shape": BuiltinModel(
+        "qwen2",
+        3584,
+        28,
+        28,
+        4,
+        18944,
+        max_position_embeddings=32768,
+        vocab_size=152_064,
+        tie_word_embeddings=False,
+        description="~7.6B params, Qwen2.5-7B's shape: for the memory plan (hybridflow plan), not for a CPU run",
+    ),
+    "qwen2.5-32b-shape": BuiltinModel(
+        "qwen2",
+        5120,
+        64,
+        40,
+        8,
+        27648,
+        max_position_embeddings=32768,
+        vocab_size=152_064,
+        tie_word_embeddings=False,
+        description="~32.8B params, Qwen2.5-32B's shape: for the memory plan (hybridflow plan), not for a CPU run",
+    ),
 }
 
 

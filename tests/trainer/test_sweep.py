@@ -136,6 +136,7 @@ def test_failing_jobs_do_not_stop_a_real_sweep(tmp_path):
         "algorithm.adv_estimator=not_an_estimator,grpo",
         "trainer.nnodes=2,1",
         *TINY_RUN,
+        "trainer.n_gpus_per_node=1",  # one rank: the sweep, not the job, is under test
         f"data.synthetic_dir={tmp_path / 'data'}",
         f"hydra.sweep.dir={sweep_dir}",
     ]
