@@ -173,7 +173,7 @@ def _fit_on_ray(config: PPOConfig, run_dir: Path, dims, placement, tokenizer, tr
         if rollout_start is not None:
             rollout = Rollout(placement, rollout_start.result()["rollout"])
         reward_manager = stack.enter_context(_reward_manager(config))
-        for handle in {**handles, "rollout": rollout.generator}.values():
+        for handle in _each_once([*handles.values(), rollout.generator]):  # colocated, the generator is the actor
             handle.init_model()
         if placement is RolloutPlacement.SERVER:  # the agent loops' server, filled by the first weight sync
             name = config.actor_rollout_ref.rollout.name
@@ -181,6 +181,11 @@ def _fit_on_ray(config: PPOConfig, run_dir: Path, dims, placement, tokenizer, tr
             rollout = Rollout(placement, server, server)
         trainer = PPOTrainer(config, handles, rollout, reward_manager, tokenizer, train, val, run_dir, dims)
         return trainer.fit()
+
+
+def _each_once(handles: list) -> list:
+    """``handles`` without repeats (by identity), in order."""
+    return [h for i, h in enumerate(handles) if not any(h is other for other in handles[:i])]
 
 
 def _rollout_group(config: PPOConfig, dims, pool):

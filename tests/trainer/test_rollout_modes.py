@@ -78,3 +78,17 @@ def test_engine_metrics_of_several_ranks_become_one_value_each_and_leave_the_bat
         "rollout/slot_utilization": 0.75,
     }
     assert batch.meta_info[METRICS] == {"agent/turns": [2]}
+
+
+def test_each_group_is_started_once_though_the_colocated_generator_is_the_actor():
+    """The entry point starts every group it holds and the rollout's generator; colocated, the generator is the
+    actor's group itself, which was started twice (its model loaded and its engine built twice: ~0.7 GB more
+    resident memory per rank measured with a ~95M model) until the list was made unique."""
+    from hybridflow.configs.roles import RolloutPlacement
+    from hybridflow.trainer.main import _each_once
+    from hybridflow.trainer.rollout_modes import Rollout
+
+    actor, critic = object(), object()
+    rollout = Rollout(RolloutPlacement.COLOCATED, actor)
+    assert rollout.generator is actor
+    assert _each_once([actor, critic, rollout.generator]) == [actor, critic]
