@@ -129,6 +129,12 @@ class FSDPConfig:
     and free their device memory; they move back at the start of each stage (``workers/offload.py``)."""
     optimizer_offload: bool = False
     """Likewise the optimizer state (AdamW moments), which only the update needs."""
+    accumulate_unsharded_grads: bool = True
+    """Several micro-batches to one optimizer step (actor, critic): each rank sums their gradients unsharded and
+    reduce-scatters them once, in the last micro-batch's backward: one exchange a step, but a whole gradient of the
+    model (in ``reduce_dtype``) on every rank. False: every micro-batch's backward reduce-scatters (veRL's way): one
+    exchange per micro-batch, and a rank holds only its shard of the gradient, for models whose whole gradient does
+    not fit beside the rest (a 32B model's is 122 GiB in fp32; ``hybridflow plan`` shows it)."""
     reshard_after_forward: bool = True
     """FSDP2's: free each layer's gathered parameters after its forward, gathering them again for its
     backward. False: they stay gathered from forward to backward (half the all-gathers of an update), and

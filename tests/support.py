@@ -68,12 +68,14 @@ def rollout_batch(rows=8, prompt=4, response=5, seed=0):
     )
 
 
-def fsdp_update_rank(rank, world, port, mode, micro, out_dir, mini_batches=1, reshard_after_forward=True):
+def fsdp_update_rank(
+    rank, world, port, mode, micro, out_dir, mini_batches=1, reshard_after_forward=True, accumulate_unsharded=True
+):
     """One rank of a dp=``world`` FSDP2 PPO update (``mini_batches`` optimizer steps); rank 0 saves the full
     parameters."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    from hybridflow.configs.schema import ActorConfig
+    from hybridflow.configs.schema import ActorConfig, FSDPConfig
     from hybridflow.workers.actor.ppo_actor import PPOActor
     from hybridflow.workers.fsdp import full_parameters, shard_model
 
@@ -88,7 +90,10 @@ def fsdp_update_rank(rank, world, port, mode, micro, out_dir, mini_batches=1, re
         actor = PPOActor(
             model,
             torch.optim.SGD(model.parameters(), lr=0.5),
-            ActorConfig(ppo_micro_batch_size_per_gpu=micro),
+            ActorConfig(
+                ppo_micro_batch_size_per_gpu=micro,
+                fsdp_config=FSDPConfig(accumulate_unsharded_grads=accumulate_unsharded),
+            ),
             loss_agg_mode=mode,
             rows_per_mini_batch=len(shard) // mini_batches,
             dp_group=mesh.get_group(),

@@ -51,6 +51,8 @@ def check_memory(config: Any) -> MemoryPlan | None:
 REMEDIES: tuple[tuple[str, Any, Any], ...] = (
     # (key, the value to try (a function of the current one), when it applies)
     ("actor_rollout_ref.model.enable_gradient_checkpointing", lambda v: True, lambda v: not v),
+    ("actor_rollout_ref.actor.fsdp_config.accumulate_unsharded_grads", lambda v: False, lambda v: v),
+    ("actor_rollout_ref.actor.fsdp_config.reshard_after_forward", lambda v: True, lambda v: not v),
     ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", lambda v: max(1, v // 2), lambda v: v > 1),
     ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", lambda v: max(1, v // 2), lambda v: v > 1),
     ("actor_rollout_ref.rollout.offload_weights", lambda v: True, lambda v: not v),

@@ -183,6 +183,7 @@ class _Role:
     shards: int
     param_offload: bool = False
     optimizer_offload: bool = False
+    reshard_after_forward: bool = True
 
     def weights(self) -> float:
         frozen = self.shape.params if self.trainable < self.shape.params else 0
@@ -196,8 +197,12 @@ class _Role:
         return self.trainable * self.master_bytes / self.shards
 
     def gathered_layers(self) -> float:
-        """FSDP2 gathers a layer to compute it, prefetching the next: two layers' weights in the compute dtype."""
-        return 0.0 if self.shards == 1 else 2 * self.shape.layer_params * self.compute_bytes
+        """FSDP2 gathers a layer to compute it, prefetching the next: two layers' weights in the compute dtype;
+        without ``reshard_after_forward`` every layer stays gathered through the pass."""
+        if self.shards == 1:
+            return 0.0
+        layers = self.shape.layers if not self.reshard_after_forward else 2
+        return layers * self.shape.layer_params * self.compute_bytes
 
 
 def _tokens(rows: int, seq: int, dynamic: bool, budget: int, micro_rows: int) -> int:
@@ -263,8 +268,32 @@ def plan_memory(config: Any, *, shapes: dict[str, ModelShape] | None = None) -> 
     stages = {s: StagePlan(s, "training", parts) for s, parts in training.items() if parts is not None}
     if job.placement is not RolloutPlacement.COLOCATED:
         stages["gen"] = StagePlan("gen", "rollout", _rollout_rank_gen(job))
+    if not job.on_gpu:
+        _retained(stages, _load(job))
     limit, source = memory_limit(config)
     return MemoryPlan(config.trainer.device, stages, limit, source)
+
+
+def _load(job: _Job) -> float:
+    """A training rank's peak while the models load (GiB): the reader (rank 0) holds each model whole in its
+    dtype beside its own shard (``workers/loading.py``); the roles load one after the other."""
+    roles = [r for r in (job.actor, job.ref, job.critic, job.rm) if r is not None]
+    held = sum(r.weights() for r in roles)
+    whole = max(r.shape.params * (r.master_bytes if r.trainable else r.compute_bytes) for r in roles)
+    return (CPU_RUNTIME_GB * GIB + held + whole) / GIB
+
+
+def _retained(stages: dict[str, StagePlan], load_gb: float) -> None:
+    """On a CPU a rank's resident set does not shrink after a stage: the allocator keeps what a stage freed for
+    the next (glibc returns only the top of its heap), so from the second step on every stage of a rank measures
+    at least the largest stage's peak on that rank, and the loading's. Each stage gets the difference as a part
+    of its own."""
+    for ranks in {s.ranks for s in stages.values()}:
+        largest = max(s.peak_gb for s in stages.values() if s.ranks == ranks)
+        largest = max(largest, load_gb) if ranks == "training" else largest
+        for stage in stages.values():
+            if stage.ranks == ranks and stage.peak_gb < largest:
+                stage.parts["retained by the allocator"] = (largest - stage.peak_gb) * GIB
 
 
 def _classifier_shape(path: str) -> ModelShape:
@@ -289,6 +318,7 @@ def _job(config: Any, shape_of) -> _Job:
         world,
         arr.actor.fsdp_config.param_offload,
         arr.actor.fsdp_config.optimizer_offload,
+        arr.actor.fsdp_config.reshard_after_forward,
     )
     ref = None
     if needs_reference(config) and not reference_in_actor(config):
@@ -308,6 +338,7 @@ def _job(config: Any, shape_of) -> _Job:
             world,
             cc.fsdp_config.param_offload,
             cc.fsdp_config.optimizer_offload,
+            cc.fsdp_config.reshard_after_forward,
         )
     rm = None
     if config.reward_model.enable:
@@ -371,16 +402,20 @@ def _kv_bytes(job: _Job) -> float:
 
 
 def _generation(job: _Job) -> dict[str, float]:
-    """The transient of a generation: the KV cache (vLLM's is resident) and the prefill of every row's prompt."""
+    """The transient of a built-in engine's generation: its KV cache (on a GPU at most ``gpu_memory_utilization``
+    of the device) and the prefill of every row's prompt at once. vLLM's are inside its own reservation."""
     rollout = job.config.actor_rollout_ref.rollout
+    if rollout.name == "vllm":
+        return {}
     rows, prompt, q = _rollout_rows(job), job.config.data.max_prompt_length, rollout.tensor_model_parallel_size
     prefill = _forward(job.policy, rows * prompt, 0, job.actor.compute_bytes, q) + 2 * rows * job.policy.vocab * 4
-    parts = {"prefill": prefill}
-    if rollout.name != "vllm":
-        parts["KV cache"] = _kv_bytes(job)
-        if job.placement is RolloutPlacement.COLOCATED:
-            model_bytes = job.policy.params * job.actor.compute_bytes
-            parts["reshard buckets"] = min(rollout.reshard_bucket_mb * 2**20, model_bytes)
+    kv = _kv_bytes(job)
+    if job.on_gpu and (limit := memory_limit(job.config)[0]) is not None:
+        kv = min(kv, rollout.gpu_memory_utilization * limit * GIB)
+    parts = {"prefill": prefill, "KV cache": kv}
+    if job.placement is RolloutPlacement.COLOCATED:
+        model_bytes = job.policy.params * job.actor.compute_bytes
+        parts["reshard buckets"] = min(rollout.reshard_bucket_mb * 2**20, model_bytes)
     return parts
 
 
@@ -447,9 +482,11 @@ def _update(job: _Job) -> dict[str, float]:
             section.ppo_micro_batch_size_per_gpu,
         )
         response = 0 if role is job.critic else tokens * arr.rollout.response_length // job.seq
+        # several micro-batches to one optimizer step, summed unsharded: the whole gradient beside the shard
+        accumulates = mini_rows * job.seq > tokens and section.fsdp_config.accumulate_unsharded_grads
         candidates.append(
             {
-                f"{role.name} gradients": role.gradients(),
+                f"{role.name} gradients": role.gradients() * (1 + job.world if accumulates and job.world > 1 else 1),
                 "activations": _training(role.shape, tokens, response, role.compute_bytes, checkpointing, tp),
                 "gathered layers": role.gathered_layers(),
             }

@@ -101,6 +101,7 @@ def update_epochs(
     loss_scale: float = 1.0,
     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
     prefix: str = "actor",
+    accumulate_unsharded: bool = True,
 ) -> dict[str, float]:
     """``epochs`` passes over this rank's rows in mini-batches of ``rows_per_mini_batch`` (drawn in a
     ``seed``-ed order with ``shuffle``), one optimizer step each; returns the steps' metrics averaged
@@ -127,6 +128,7 @@ def update_epochs(
             loss_scale=loss_scale,
             scheduler=scheduler,
             prefix=prefix,
+            accumulate_unsharded=accumulate_unsharded,
         )
         steps.append({**step, **diagnostics})
     return mean_metrics(steps)
@@ -153,12 +155,14 @@ def optimizer_step(
     loss_scale: float = 1.0,
     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
     prefix: str = "actor",
+    accumulate_unsharded: bool = True,
 ) -> dict[str, float]:
     """Accumulate ``micro_loss`` over the micro-batches of one mini-batch, clip, step; returns metrics.
 
     Under FSDP2 the gradients are reduced across ranks once, in the last
     micro-batch's backward (the earlier ones accumulate unsharded gradients
-    locally: :func:`gradient_sync`). Micro-batch diagnostics are averaged
+    locally: :func:`gradient_sync`), or with ``accumulate_unsharded=False`` in
+    every micro-batch's (``fsdp_config.accumulate_unsharded_grads``). Micro-batch diagnostics are averaged
     weighted by rows; ``grad_norm``, ``optimizer_steps`` (1), ``skipped_steps``
     and ``lr`` are added under ``prefix/``.
     """
@@ -166,7 +170,7 @@ def optimizer_step(
     metrics: dict[str, float] = defaultdict(float)
     rows = sum(len(micro) for micro in micro_batches)
     for index, micro in enumerate(micro_batches):
-        with gradient_sync(model, last=index == len(micro_batches) - 1):
+        with gradient_sync(model, last=index == len(micro_batches) - 1 or not accumulate_unsharded):
             loss, micro_metrics = micro_loss(micro)
             (loss * loss_scale).backward()
         for key, value in micro_metrics.items():

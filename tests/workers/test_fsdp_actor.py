@@ -18,8 +18,14 @@ from hybridflow.workers.actor.ppo_actor import PPOActor
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
-def test_dp2_fsdp_update_equals_dp1(tmp_path, mode):
+@pytest.mark.parametrize(
+    "mode,accumulate_unsharded",
+    [("token-mean", True), ("seq-mean-token-mean", True), ("token-mean", False)],
+    ids=["token-mean", "seq-mean-token-mean", "reduced-every-micro-batch"],
+)
+def test_dp2_fsdp_update_equals_dp1(tmp_path, mode, accumulate_unsharded):
+    """Two micro-batches a rank: summed unsharded and reduced once, or reduced in each backward
+    (``fsdp_config.accumulate_unsharded_grads=false``), the update is the one-process update."""
     data = rollout_batch(rows=8)
     base = tiny_model()
     single = copy.deepcopy(base)
@@ -35,7 +41,10 @@ def test_dp2_fsdp_update_equals_dp1(tmp_path, mode):
     reference.update_policy(data, temperature=1.0)
 
     mp.start_processes(
-        fsdp_update_rank, args=(2, free_ports(1)[0], mode, 2, str(tmp_path)), nprocs=2, start_method="spawn"
+        fsdp_update_rank,
+        args=(2, free_ports(1)[0], mode, 2, str(tmp_path), 1, True, accumulate_unsharded),
+        nprocs=2,
+        start_method="spawn",
     )
     sharded = torch.load(tmp_path / "params.pt")
     before = dict(base.named_parameters())

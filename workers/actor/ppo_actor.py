@@ -178,6 +178,7 @@ class PPOActor:
             grad_clip=self.config.optim.grad_clip,
             loss_scale=self.dp_size,  # FSDP averages over ranks; we want the sum
             scheduler=self.scheduler,
+            accumulate_unsharded=self.config.fsdp_config.accumulate_unsharded_grads,
         )
         if GAP in metrics:  # the first step's alone (the probe): the largest gap of any rank
             metrics[GAP] = self._max_over_ranks(metrics[GAP])

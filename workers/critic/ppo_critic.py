@@ -111,6 +111,7 @@ class PPOCritic:
             loss_scale=self.dp_size,
             scheduler=self.scheduler,
             prefix="critic",
+            accumulate_unsharded=self.config.fsdp_config.accumulate_unsharded_grads,
         )
         metrics["critic/param_norm"] = parameter_norm(self.model)
         return metrics
