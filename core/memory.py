@@ -6,10 +6,13 @@
 * CUDA: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``
   (tensors only; the caching allocator's reserve and the CUDA context are not counted);
 * CPU: the process's peak resident set (``VmHWM`` of ``/proc/self/status``),
-  reset before the call by writing 5 to ``/proc/self/clear_refs``. Colocated
-  roles share the process, so this is everything the rank holds, not just
-  the call's own tensors. Where the kernel refuses the reset, the figure is
-  the peak since the process started (still an upper bound).
+  reset before the call by writing 5 to ``/proc/self/clear_refs``, after
+  glibc's heap has given its free pages back (``malloc_trim(0)``: otherwise
+  a stage's figure is the largest earlier stage's, whose freed memory the
+  heap keeps, and the process holds it for good). Colocated roles share the
+  process, so this is everything the rank holds, not just the call's own
+  tensors. Where the kernel refuses the reset, the figure is the peak since
+  the process started (still an upper bound).
 """
 
 from __future__ import annotations
@@ -30,11 +33,22 @@ def reset_peak(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         return
+    _trim_heap()
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
     except OSError:
         pass  # not Linux, or not allowed: the peak since start-up stands
+
+
+def _trim_heap() -> None:
+    """Give the pages glibc's heap holds free back to the system (``malloc_trim(0)``)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc
 
 
 def peak_gb(device: torch.device) -> float:

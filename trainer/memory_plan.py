@@ -17,8 +17,11 @@ degree; ``m``, ``c`` the bytes of the master and the compute dtype::
     gen       + KV cache (rows x (prompt + response) x layers x 2 x kv heads / q x head dim x c) + prefill
     old_log_prob, ref, values, rm
               + a forward's activations: one layer's temporaries and the response tokens' fp32 logits
-    update    + gradients (T m / W) + the micro-batch's saved activations (every layer, or with activation
-                checkpointing each layer's input and one layer's) + fp32 logits and their gradient
+    update    + gradients (T m / W; with several micro-batches a step and fsdp_config.accumulate_unsharded_grads,
+                2 T m + T m / W: their whole sum, the last one's whole gradient, the shard) + the micro-batch's
+                saved activations (every layer, or with activation checkpointing each layer's input and one
+                layer's) + fp32 logits and their gradient + the layers FSDP2 gathers (two; all of them without
+                reshard_after_forward)
 
 where T is what trains (P, or the adapters' A). ``runtime`` is the process before any model: on a CPU the resident
 set of an idle rank (Python, torch, transformers, Ray's worker), on a GPU the CUDA context, which the measured
@@ -268,32 +271,8 @@ def plan_memory(config: Any, *, shapes: dict[str, ModelShape] | None = None) -> 
     stages = {s: StagePlan(s, "training", parts) for s, parts in training.items() if parts is not None}
     if job.placement is not RolloutPlacement.COLOCATED:
         stages["gen"] = StagePlan("gen", "rollout", _rollout_rank_gen(job))
-    if not job.on_gpu:
-        _retained(stages, _load(job))
     limit, source = memory_limit(config)
     return MemoryPlan(config.trainer.device, stages, limit, source)
-
-
-def _load(job: _Job) -> float:
-    """A training rank's peak while the models load (GiB): the reader (rank 0) holds each model whole in its
-    dtype beside its own shard (``workers/loading.py``); the roles load one after the other."""
-    roles = [r for r in (job.actor, job.ref, job.critic, job.rm) if r is not None]
-    held = sum(r.weights() for r in roles)
-    whole = max(r.shape.params * (r.master_bytes if r.trainable else r.compute_bytes) for r in roles)
-    return (CPU_RUNTIME_GB * GIB + held + whole) / GIB
-
-
-def _retained(stages: dict[str, StagePlan], load_gb: float) -> None:
-    """On a CPU a rank's resident set does not shrink after a stage: the allocator keeps what a stage freed for
-    the next (glibc returns only the top of its heap), so from the second step on every stage of a rank measures
-    at least the largest stage's peak on that rank, and the loading's. Each stage gets the difference as a part
-    of its own."""
-    for ranks in {s.ranks for s in stages.values()}:
-        largest = max(s.peak_gb for s in stages.values() if s.ranks == ranks)
-        largest = max(largest, load_gb) if ranks == "training" else largest
-        for stage in stages.values():
-            if stage.ranks == ranks and stage.peak_gb < largest:
-                stage.parts["retained by the allocator"] = (largest - stage.peak_gb) * GIB
 
 
 def _classifier_shape(path: str) -> ModelShape:
@@ -482,11 +461,12 @@ def _update(job: _Job) -> dict[str, float]:
             section.ppo_micro_batch_size_per_gpu,
         )
         response = 0 if role is job.critic else tokens * arr.rollout.response_length // job.seq
-        # several micro-batches to one optimizer step, summed unsharded: the whole gradient beside the shard
+        # several micro-batches to one optimizer step, summed unsharded: in the last one's backward the sum and
+        # that micro-batch's own whole gradient, beside the shard they are reduced into
         accumulates = mini_rows * job.seq > tokens and section.fsdp_config.accumulate_unsharded_grads
         candidates.append(
             {
-                f"{role.name} gradients": role.gradients() * (1 + job.world if accumulates and job.world > 1 else 1),
+                f"{role.name} gradients": role.gradients() * (1 + 2 * job.world if accumulates else 1),
                 "activations": _training(role.shape, tokens, response, role.compute_bytes, checkpointing, tp),
                 "gathered layers": role.gathered_layers(),
             }
