@@ -183,7 +183,9 @@ def optimizer_step(
             scheduler.step()
     else:
         logger.warning("%s: non-finite gradient norm %s, skipping this optimizer step", prefix, grad_norm)
-        optimizer.zero_grad(set_to_none=True)
+    # freed once applied: kept until the next update, a gradient shard of the model's size would sit through every
+    # other stage (measured: 0.18 GiB a rank for a ~95M model on 2 ranks, in gen, log-probs and the reference)
+    optimizer.zero_grad(set_to_none=True)
     metrics[f"{prefix}/grad_norm"] = grad_norm
     metrics[f"{prefix}/optimizer_steps"] = 1.0
     metrics[f"{prefix}/skipped_steps"] = float(not math.isfinite(grad_norm))

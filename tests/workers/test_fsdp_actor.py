@@ -84,3 +84,21 @@ def test_parameters_kept_gathered_update_like_dp1_over_two_optimizer_steps(tmp_p
     sharded = torch.load(tmp_path / "params.pt")
     for name, param in single.named_parameters():
         assert torch.allclose(sharded[name], param, atol=1e-5), name
+
+
+def test_the_gradients_are_freed_once_applied():
+    """Kept until the next update they would sit through every other stage (a shard of the model's size per rank)."""
+    data = rollout_batch(rows=8)
+    model = tiny_model()
+    actor = PPOActor(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.5),
+        ActorConfig(ppo_micro_batch_size_per_gpu=4),
+        loss_agg_mode="token-mean",
+        rows_per_mini_batch=8,
+    )
+    data.union(actor.compute_log_prob(data, temperature=1.0))
+    before = [p.detach().clone() for p in model.parameters()]
+    actor.update_policy(data, temperature=1.0)
+    assert any(not torch.equal(p, b) for p, b in zip(model.parameters(), before))  # it did update
+    assert all(p.grad is None for p in model.parameters())
