@@ -104,6 +104,10 @@ class ModelShape:
             ),
         )
 
+    def adapted_params(self, targets: Any, excluded: Any = None) -> int:
+        """Weights of the linear layers LoRA adapts (what a merged view of the model copies)."""
+        return sum(n_in * n_out for name, n_in, n_out in self.linears if _targeted(name, targets, excluded))
+
     def lora_params(self, rank: int, targets: Any, excluded: Any = None) -> int:
         """Parameters of rank-``rank`` adapters (A: r x in, B: out x r) on the targeted linear layers, as peft
         matches ``target_modules`` / ``exclude_modules`` (``all-linear``: every one but the output projection)."""
@@ -345,6 +349,10 @@ def _resident(job: _Job, stage: str) -> dict[str, float]:
                 role.optimizer_offload and stage == "update"
             )
             parts[f"{role.name} offload copy"] = moved
+    model = job.config.actor_rollout_ref.model
+    if model.lora_rank:  # the rollout gets W + s B A: a merged copy of every adapted shard, kept between syncs
+        adapted = job.policy.adapted_params(model.target_modules, model.exclude_modules)
+        parts["merged LoRA weights"] = adapted * job.actor.compute_bytes / job.world
     if job.placement is RolloutPlacement.COLOCATED:
         parts.update(_rollout_resident(job, stage))
     return parts

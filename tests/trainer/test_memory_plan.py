@@ -40,7 +40,10 @@ def test_lora_parameters_are_what_peft_trains(targets):
     model, _ = load_model_and_tokenizer("builtin:tiny-qwen2")
     peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=targets))
     trained = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
-    assert ModelShape.of(load_model_config("builtin:tiny-qwen2")).lora_params(4, targets) == trained
+    shape = ModelShape.of(load_model_config("builtin:tiny-qwen2"))
+    assert shape.lora_params(4, targets) == trained
+    adapted = sum(m.base_layer.weight.numel() for m in peft_model.modules() if hasattr(m, "lora_A"))
+    assert shape.adapted_params(targets) == adapted  # what the merged view copies
 
 
 def test_each_part_of_the_default_job_by_hand():
