@@ -20,6 +20,7 @@ __all__ = ["compose_config", "format_plan", "plan_command"]
 def compose_config(overrides: list[str]) -> Any:
     """The checked config ``hybridflow-train <overrides>`` would run (its device settled), without starting it."""
     from hydra import compose, initialize_config_dir  # noqa: PLC0415
+    from hydra.errors import HydraException  # noqa: PLC0415
     from omegaconf import OmegaConf  # noqa: PLC0415
 
     from hybridflow.configs import CONFIG_DIR  # noqa: PLC0415
@@ -32,8 +33,11 @@ def compose_config(overrides: list[str]) -> Any:
     if problems:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(problems))
     register_configs()
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        cfg = compose("ppo_trainer", overrides=translation.args)
+    try:
+        with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+            cfg = compose("ppo_trainer", overrides=translation.args)
+    except HydraException as error:  # an override Hydra cannot apply: its own message, no traceback
+        raise ConfigError(f"invalid config:\n  - {error}") from None
     config = OmegaConf.to_object(cfg)
     settle_device(config.trainer)
     problems = config_problems(config, this_machine=False)  # a GPU run is planned on any machine

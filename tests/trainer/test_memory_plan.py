@@ -144,3 +144,9 @@ def test_a_run_that_cannot_fit_is_refused_before_ray_naming_the_stage_and_the_ke
     assert "update (training rank) needs" in out.stderr
     assert "actor_rollout_ref.model.lora_rank=16" in out.stderr  # a key that lowers it, with its effect
     assert "Started a local Ray instance" not in out.stdout + out.stderr
+
+
+def test_an_override_hydra_cannot_apply_is_a_message_and_exit_2():
+    out = subprocess.run([*HYBRIDFLOW, "plan", "model=local"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "hybridflow plan: invalid config" in out.stderr and "model@actor_rollout_ref.model" in out.stderr
