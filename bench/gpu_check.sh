@@ -13,8 +13,9 @@
 # 3. qwen05b_shape: 10 steps of a Qwen2.5-0.5B-shaped model (random weights from its config: hidden 896,
 #    24 layers, 14 heads, 2 KV heads, vocab 151,936), 256-token responses, bf16 compute over fp32 master
 #    weights: step breakdown, generated tokens/s, peak memory per stage, the update's MFU, log-prob parity;
-# 4. reshard: bench/bench_reshard.py on the device;
-# 5. cpu_parity_tests: the hybrid-engine and TP-rollout tests on this machine's torch build.
+# 4. memory_plan: hybridflow plan --json of step 3's job (issue 50: the plan against the measured peaks);
+# 5. reshard: bench/bench_reshard.py on the device;
+# 6. cpu_parity_tests: the hybrid-engine and TP-rollout tests on this machine's torch build.
 # Each step's output goes to OUT_DIR and the console; a failing step is reported and the script goes on,
 # exiting non-zero at the end if any failed.
 set -u
@@ -65,6 +66,11 @@ print('steps', sum('score/mean' in r for r in rows), 'log-prob gap max', gap, 'm
 sys.exit(0 if gap < 1e-3 else 1)"
 step qwen05b_shape 300 $PY "$ROOT/bench/bench_step.py" --model "$BIG" --device "$DEVICE" --ranks "$RANKS" \
   --steps $BIG_STEPS --warmup 1 --response-length $BIG_LEN --param-dtype bfloat16 --micro-batch 8 --json "$OUT/qwen05b_shape.json"
+# the memory plan of the same job, to set beside the stages' measured peaks in qwen05b_shape.json (on a GPU the
+# measured figure is the allocator's: the plan's "runtime" part, the CUDA context, is not in it)
+step memory_plan 60 $PY -m hybridflow.cli plan --json trainer=$TRAINER actor_rollout_ref.model.path="$BIG" \
+  actor_rollout_ref.rollout.response_length=$BIG_LEN actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8 \
+  actor_rollout_ref.actor.fsdp_config.param_dtype=bfloat16 data.max_prompt_length=64 trainer.n_gpus_per_node="$RANKS"
 step reshard 120 $PY "$ROOT/bench/bench_reshard.py" --device "$DEVICE" --ranks "$RANKS" --tp "$TP"
 if [ "$DEVICE" = cuda ]; then
   step cpu_parity_tests 120 $PY -m pytest -q -p no:cacheprovider \
