@@ -22,7 +22,7 @@ from contextlib import contextmanager
 
 import torch
 
-__all__ = ["MEMORY_PEAK_GB", "measure", "peak_gb", "reset_peak"]
+__all__ = ["MEMORY_PEAK_GB", "measure", "peak_gb", "reset_peak", "trim_heap"]
 
 MEMORY_PEAK_GB = "memory/peak_gb"
 """The metric a measured call's output carries (``meta_info["metrics"]`` of a DataProto, or a metrics dict)."""
@@ -33,7 +33,7 @@ def reset_peak(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         return
-    _trim_heap()
+    trim_heap()
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
@@ -41,8 +41,9 @@ def reset_peak(device: torch.device) -> None:
         pass  # not Linux, or not allowed: the peak since start-up stands
 
 
-def _trim_heap() -> None:
-    """Give the pages glibc's heap holds free back to the system (``malloc_trim(0)``)."""
+def trim_heap() -> None:
+    """Give the pages glibc's heap holds free back to the system (``malloc_trim(0)``; tens of ms for a heap of GBs).
+    Host memory only: CUDA's allocator is not touched."""
     import ctypes
 
     try:

@@ -23,6 +23,7 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
 from hybridflow.core import DataProto
+from hybridflow.core.memory import trim_heap
 from hybridflow.workers.fsdp import reshard
 
 logger = logging.getLogger(__name__)
@@ -167,6 +168,8 @@ def optimizer_step(
     and ``lr`` are added under ``prefix/``.
     """
     optimizer.zero_grad(set_to_none=True)
+    if _on_cpu(model):  # the previous step's freed tensors: without this the heap keeps their pages, step after step
+        trim_heap()
     metrics: dict[str, float] = defaultdict(float)
     rows = sum(len(micro) for micro in micro_batches)
     for index, micro in enumerate(micro_batches):
@@ -191,6 +194,10 @@ def optimizer_step(
     metrics[f"{prefix}/skipped_steps"] = float(not math.isfinite(grad_norm))
     metrics[f"{prefix}/lr"] = optimizer.param_groups[0]["lr"]
     return dict(metrics)
+
+
+def _on_cpu(model: nn.Module) -> bool:
+    return next(model.parameters()).device.type == "cpu"
 
 
 @contextmanager
