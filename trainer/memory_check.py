@@ -9,7 +9,7 @@ import logging
 from typing import Any
 
 from hybridflow.trainer.config_checks import ConfigError, settle_device
-from hybridflow.trainer.memory_plan import GIB, MemoryPlan, ModelShape, plan_memory
+from hybridflow.trainer.memory_plan import GIB, MemoryPlan, plan_memory
 
 __all__ = ["check_memory", "largest_parts", "refusal", "remedies"]
 
@@ -80,7 +80,7 @@ def _set(config: Any, key: str, value: Any) -> None:
     setattr(node, last, value)
 
 
-def remedies(config: Any, plan: MemoryPlan, shapes: dict[str, ModelShape] | None = None) -> list[tuple[str, float]]:
+def remedies(config: Any, plan: MemoryPlan) -> list[tuple[str, float]]:
     """``key=value`` changes that lower the largest stage's peak, each with the largest peak (GiB) it leaves:
     the plan made again with that one key changed. Offload is tried on a GPU only (on a CPU the host memory is the
     same memory)."""
@@ -92,7 +92,7 @@ def remedies(config: Any, plan: MemoryPlan, shapes: dict[str, ModelShape] | None
             continue
         changed = copy.deepcopy(config)
         _set(changed, key, change(current))
-        peak = plan_memory(changed, shapes=shapes).largest().peak_gb
+        peak = plan_memory(changed).largest().peak_gb
         if peak < worst - 0.005:
             out.append((f"{key}={str(change(current)).lower()}", peak))
     return out

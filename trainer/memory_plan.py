@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from hybridflow.configs.roles import (
@@ -48,7 +49,6 @@ from hybridflow.configs.roles import (
 GIB = 2**30
 STAGES = ("gen", "old_log_prob", "ref", "values", "rm", "update")
 """The stages of ``memory/<stage>/peak_gb``, in the order a step runs them."""
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 CPU_RUNTIME_GB = 0.64
 """A CPU rank's resident set before any model (Python, torch, transformers, Ray's worker, the role's code):
@@ -57,7 +57,8 @@ the ~0.1M-parameter default model's stages measured 0.647-0.648 GiB (``bench/ben
 CUDA_CONTEXT_GB = 1.0
 """The CUDA context and the allocator's slack on a GPU (not measured here: no GPU; a typical figure)."""
 VLLM_CPU_RUNTIME_GB = 0.6
-"""What vLLM's CPU build adds to a rank before its weights and KV cache (its imports and engine)."""
+"""What vLLM's CPU build adds to a rank before its weights and KV cache (its imports and engine): an estimate, not
+measured (no vLLM configuration is in ``bench/bench_memory_plan.py`` yet)."""
 
 
 @dataclass(frozen=True)
@@ -193,9 +194,11 @@ class _Role:
     reshard_after_forward: bool = True
 
     def weights(self) -> float:
-        frozen = self.shape.params if self.trainable < self.shape.params else 0
-        held = frozen * self.compute_bytes + (self.trainable if frozen else self.shape.params) * self.master_bytes
-        return held / self.shards
+        """Trained in full: master weights. Frozen (reference, reward model, LoRA's base): the compute dtype, and
+        LoRA's adapters in the master dtype beside it."""
+        if self.trainable == self.shape.params:
+            return self.shape.params * self.master_bytes / self.shards
+        return (self.shape.params * self.compute_bytes + self.trainable * self.master_bytes) / self.shards
 
     def optimizer(self) -> float:
         return 2 * self.trainable * self.master_bytes / self.shards
@@ -252,51 +255,52 @@ class _Job:
     placement: RolloutPlacement
     world: int
     on_gpu: bool
+    limit_gb: float | None
+    """A rank's memory (:func:`memory_limit`), read once."""
 
     @property
     def seq(self) -> int:
         return self.config.data.max_prompt_length + self.config.actor_rollout_ref.rollout.response_length
 
 
-def plan_memory(config: Any, *, shapes: dict[str, ModelShape] | None = None) -> MemoryPlan:
-    """The memory plan of a checked config (``trainer.device`` settled). ``shapes``: model shapes by path, to
-    skip building them again."""
-    shapes = dict(shapes or {})
-
-    def shape_of(path: str, classifier: bool = False) -> ModelShape:
-        if path not in shapes:
-            from hybridflow.workers.models import load_model_config  # noqa: PLC0415
-
-            shapes[path] = ModelShape.of(load_model_config(path)) if not classifier else _classifier_shape(path)
-        return shapes[path]
-
-    job = _job(config, shape_of)
+def plan_memory(config: Any) -> MemoryPlan:
+    """The memory plan of a checked config (``trainer.device`` settled)."""
+    limit, source = memory_limit(config)
+    job = _job(config, limit)
     training = {stage: _training_stage(job, stage) for stage in STAGES}
     stages = {s: StagePlan(s, "training", parts) for s, parts in training.items() if parts is not None}
     if job.placement is not RolloutPlacement.COLOCATED:
         stages["gen"] = StagePlan("gen", "rollout", _rollout_rank_gen(job))
-    limit, source = memory_limit(config)
     return MemoryPlan(config.trainer.device, stages, limit, source)
 
 
-def _classifier_shape(path: str) -> ModelShape:
-    from transformers import AutoConfig  # noqa: PLC0415
+@lru_cache(maxsize=16)
+def model_shape(path: str) -> ModelShape:
+    """The shape of the model at ``path`` (a directory or ``builtin:<name>``; a reward model's sequence classifier
+    has its causal LM's shape but the head), built once per process: a refusal plans the config again per remedy."""
+    from hybridflow.workers.models import load_model_config  # noqa: PLC0415
 
-    return ModelShape.of(AutoConfig.from_pretrained(path))
+    return ModelShape.of(load_model_config(path))
 
 
-def _job(config: Any, shape_of) -> _Job:
+def _bytes(dtype: str) -> int:
+    from hybridflow.workers.models import torch_dtype  # noqa: PLC0415
+
+    return torch_dtype(dtype).itemsize
+
+
+def _job(config: Any, limit_gb: float | None) -> _Job:
     arr, trainer = config.actor_rollout_ref, config.trainer
     world = trainer.nnodes * trainer.n_gpus_per_node
-    policy = shape_of(arr.model.path)
-    c = DTYPE_BYTES[arr.actor.fsdp_config.compute_dtype(arr.model)]
+    policy = model_shape(arr.model.path)
+    c = _bytes(arr.actor.fsdp_config.compute_dtype(arr.model))
     lora = arr.model.lora_rank
     adapters = policy.lora_params(lora, arr.model.target_modules, arr.model.exclude_modules) if lora else 0
     actor = _Role(
         "actor",
         policy,
         c,
-        DTYPE_BYTES[arr.actor.fsdp_config.master_dtype],
+        _bytes(arr.actor.fsdp_config.master_dtype),
         adapters or policy.params,
         world,
         arr.actor.fsdp_config.param_offload,
@@ -305,7 +309,7 @@ def _job(config: Any, shape_of) -> _Job:
     )
     ref = None
     if needs_reference(config) and not reference_in_actor(config):
-        ref_c = DTYPE_BYTES[arr.ref.fsdp_config.compute_dtype(arr.model)]
+        ref_c = _bytes(arr.ref.fsdp_config.compute_dtype(arr.model))
         ref = _Role("ref", policy, ref_c, ref_c, 0, world, arr.ref.fsdp_config.param_offload)
     critic = None
     if needs_critic(config):
@@ -315,8 +319,8 @@ def _job(config: Any, shape_of) -> _Job:
         critic = _Role(
             "critic",
             policy,
-            DTYPE_BYTES[cc.fsdp_config.compute_dtype(arr.model)],
-            DTYPE_BYTES[cc.fsdp_config.master_dtype],
+            _bytes(cc.fsdp_config.compute_dtype(arr.model)),
+            _bytes(cc.fsdp_config.master_dtype),
             critic_adapters + head if cc.lora_rank else policy.params,
             world,
             cc.fsdp_config.param_offload,
@@ -326,9 +330,10 @@ def _job(config: Any, shape_of) -> _Job:
     rm = None
     if config.reward_model.enable:
         rmc = config.reward_model.model
-        rm_c = DTYPE_BYTES[rmc.fsdp_config.compute_dtype(arr.model)]
-        rm = _Role("reward model", shape_of(rmc.path, True), rm_c, rm_c, 0, world, rmc.fsdp_config.param_offload)
-    return _Job(config, actor, policy, ref, critic, rm, rollout_placement(config), world, trainer.device == "cuda")
+        rm_c = _bytes(rmc.fsdp_config.compute_dtype(arr.model))
+        rm = _Role("reward model", model_shape(rmc.path), rm_c, rm_c, 0, world, rmc.fsdp_config.param_offload)
+    placement, on_gpu = rollout_placement(config), trainer.device == "cuda"
+    return _Job(config, actor, policy, ref, critic, rm, placement, world, on_gpu, limit_gb)
 
 
 def _resident(job: _Job, stage: str) -> dict[str, float]:
@@ -365,7 +370,7 @@ def _rollout_resident(job: _Job, stage: str) -> dict[str, float]:
     weights = job.policy.params * job.actor.compute_bytes / q
     if rollout.name == "vllm":
         if job.on_gpu:
-            reserved = rollout.gpu_memory_utilization * (memory_limit(job.config)[0] or 0) * GIB
+            reserved = rollout.gpu_memory_utilization * (job.limit_gb or 0) * GIB
             return {"vLLM (weights, KV cache)": reserved if stage == "gen" or not rollout.enable_sleep_mode else 0.0}
         return {"vLLM runtime": VLLM_CPU_RUNTIME_GB * GIB, "rollout weights": weights, "KV cache": _kv_bytes(job)}
     if rollout.offload_weights and stage != "gen":
@@ -397,8 +402,8 @@ def _generation(job: _Job) -> dict[str, float]:
     rows, prompt, q = _rollout_rows(job), job.config.data.max_prompt_length, rollout.tensor_model_parallel_size
     prefill = _forward(job.policy, rows * prompt, 0, job.actor.compute_bytes, q) + 2 * rows * job.policy.vocab * 4
     kv = _kv_bytes(job)
-    if job.on_gpu and (limit := memory_limit(job.config)[0]) is not None:
-        kv = min(kv, rollout.gpu_memory_utilization * limit * GIB)
+    if job.on_gpu and job.limit_gb is not None:
+        kv = min(kv, rollout.gpu_memory_utilization * job.limit_gb * GIB)
     parts = {"prefill": prefill, "KV cache": kv}
     if job.placement is RolloutPlacement.COLOCATED:
         model_bytes = job.policy.params * job.actor.compute_bytes
@@ -488,7 +493,7 @@ def _rollout_rank_gen(job: _Job) -> dict[str, float]:
     rollout = job.config.actor_rollout_ref.rollout
     parts = {"runtime": (CUDA_CONTEXT_GB if job.on_gpu else CPU_RUNTIME_GB) * GIB}
     if rollout.name == "vllm" and job.on_gpu:
-        parts["vLLM (weights, KV cache)"] = rollout.gpu_memory_utilization * (memory_limit(job.config)[0] or 0) * GIB
+        parts["vLLM (weights, KV cache)"] = rollout.gpu_memory_utilization * (job.limit_gb or 0) * GIB
         return parts
     parts["rollout weights"] = job.policy.params * job.actor.compute_bytes / rollout.tensor_model_parallel_size
     if rollout.name == "vllm":

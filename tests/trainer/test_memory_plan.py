@@ -150,3 +150,10 @@ def test_an_override_hydra_cannot_apply_is_a_message_and_exit_2():
     out = subprocess.run([*HYBRIDFLOW, "plan", "model=local"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "hybridflow plan: invalid config" in out.stderr and "model@actor_rollout_ref.model" in out.stderr
+
+
+def test_a_built_in_reward_model_is_planned_as_a_frozen_sharded_model():
+    plan = plan_memory(config(**{"reward_model.enable": True, "reward_model.model.path": "builtin:tiny-llama"}))
+    params = ModelShape.of(load_model_config("builtin:tiny-llama")).params  # another model than the policy
+    assert plan.stages["rm"].parts["reward model weights"] == params * 4 / 2  # fp32, sharded over 2 ranks
+    assert "reward model optimizer" not in plan.stages["rm"].parts
