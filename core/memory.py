@@ -17,7 +17,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import ctypes
+import functools
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -42,14 +44,20 @@ def reset_peak(device: torch.device) -> None:
 
 
 def trim_heap() -> None:
-    """Give the pages glibc's heap holds free back to the system (``malloc_trim(0)``; tens of ms for a heap of GBs).
-    Host memory only: CUDA's allocator is not touched."""
-    import ctypes
+    """Give the pages glibc's heap holds free back to the system (``malloc_trim(0)``: microseconds with nothing to
+    give back, tens of ms for GBs). Host memory only: CUDA's allocator is not touched. Nothing where there is no
+    glibc."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
     try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        return ctypes.CDLL("libc.so.6").malloc_trim
     except (OSError, AttributeError):
-        pass  # not glibc
+        return None
 
 
 def peak_gb(device: torch.device) -> float:

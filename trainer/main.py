@@ -185,7 +185,7 @@ def _fit_on_ray(config: PPOConfig, run_dir: Path, dims, placement, tokenizer, tr
 
 def _each_once(handles: list) -> list:
     """``handles`` without repeats (by identity), in order."""
-    return [h for i, h in enumerate(handles) if not any(h is other for other in handles[:i])]
+    return list({id(handle): handle for handle in handles}.values())
 
 
 def _rollout_group(config: PPOConfig, dims, pool):
