@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 
-from hybridflow.configs.rules import at_least, one_of
+from hybridflow.configs.rules import at_least, one_of, within
 from hybridflow.configs.schema import MODEL_DTYPES, FSDPConfig, OptimConfig, TimeoutsConfig
 from hybridflow.core.devices import AUTO, DEVICES
 
@@ -98,6 +98,9 @@ class RMTrainerConfig:
     cpu_threads_per_rank: int = 2
     """torch threads of each rank with ``device=cpu``; the default suits one rank on a 2-core machine (with
     2 ranks there, use 1)."""
+    cpu_mmap_threshold_mb: Optional[float] = 1.0
+    """With ``device=cpu``, host blocks of at least this many MiB (0-32) are returned to the system when freed;
+    null: glibc's own threshold (the RL trainer's ``trainer.cpu_mmap_threshold_mb``)."""
     seed: int = 0
     """Seed of the backbone (built-in models), the score head, the synthetic preferences and the data order."""
     eval_freq: int = 50
@@ -116,6 +119,11 @@ class RMTrainerConfig:
         """Broken rules of this section."""
         return (
             at_least(self, 1, "total_epochs", "n_gpus_per_node", "cpu_threads_per_rank")
+            + (
+                []
+                if self.cpu_mmap_threshold_mb is None
+                else within(self, "cpu_mmap_threshold_mb", 0, 32, low_open=True)
+            )
             + at_least(self, 1, "total_steps", optional=True)
             + at_least(self, 0, "eval_freq")
             + one_of(self, "device", (AUTO, *DEVICES))

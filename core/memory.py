@@ -24,7 +24,7 @@ from contextlib import contextmanager
 
 import torch
 
-__all__ = ["MEMORY_PEAK_GB", "measure", "peak_gb", "reset_peak", "trim_heap"]
+__all__ = ["MEMORY_PEAK_GB", "map_large_allocations", "measure", "peak_gb", "reset_peak", "trim_heap"]
 
 MEMORY_PEAK_GB = "memory/peak_gb"
 """The metric a measured call's output carries (``meta_info["metrics"]`` of a DataProto, or a metrics dict)."""
@@ -47,15 +47,30 @@ def trim_heap() -> None:
     """Give the pages glibc's heap holds free back to the system (``malloc_trim(0)``: microseconds with nothing to
     give back, tens of ms for GBs). Host memory only: CUDA's allocator is not touched. Nothing where there is no
     glibc."""
-    trim = _malloc_trim()
+    trim = _libc("malloc_trim")
     if trim is not None:
         trim(0)
 
 
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
+
+
+def map_large_allocations(threshold_mb: float) -> bool:
+    """Have glibc's malloc map every block of at least ``threshold_mb`` MiB on its own and unmap it when freed
+    (``mallopt(M_MMAP_THRESHOLD)``, which also stops glibc moving the threshold). glibc's own threshold rises to
+    the largest block freed so far (up to 32 MiB), so a process that frees large tensors takes later ones from its
+    heap, and the pages a stage frees stay resident until a trim: the resident set of a CPU rank then runs ahead
+    of what it holds (``trainer.cpu_mmap_threshold_mb`` says by how much). False where there is no glibc, or it
+    refuses the value (over 32 MiB)."""
+    mallopt = _libc("mallopt")
+    return mallopt is not None and bool(mallopt(M_MMAP_THRESHOLD, int(threshold_mb * 2**20)))
+
+
 @functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
+def _libc(name: str) -> Callable[[int], int] | Callable[[int, int], int] | None:
+    """glibc's function ``name``, resolved once (None where there is no glibc)."""
     try:
-        return ctypes.CDLL("libc.so.6").malloc_trim
+        return getattr(ctypes.CDLL("libc.so.6"), name)
     except (OSError, AttributeError):
         return None
 

@@ -32,7 +32,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from hybridflow.core.data_proto import DataProto
 from hybridflow.core.dispatch import DEFAULT_MESH, FutureShard, Pending, RankLayout, strip_padding
 from hybridflow.core.keys import METRICS
-from hybridflow.core.memory import MEMORY_PEAK_GB, measure
+from hybridflow.core.memory import MEMORY_PEAK_GB, map_large_allocations, measure
 
 __all__ = ["RankEnv", "RoleSpec", "Worker", "WorkerHost", "HostInfo", "CallHeader", "ProtoPayload", "timeout_options"]
 
@@ -286,10 +286,12 @@ def free_ports(count: int) -> list[int]:
 class WorkerHost:
     """The Ray actor body: one process per bundle holding one worker per role."""
 
-    def __init__(self, torch_threads: int | None = 1) -> None:
+    def __init__(self, torch_threads: int | None = 1, mmap_threshold_mb: float | None = None) -> None:
         if torch_threads is not None:
             torch.set_num_threads(torch_threads)
             os.environ["OMP_NUM_THREADS"] = str(torch_threads)
+        if mmap_threshold_mb is not None:
+            map_large_allocations(mmap_threshold_mb)
         self.workers: dict[str, Worker] = {}
         self._calls: dict[int, tuple[str, float]] = {}  # the calls running now: id -> (role.method, start)
         self._next_call = itertools.count()

@@ -89,6 +89,9 @@ class GroupOptions:
         start_timeout_s: how long actor start-up and worker construction may take.
         cpu_torch_threads: torch threads per rank on CPU-only pools (one is
             fastest on small machines); GPU pools keep torch's default.
+        cpu_mmap_threshold_mb: on CPU-only pools, host blocks of at least this many MiB are mapped apart and
+            returned to the system when freed (:func:`~hybridflow.core.memory.map_large_allocations`); None:
+            glibc's own threshold.
         name: prefix of the Ray actor names, for logs.
         max_concurrency: calls one rank runs at once, each in a thread of its own (Ray's threaded actors).
             1 runs them one after another, in order. A worker that serves waiting calls beside others (the
@@ -102,6 +105,7 @@ class GroupOptions:
     call_timeout_s: float | None = None
     start_timeout_s: float = 120.0
     cpu_torch_threads: int = 1
+    cpu_mmap_threshold_mb: float | None = None
     name: str = "hybridflow"
     max_concurrency: int = 1
     collective_timeout_s: float = 600.0
@@ -206,6 +210,7 @@ class HostGroup:
         resource_pool.claim()  # fails fast when more groups than max_colocate_count share it
         res = resource_pool.actor_resources()
         threads = None if resource_pool.use_gpu else options.cpu_torch_threads
+        mmap_threshold = None if resource_pool.use_gpu else options.cpu_mmap_threshold_mb
         # the heartbeat's own thread: a rank busy in a call still answers (core/rank_wait.py)
         remote_host = ray.remote(concurrency_groups={CONTROL_GROUP: 1})(WorkerHost)
         self.handles = [
@@ -214,7 +219,7 @@ class HostGroup:
                 num_gpus=res["num_gpus"],
                 max_concurrency=options.max_concurrency,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(b.placement_group, b.bundle_index),
-            ).remote(threads)
+            ).remote(threads, mmap_threshold)
             for b in bundles
         ]
         role_names = ",".join(self.roles)

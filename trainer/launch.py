@@ -93,6 +93,7 @@ def group_options(config: Any, **settings: Any):
     timeouts = config.trainer.timeouts
     return GroupOptions(
         cpu_torch_threads=config.trainer.cpu_threads_per_rank,
+        cpu_mmap_threshold_mb=config.trainer.cpu_mmap_threshold_mb,
         call_timeout_s=timeouts.call_s,
         collective_timeout_s=timeouts.collective_s,
         heartbeat=Heartbeat.from_timeouts(timeouts),
