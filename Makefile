@@ -30,7 +30,7 @@ EXTRAS := test,docs$(if $(VLLM_EXTRA),$(comma)$(VLLM_EXTRA))
 SITE_DIR ?= site
 REQUIRE_VLLM := $(if $(VLLM_EXTRA),1,0)
 
-.PHONY: run test test-kill lint format docs mutate install clean
+.PHONY: run test test-kill test-memory lint format docs mutate install clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -56,14 +56,20 @@ COMPILE_OWN := $(PY) -m compileall -q -j 0 -x '/(\.venv|\.git|site|outputs|multi
 
 test: install
 	@$(COMPILE_OWN) > /dev/null
-	HYBRIDFLOW_REQUIRE_VLLM=$(REQUIRE_VLLM) $(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not serial and not kill_modes" $(PYTEST_ARGS); $(PYTEST_OK)
-	HYBRIDFLOW_REQUIRE_VLLM=$(REQUIRE_VLLM) $(PY) -m pytest -m "serial and not kill_modes" $(PYTEST_ARGS); $(PYTEST_OK)
+	HYBRIDFLOW_REQUIRE_VLLM=$(REQUIRE_VLLM) $(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not serial and not kill_modes and not memory_configs" $(PYTEST_ARGS); $(PYTEST_OK)
+	HYBRIDFLOW_REQUIRE_VLLM=$(REQUIRE_VLLM) $(PY) -m pytest -m "serial and not kill_modes and not memory_configs" $(PYTEST_ARGS); $(PYTEST_OK)
 
 # The SIGKILL-and-resume test in the rollout modes the suite leaves out for its time (every off-policy mode, and every
 # mode with vLLM: about a minute each; tests/trainer/test_kill_resume.py).
 test-kill: install
 	@$(COMPILE_OWN) > /dev/null
 	HYBRIDFLOW_REQUIRE_VLLM=$(REQUIRE_VLLM) $(PY) -m pytest -n $(TEST_WORKERS) -m kill_modes tests/trainer/test_kill_resume.py
+
+# The memory plan against measured runs in every configuration of bench/bench_memory_plan.py (make test runs one):
+# about a minute each, tests/trainer/test_memory_measured.py.
+test-memory: install
+	@$(COMPILE_OWN) > /dev/null
+	$(PY) -m pytest -m memory_configs tests/trainer/test_memory_measured.py
 
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir $(SITE_DIR)  # -m: .venv/bin first on the path would make griffe read the `hybridflow` console script as the package

@@ -91,7 +91,14 @@ def measure(name: str, steps: int) -> dict:
             if key.startswith("memory/") and key.endswith("/peak_gb"):
                 stage = key.split("/")[1]
                 measured[stage] = max(measured.get(stage, 0.0), value)
-    return {"config": name, "overrides": CONFIGS[name], "steps": steps, "measured_gb": measured}
+    threshold = config.trainer.cpu_mmap_threshold_mb  # the measured resident set depends on it (docs/memory.md)
+    return {
+        "config": name,
+        "overrides": CONFIGS[name],
+        "steps": steps,
+        "cpu_mmap_threshold_mb": threshold,
+        "measured_gb": measured,
+    }
 
 
 def planned(name: str) -> dict:

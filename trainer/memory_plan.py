@@ -18,7 +18,8 @@ degree; ``m``, ``c`` the bytes of the master and the compute dtype::
     old_log_prob, ref, values, rm
               + a forward's activations: one layer's temporaries and the response tokens' fp32 logits
     update    + gradients (T m / W; with several micro-batches a step and fsdp_config.accumulate_unsharded_grads,
-                2 T m + T m / W: their whole sum, the last one's whole gradient, the shard) + the micro-batch's
+                T r (1 + 1 / layers): their sum, whole on every rank in r, the reduce dtype, which the last backward
+                reduce-scatters and frees layer by layer, and the layer in flight) + the micro-batch's
                 saved activations (every layer, or with activation checkpointing each layer's input and one
                 layer's) + fp32 logits and their gradient + the layers FSDP2 gathers (two; all of them without
                 reshard_after_forward)
@@ -26,9 +27,11 @@ degree; ``m``, ``c`` the bytes of the master and the compute dtype::
 where T is what trains (P, or the adapters' A). ``runtime`` is the process before any model: on a CPU the resident
 set of an idle rank (Python, torch, transformers, Ray's worker), on a GPU the CUDA context, which the measured
 figure (the allocator's peak) leaves out. Offload to host memory on a GPU keeps a role's state off the device
-outside its stages; on a CPU it moves nothing out of the process and adds a copy at each stage's start. Every
-micro-batch is taken at its largest (every response at full length): the plan is an upper bound of the typical
-step, not of a pathological one.
+outside its stages; on a CPU it moves nothing out of the process (a stage's state comes back, and its host copy is
+freed, before its activations exist). On a CPU the resident set is planned with ``trainer.cpu_mmap_threshold_mb``
+set (the default): without it glibc's heap keeps what a stage frees, and a rank's resident set runs ahead of what
+it holds. Every micro-batch is taken at its largest (every response at full length): the plan is an upper bound of
+the typical step, not of a pathological one.
 """
 
 from __future__ import annotations
@@ -192,6 +195,7 @@ class _Role:
     param_offload: bool = False
     optimizer_offload: bool = False
     reshard_after_forward: bool = True
+    summed_grad_bytes: int = 4  # a gradient summed unsharded over micro-batches: reduce_dtype under mixed precision
 
     def weights(self) -> float:
         """Trained in full: master weights. Frozen (reference, reward model, LoRA's base): the compute dtype, and
@@ -203,7 +207,12 @@ class _Role:
     def optimizer(self) -> float:
         return 2 * self.trainable * self.master_bytes / self.shards
 
-    def gradients(self) -> float:
+    def gradients(self, summed_unsharded: bool = False) -> float:
+        """The shard the optimizer steps (T m / W). Summed unsharded over a step's micro-batches: the sum, whole on
+        every rank, which the last backward reduce-scatters layer by layer (freeing it as the shards form), and the
+        gradient of the layer in flight (FSDP2's ``unsharded_accumulated_grad``)."""
+        if summed_unsharded:
+            return self.trainable * self.summed_grad_bytes * (1 + 1 / self.shape.layers)
         return self.trainable * self.master_bytes / self.shards
 
     def gathered_layers(self) -> float:
@@ -289,6 +298,13 @@ def _bytes(dtype: str) -> int:
     return torch_dtype(dtype).itemsize
 
 
+def _summed_grad_bytes(fsdp: Any, compute: int) -> int:
+    """The dtype of a gradient FSDP2 sums unsharded: the reduce dtype under mixed precision (held in another
+    dtype than it computes in, or a ``param_dtype`` named), else the parameters' own (``workers.fsdp.shard_role``)."""
+    mixed = _bytes(fsdp.master_dtype) != compute or fsdp.param_dtype
+    return _bytes(fsdp.reduce_dtype) if mixed and fsdp.reduce_dtype else compute
+
+
 def _job(config: Any, limit_gb: float | None) -> _Job:
     arr, trainer = config.actor_rollout_ref, config.trainer
     world = trainer.nnodes * trainer.n_gpus_per_node
@@ -306,6 +322,7 @@ def _job(config: Any, limit_gb: float | None) -> _Job:
         arr.actor.fsdp_config.param_offload,
         arr.actor.fsdp_config.optimizer_offload,
         arr.actor.fsdp_config.reshard_after_forward,
+        _summed_grad_bytes(arr.actor.fsdp_config, c),
     )
     ref = None
     if needs_reference(config) and not reference_in_actor(config):
@@ -326,6 +343,7 @@ def _job(config: Any, limit_gb: float | None) -> _Job:
             cc.fsdp_config.param_offload,
             cc.fsdp_config.optimizer_offload,
             cc.fsdp_config.reshard_after_forward,
+            _summed_grad_bytes(cc.fsdp_config, _bytes(cc.fsdp_config.compute_dtype(arr.model))),
         )
     rm = None
     if config.reward_model.enable:
@@ -349,11 +367,6 @@ def _resident(job: _Job, stage: str) -> dict[str, float]:
         if role.trainable:
             away = job.on_gpu and role.optimizer_offload and stage != "update"
             parts[f"{role.name} optimizer"] = 0.0 if away else role.optimizer()
-        if not job.on_gpu and stage in uses[role.name]:  # restoring offloaded state copies it back beside its host copy
-            moved = role.weights() * role.param_offload + role.optimizer() * (
-                role.optimizer_offload and stage == "update"
-            )
-            parts[f"{role.name} offload copy"] = moved
     model = job.config.actor_rollout_ref.model
     if model.lora_rank:  # the rollout gets W + s B A: a merged copy of every adapted shard, kept between syncs
         adapted = job.policy.adapted_params(model.target_modules, model.exclude_modules)
@@ -474,12 +487,10 @@ def _update(job: _Job) -> dict[str, float]:
             section.ppo_micro_batch_size_per_gpu,
         )
         response = 0 if role is job.critic else tokens * arr.rollout.response_length // job.seq
-        # several micro-batches to one optimizer step, summed unsharded: in the last one's backward the sum and
-        # that micro-batch's own whole gradient, beside the shard they are reduced into
         accumulates = mini_rows * job.seq > tokens and section.fsdp_config.accumulate_unsharded_grads
         candidates.append(
             {
-                f"{role.name} gradients": role.gradients() * (1 + 2 * job.world if accumulates else 1),
+                f"{role.name} gradients": role.gradients(summed_unsharded=accumulates),
                 "activations": _training(role.shape, tokens, response, role.compute_bytes, checkpointing, tp),
                 "gathered layers": role.gathered_layers(),
             }

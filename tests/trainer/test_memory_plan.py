@@ -62,9 +62,9 @@ def test_each_part_of_the_default_job_by_hand():
     rows, seq = 16 * 8 // 2, 32 + 8  # a rank's rows, prompt + response positions
     assert gen["KV cache"] == rows * seq * 2 * 2 * 2 * 16 * 4  # layers x (k, v) x KV heads x head dim x fp32
     mini_rows = 8 * 8 // 2  # ppo_mini_batch_size x n over the 2 ranks: 32 rows, in micro-batches of 16
-    # two micro-batches to a step: their sum is kept whole on each rank; in the second's backward, beside its own
-    # whole gradient, reduce-scattered into the rank's shard
-    assert update["actor gradients"] == 2 * p * 4 + p * 4 / 2
+    # two micro-batches to a step: their fp32 sum is kept whole on each rank until the second's backward
+    # reduce-scatters it layer by layer; one of the 2 layers' gradients in flight beside it
+    assert update["actor gradients"] == p * 4 * (1 + 1 / 2)
     tokens, response = 16 * seq, 16 * 8
     saved = tokens * 2 * (11 * 64 + 4 * 256) * 4  # every layer's saved activations, fp32
     assert mini_rows == 32
@@ -72,7 +72,7 @@ def test_each_part_of_the_default_job_by_hand():
     assert plan.fits and plan.limit_gb == 10.0
 
 
-def test_offload_keeps_state_off_a_gpu_outside_its_stages_and_costs_a_copy_on_a_cpu():
+def test_offload_keeps_state_off_a_gpu_outside_its_stages_and_changes_nothing_on_a_cpu():
     offload = {
         "actor_rollout_ref.actor.fsdp_config.param_offload": True,
         "actor_rollout_ref.actor.fsdp_config.optimizer_offload": True,
@@ -82,9 +82,8 @@ def test_offload_keeps_state_off_a_gpu_outside_its_stages_and_costs_a_copy_on_a_
     assert gpu.stages["update"].parts["actor weights"] > 0 and gpu.stages["update"].parts["actor optimizer"] > 0
     assert gpu.stages["gen"].parts["runtime"] == CUDA_CONTEXT_GB * GIB
     cpu, plain = plan_memory(config(**offload)), plan_memory(config())
-    moved = cpu.stages["update"].parts["actor offload copy"]
-    assert moved == plain.stages["update"].parts["actor weights"] + plain.stages["update"].parts["actor optimizer"]
-    assert cpu.stages["update"].peak_gb == pytest.approx(plain.stages["update"].peak_gb + moved / GIB)
+    # host memory is the device: a stage's state is back, its host copy freed, before its activations exist
+    assert {s: p.peak_gb for s, p in cpu.stages.items()} == {s: p.peak_gb for s, p in plain.stages.items()}
 
 
 def test_checkpointing_keeps_each_layer_s_input_and_one_layer():
