@@ -806,8 +806,9 @@ class TrainerConfig:
     placement is what lets generation overlap training (``rollout_mode``); with either engine (vLLM: one engine per
     rollout rank, each weight pulled from the transfer into vLLM's in-place reload)."""
     rollout_ranks: int = 1
-    """Ranks of the rollout's pool with ``placement=split`` (on one node; CPU processes or GPUs as ``device``),
-    beside the ``nnodes x n_gpus_per_node`` training ranks."""
+    """Ranks of the rollout's pool with ``placement=split`` (on one node, of its own where the cluster has a node no
+    placement group uses; CPU processes or GPUs as ``device``), beside the ``nnodes x n_gpus_per_node`` training
+    ranks, which may span nodes."""
     rollout_mode: str = "sync"
     """How generation and training take turns. ``sync``: each step generates its batch, then trains on it.
     ``one_step_off`` (``placement=split``): the next batch generates while this one trains, from the weights

@@ -4,7 +4,9 @@
 with four bundles (one rank each) on each. Each node's bundles form one
 ``STRICT_PACK`` placement group pinned to a distinct node, and ranks are
 numbered node by node, nodes ordered by (IP address, node id), so rank order is
-the same on every run.
+the same on every run. Nodes where no placement group holds bundles yet are
+taken first: a second pool (the split rollout's) lands on nodes of its own
+where there are any.
 
 Ray leaves an actor that asks for missing resources pending forever without a
 word. The pool checks first: an ask no node can meet is an error at once, and
@@ -70,6 +72,16 @@ def _node_sort_key(node: dict) -> tuple:
     except ValueError:
         parsed = (1, ip)
     return (*parsed, node["NodeID"])
+
+
+def _nodes_with_placement_groups() -> set[str]:
+    """The ids of the nodes where a placement group (of this run or another job) holds bundles now."""
+    return {
+        node
+        for table in placement_group_table().values()
+        if table["state"] in ("CREATED", "PREPARED")
+        for node in table["bundles_to_node_id"].values()
+    }
 
 
 class ResourcePool:
@@ -170,7 +182,12 @@ class ResourcePool:
         return f"{len(self.process_on_nodes)} node(s) with {self.process_on_nodes} bundles of {{{res}}}"
 
     def _assign_nodes(self) -> list[dict]:
-        nodes = sorted((n for n in ray.nodes() if n.get("Alive")), key=_node_sort_key)
+        # nodes no placement group holds anything on come first, so a second pool of the run (the split
+        # rollout's) gets nodes of its own where the cluster has them, and shares a node only where it must
+        held = _nodes_with_placement_groups()
+        nodes = sorted(
+            (n for n in ray.nodes() if n.get("Alive")), key=lambda n: (n["NodeID"] in held, _node_sort_key(n))
+        )
         per_bundle = self.bundle_resources()
         chosen: list[dict] = []
         for count in self.process_on_nodes:

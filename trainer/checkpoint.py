@@ -14,6 +14,8 @@ import logging
 import os
 import re
 import shutil
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -87,3 +89,43 @@ def step_of(path: str | Path) -> int:
     if not match or not Path(path).is_dir():
         raise ValueError(f"{path} is not a checkpoint directory (expected an existing .../global_step_<N>)")
     return int(match.group(1))
+
+
+def check_shared(root: str | Path, probe_ranks: Callable[[str, str], list[str | None]], key: str) -> None:
+    """Refuse a checkpoint root that a rank cannot read or write as the driver sees it, before the first step.
+
+    Every rank saves its own shards into the root and a resume reads them back, so on a cluster whose nodes do
+    not share the directory a checkpoint would lie in pieces across their disks. The driver writes a marker in a
+    probe directory under the root; ``probe_ranks(directory, token)`` has every rank read it and write its own
+    (None per rank, or what failed there, naming its node); the driver then reads theirs. ``key`` names the
+    setting in the error. Raises :class:`~hybridflow.trainer.config_checks.ConfigError`.
+    """
+    from hybridflow.trainer.config_checks import ConfigError  # noqa: PLC0415
+
+    token = uuid.uuid4().hex
+    probe = Path(root).resolve() / f".probe_{token[:12]}"
+    probe.mkdir(parents=True)
+    try:
+        (probe / "driver").write_text(token)
+        answers = probe_ranks(str(probe), token)
+        problems = [answer for answer in answers if answer]
+        problems += [
+            f"rank {rank}: the driver does not see the marker it wrote"
+            for rank, answer in enumerate(answers)
+            if answer is None and not _holds(probe / f"rank-{rank}", token)
+        ]
+    finally:
+        shutil.rmtree(probe, ignore_errors=True)
+    if problems:
+        raise ConfigError(
+            f"invalid config:\n  - {key}={Path(root).resolve()} is not shared by every rank (each writes its shards "
+            "there and a resume reads them all): put it on storage every node mounts at the same path\n  - "
+            + "\n  - ".join(problems)
+        )
+
+
+def _holds(path: Path, token: str) -> bool:
+    try:
+        return path.read_text() == token
+    except OSError:
+        return False

@@ -288,8 +288,6 @@ def _placement_problems(cfg: Any) -> Iterator[str]:
             f"trainer.rollout_mode={trainer.rollout_mode!r} streams single generations; the agent loop "
             f"{rollout.agent_loop!r} runs with trainer.rollout_mode=sync"
         )
-    if trainer.nnodes > 1:
-        yield "trainer.placement=split runs on one node for now; set trainer.nnodes=1"
 
 
 def _server_placement_problems(cfg: Any) -> Iterator[str]:

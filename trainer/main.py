@@ -231,7 +231,8 @@ def _resource_pool(config: PPOConfig, ranks: list[int] | None = None):
             "trainer.nnodes, use trainer=cpu, or add nodes"
         )
     nodes = ranks or [trainer.n_gpus_per_node] * trainer.nnodes
-    return reserve_ranks(nodes, use_gpu=trainer.device == "cuda", refusal=refusal)
+    name = "hybridflow-rollout" if ranks else "hybridflow"  # the placement groups' names say which pool
+    return reserve_ranks(nodes, use_gpu=trainer.device == "cuda", refusal=refusal, name=name)
 
 
 def _reward_manager(config: PPOConfig):

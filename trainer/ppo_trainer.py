@@ -230,6 +230,8 @@ class PPOTrainer:
 
     def _fit(self, summary: RunSummary) -> None:
         summary.run_dir = self.run_dir.resolve()
+        if self.config.trainer.save_freq > 0 or self.checkpoint_root.exists():  # it will save, or may resume
+            ckpt.check_shared(self.checkpoint_root, self.actor.probe_checkpoint_dir, "trainer.default_local_dir")
         if self.resume():
             summary.resumed_at = self.global_step
             # a resumed run logged this step's validation before it stopped: log each step once, and

@@ -135,3 +135,23 @@ def model_from_full_state(
     if generation_config is not None:
         model.generation_config = generation_config
     return model.eval()
+
+
+def answer_probe(directory: str, token: str, rank: int) -> str | None:
+    """This rank's part of the check that every rank shares the checkpoint directory: read the driver's marker
+    ``directory/driver`` (it must hold ``token``), then write ``directory/rank-<rank>`` for the driver to read.
+    None when both worked; otherwise what failed, with this rank's node (so the error says which node)."""
+    import os  # noqa: PLC0415
+
+    import ray  # noqa: PLC0415 - a rank runs in a Ray actor; this module is imported without Ray too
+
+    probe = Path(directory)
+    try:
+        seen = (probe / "driver").read_text()
+        if seen != token:
+            raise OSError(f"holds {seen!r}, not this run's marker")
+        (probe / f"rank-{rank}").write_text(token)
+    except OSError as err:
+        node = f"node {ray.util.get_node_ip_address()} ({ray.get_runtime_context().get_node_id()[:8]})"
+        return f"rank {rank} on {node}, pid {os.getpid()}: {type(err).__name__}: {err}"
+    return None

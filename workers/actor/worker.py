@@ -55,7 +55,7 @@ from hybridflow.core.keys import (
 from hybridflow.core.parallel_dims import ParallelDims
 from hybridflow.core.weight_transfer import WeightTransfer, manifest_of
 from hybridflow.workers.actor.ppo_actor import PPOActor
-from hybridflow.workers.checkpointing import load_role, model_from_full_state, save_hf_files, save_role
+from hybridflow.workers.checkpointing import answer_probe, load_role, model_from_full_state, save_hf_files, save_role
 from hybridflow.workers.fsdp import data_parallel_group, parameter_bytes, shard_role
 from hybridflow.workers.loading import load_sharded_model, read_causal_lm
 from hybridflow.workers.lora import adapters_disabled, add_adapters, lora_config
@@ -302,6 +302,12 @@ class ActorRolloutWorker(Worker):
             target = save_hf_files(directory, "actor", self.hf_config, self.generation_config, self.tokenizer)
             if self.adapter_config is not None:  # what an offline export needs to merge or write the adapter
                 self.adapter_config.save_pretrained(target)
+
+    @register(dispatch=ONE_TO_ALL, reads=())
+    def probe_checkpoint_dir(self, directory: str, token: str) -> str | None:
+        """Read the driver's marker in ``directory`` and write this rank's (``trainer/checkpoint.check_shared``):
+        None, or what failed on this rank's node."""
+        return answer_probe(directory, token, self.rank)
 
     @register(dispatch=ONE_TO_ALL, reads=())
     def load_checkpoint(self, directory: str) -> None:
