@@ -840,9 +840,12 @@ class TrainerConfig:
     """Bounds on collectives, weight syncs and driver calls, and the heartbeat that names a stalled rank
     (``docs/reliability.md``)."""
     default_local_dir: str = "checkpoints"
-    """Checkpoint directory (relative to the run directory)."""
+    """Checkpoint directory: a path (relative to the run directory), or an fsspec URL such as
+    ``s3://bucket/run`` (``pip install hybridflow[s3]``; credentials and endpoint from the environment of the
+    driver and of every node, ``docs/cluster.md``). Every rank writes its shards there: the driver checks before
+    the first step that every rank reads and writes it."""
     resume_mode: str = "auto"
-    """``auto`` (latest checkpoint in ``default_local_dir`` if any), ``disable``, or a checkpoint path."""
+    """``auto`` (latest checkpoint in ``default_local_dir`` if any), ``disable``, or a checkpoint path or URL."""
     max_restarts: int = 0
     """Restart the run this many times after a worker's failure (a rank or a rollout engine that died, stalled or
     timed out, a collective timed out, a corrupted weight sync): the worker groups start again and resume from the

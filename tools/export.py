@@ -24,6 +24,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig, PretrainedConfig
 
+from hybridflow.core.storage import is_url
 from hybridflow.trainer import checkpoint as ckpt
 from hybridflow.workers import lora
 from hybridflow.workers.checkpointing import HF_FILES, model_from_full_state, read_model_state
@@ -49,6 +50,8 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path, *, adapter: b
     :raises ExportError: when ``checkpoint`` is not a published checkpoint, has no actor shards, or (for an
         old checkpoint) no run config says which model it trained; with ``adapter``, when it holds no adapter.
     """
+    if is_url(checkpoint):
+        raise ExportError(f"{checkpoint}: export reads local checkpoints only for now; copy it to a local directory")
     checkpoint, out_dir = Path(checkpoint), Path(out_dir)
     if not ckpt.is_checkpoint(checkpoint):
         raise ExportError(

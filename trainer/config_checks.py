@@ -32,6 +32,7 @@ from hybridflow.configs.roles import RolloutPlacement, installed_rollout_engine,
 from hybridflow.core.devices import resolve_device
 from hybridflow.core.parallel_dims import ParallelDims
 from hybridflow.core.resource_pool import DEFAULT_CPUS_PER_CPU_BUNDLE
+from hybridflow.core.storage import filesystem, is_url
 from hybridflow.data.loading import REQUIRED_COLUMNS, DatasetError, load_rows
 from hybridflow.losses import KL_PENALTIES, LOSS_AGG_MODES
 from hybridflow.plugins import (
@@ -204,16 +205,32 @@ def _reward_model_problems(reward: Any, reward_model: Any) -> Iterator[str]:
 def _resume_problems(trainer: Any) -> Iterator[str]:
     from hybridflow.trainer.checkpoint import is_checkpoint
 
+    local_dir = str(trainer.default_local_dir)
+    if is_url(local_dir) and (problem := _filesystem_problem(local_dir)):
+        yield f"trainer.default_local_dir={local_dir!r}: {problem}"
     mode = str(trainer.resume_mode)
     if mode in ("auto", "disable"):
         return
-    if not os.path.isdir(mode):
+    if problem := _filesystem_problem(mode):
+        yield f"trainer.resume_mode={mode!r}: {problem}"
+        return
+    fs, path = filesystem(mode)
+    if not fs.isdir(path):
         yield f"trainer.resume_mode={mode!r}; allowed: auto, disable, or an existing checkpoint directory"
     elif not is_checkpoint(mode):
         yield (
             f"trainer.resume_mode={mode!r} is a directory but not a checkpoint (expected .../global_step_<N> "
             "holding driver.json); allowed: auto, disable, or such a directory"
         )
+
+
+def _filesystem_problem(location: str) -> str | None:
+    """Why fsspec cannot open ``location`` here (an unknown protocol, or its package missing), or None."""
+    try:
+        filesystem(location)
+    except (ImportError, ValueError) as err:
+        return f"no filesystem for it here ({str(err).splitlines()[0]}); for s3:// install hybridflow[s3]"
+    return None
 
 
 def _device_problems(config: Any) -> Iterator[str]:

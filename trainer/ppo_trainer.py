@@ -51,6 +51,7 @@ from hybridflow.core.memory import MEMORY_PEAK_GB
 from hybridflow.core.parallel_dims import ParallelDims
 from hybridflow.core.rank_wait import WorkerError
 from hybridflow.core.rollout_batch import concat_rollouts
+from hybridflow.core.storage import child, is_url, read_text, write_text
 from hybridflow.losses.rollout_correction import rollout_correction
 from hybridflow.plugins import get_estimator
 from hybridflow.rewards.manager import RewardOutput
@@ -186,7 +187,9 @@ class PPOTrainer:
             rollout.placement is RolloutPlacement.GROUP,
             steps=self.total_steps,
         )
-        self.checkpoint_root = self.run_dir / config.trainer.default_local_dir
+        # a URL (s3://...) is the root itself; a path is the run directory's (core/storage.py)
+        local_dir = config.trainer.default_local_dir
+        self.checkpoint_root = local_dir if is_url(local_dir) else self.run_dir / local_dir
 
     # ------------------------------------------------------------- the loop
     def fit(self) -> RunSummary:
@@ -230,7 +233,7 @@ class PPOTrainer:
 
     def _fit(self, summary: RunSummary) -> None:
         summary.run_dir = self.run_dir.resolve()
-        if self.config.trainer.save_freq > 0 or self.checkpoint_root.exists():  # it will save, or may resume
+        if self.config.trainer.save_freq > 0 or ckpt.list_checkpoints(self.checkpoint_root):  # saves, or resumes
             ckpt.check_shared(self.checkpoint_root, self.actor.probe_checkpoint_dir, "trainer.default_local_dir")
         if self.resume():
             summary.resumed_at = self.global_step
@@ -514,8 +517,7 @@ class PPOTrainer:
     def save_checkpoint(self) -> Path:
         """Sharded worker state plus the driver's position, published atomically; returns its (absolute) path,
         which is logged."""
-        staged = ckpt.staging_dir(self.checkpoint_root, self.global_step)
-        staged.mkdir(parents=True, exist_ok=True)
+        staged = ckpt.prepare_staging(self.checkpoint_root, self.global_step)
         self.actor.save_checkpoint(str(staged))
         if self.critic is not None:
             self.critic.save_checkpoint(str(staged))
@@ -527,8 +529,9 @@ class PPOTrainer:
             "rollout_batches": batches,
             "kl_coef": self.kl_ctrl.value,
         }
-        (staged / ckpt.DRIVER_STATE).write_text(json.dumps(driver_state))
-        path = ckpt.publish(self.checkpoint_root, self.global_step, self.config.trainer.max_ckpt_to_keep).resolve()
+        write_text(child(staged, ckpt.DRIVER_STATE), json.dumps(driver_state))
+        path = ckpt.publish(self.checkpoint_root, self.global_step, self.config.trainer.max_ckpt_to_keep)
+        path = path if is_url(path) else path.resolve()
         logger.info("saved checkpoint of step %d: %s", self.global_step, path)
         return path
 
@@ -537,11 +540,11 @@ class PPOTrainer:
         mode = str(self.config.trainer.resume_mode)
         if mode == "disable":
             return False
-        path = ckpt.latest_checkpoint(self.checkpoint_root) if mode == "auto" else Path(mode)
+        path = ckpt.latest_checkpoint(self.checkpoint_root) if mode == "auto" else mode
         if path is None:
             return False
         ckpt.step_of(path)  # a clear error for a path that is not a checkpoint
-        state = json.loads((path / ckpt.DRIVER_STATE).read_text())
+        state = json.loads(read_text(child(path, ckpt.DRIVER_STATE)))
         self.actor.load_checkpoint(str(path))
         if self.critic is not None:
             self.critic.load_checkpoint(str(path))
@@ -552,7 +555,7 @@ class PPOTrainer:
         self.sync_weights()  # the loaded weights to a rollout of its own
         # a run killed after its last checkpoint logged steps it will train again: drop them (metrics.jsonl)
         self.tracking.rewind(self.global_step)
-        logger.info("resumed from %s at step %d", path.resolve(), self.global_step)
+        logger.info("resumed from %s at step %d", path if is_url(path) else Path(path).resolve(), self.global_step)
         return True
 
     # -------------------------------------------------------------- helpers

@@ -15,6 +15,7 @@ with no process group (what ``hybridflow export`` does on the driver machine).
 
 from __future__ import annotations
 
+import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,8 @@ from torch import nn
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from transformers import AutoModelForCausalLM, GenerationConfig, PretrainedConfig, PreTrainedModel
+
+from hybridflow.core.storage import child, filesystem, read_text, write_text
 
 HF_FILES = "huggingface"
 """The folder of a role's checkpoint holding its HF config, generation config and tokenizer."""
@@ -39,24 +42,28 @@ def save_role(
     *,
     extra: dict[str, Any] | None = None,
 ) -> None:
-    """Write this rank's shards of ``model`` (and ``optimizer``) plus ``extra`` under ``directory/role``."""
-    target = Path(directory) / role
-    target.mkdir(parents=True, exist_ok=True)
+    """Write this rank's shards of ``model`` (and ``optimizer``) plus ``extra`` under ``directory/role``
+    (a local path, or a URL: DCP's fsspec writer, ``core/storage.py``)."""
+    target = child(directory, role)
+    fs, path = filesystem(target)
+    fs.makedirs(path, exist_ok=True)
     model_state, optim_state = get_state_dict(model, optimizer if optimizer is not None else [])
     state = {"model": model_state}
     if optimizer is not None:
         state["optim"] = optim_state
     dcp.save(state, checkpoint_id=str(target))
     rank = dist.get_rank() if dist.is_initialized() else 0
-    torch.save(extra or {}, target / f"extra_rank{rank}.pt")
+    with fs.open(_path(child(target, f"extra_rank{rank}.pt")), "wb") as f:
+        torch.save(extra or {}, f)
 
 
 def load_role(
     directory: str | Path, role: str, model: nn.Module, optimizer: torch.optim.Optimizer | None
 ) -> dict[str, Any]:
     """Restore ``model`` (and ``optimizer``) in place from ``directory/role``; returns this rank's ``extra``."""
-    source = Path(directory) / role
-    if not source.is_dir():
+    source = child(directory, role)
+    fs, path = filesystem(source)
+    if not fs.isdir(path):
         raise FileNotFoundError(f"checkpoint {directory} has no {role!r} state (looked for {source})")
     model_state, optim_state = get_state_dict(model, optimizer if optimizer is not None else [])
     state = {"model": model_state}
@@ -70,26 +77,34 @@ def load_role(
         optim_state_dict=state.get("optim", {}),
     )
     rank = dist.get_rank() if dist.is_initialized() else 0
-    extra_file = source / f"extra_rank{rank}.pt"
-    if not extra_file.exists():  # resumed on more ranks than saved: rank 0's extras apply to all
-        extra_file = source / "extra_rank0.pt"
-    return torch.load(extra_file, weights_only=False)
+    extra_file = _path(child(source, f"extra_rank{rank}.pt"))
+    if not fs.exists(extra_file):  # resumed on more ranks than saved: rank 0's extras apply to all
+        extra_file = _path(child(source, "extra_rank0.pt"))
+    with fs.open(extra_file, "rb") as f:
+        return torch.load(f, weights_only=False)
 
 
 def save_hf_files(
-    directory: str | Path, role: str, config: PretrainedConfig, generation_config: GenerationConfig, tokenizer: Any
-) -> Path:
-    """Write the model's HF config, generation config and tokenizer into ``directory/role/huggingface``.
+    directory: str | Path,
+    role: str,
+    config: PretrainedConfig,
+    generation_config: GenerationConfig,
+    tokenizer: Any,
+    adapter_config: Any = None,
+) -> None:
+    """Write the model's HF config, generation config and tokenizer (and a LoRA run's adapter config, which an
+    offline export needs to merge or write the adapter) into ``directory/role/huggingface``.
 
     With them and the shards, :func:`read_model_state` and :func:`model_from_full_state` rebuild the
     model offline. Call on one rank.
     """
-    target = Path(directory) / role / HF_FILES
-    target.mkdir(parents=True, exist_ok=True)
-    config.save_pretrained(target)
-    generation_config.save_pretrained(target)
-    tokenizer.save_pretrained(target)
-    return target
+    with tempfile.TemporaryDirectory() as local:  # transformers writes to a local directory; a URL gets a copy
+        for part in (config, generation_config, tokenizer, adapter_config):
+            if part is not None:
+                part.save_pretrained(local)
+        fs, path = filesystem(child(directory, role, HF_FILES))
+        fs.makedirs(path, exist_ok=True)
+        fs.put(f"{local}/*", path + "/", recursive=True)
 
 
 def read_model_state(directory: str | Path, role: str) -> dict[str, torch.Tensor]:
@@ -145,13 +160,17 @@ def answer_probe(directory: str, token: str, rank: int) -> str | None:
 
     import ray  # noqa: PLC0415 - a rank runs in a Ray actor; this module is imported without Ray too
 
-    probe = Path(directory)
     try:
-        seen = (probe / "driver").read_text()
+        seen = read_text(child(directory, "driver"))
         if seen != token:
             raise OSError(f"holds {seen!r}, not this run's marker")
-        (probe / f"rank-{rank}").write_text(token)
+        write_text(child(directory, f"rank-{rank}"), token)
     except OSError as err:
         node = f"node {ray.util.get_node_ip_address()} ({ray.get_runtime_context().get_node_id()[:8]})"
         return f"rank {rank} on {node}, pid {os.getpid()}: {type(err).__name__}: {err}"
     return None
+
+
+def _path(location: str | Path) -> str:
+    """``location``'s path on its filesystem (``core/storage.py``)."""
+    return filesystem(location)[1]

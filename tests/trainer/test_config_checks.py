@@ -62,6 +62,14 @@ def test_defaults_are_valid():
         ({"actor_rollout_ref.rollout.name": "vllm"}, "heads are 16 wide; vLLM's CPU attention supports 32"),
         ({"algorithm.estimator_options": {"gamma": 0.9}}, "estimator_options has ['gamma']; estimator 'grpo' takes"),
         ({"trainer.resume_mode": "sometimes"}, "trainer.resume_mode='sometimes'; allowed: auto, disable"),
+        (
+            {"trainer.default_local_dir": "nfs2://host/run"},
+            "trainer.default_local_dir='nfs2://host/run': no filesystem for it here (Protocol not known: nfs2)",
+        ),
+        (
+            {"trainer.default_local_dir": "s3://bucket/run", "trainer.cpu_mmap_threshold_mb": 64},
+            "trainer.cpu_mmap_threshold_mb=64.0 must be in (0, 32]",
+        ),
         ({"actor_rollout_ref.rollout.top_p": 0.0}, "top_p=0.0 must be in (0, 1]"),
         ({"algorithm.kl_ctrl.type": "pid"}, "algorithm.kl_ctrl.type='pid'; allowed: fixed, adaptive"),
         ({"trainer.logger": ["console", "mlflow"]}, "trainer.logger has ['mlflow']; allowed: console, jsonl, wandb"),

@@ -299,9 +299,9 @@ class ActorRolloutWorker(Worker):
         with self.offload.on_device(params=True, optimizer=True):  # offloaded storages are empty until loaded
             save_role(directory, "actor", self.model, self.optimizer, extra=extra)
         if self.rank == 0:
-            target = save_hf_files(directory, "actor", self.hf_config, self.generation_config, self.tokenizer)
-            if self.adapter_config is not None:  # what an offline export needs to merge or write the adapter
-                self.adapter_config.save_pretrained(target)
+            save_hf_files(
+                directory, "actor", self.hf_config, self.generation_config, self.tokenizer, self.adapter_config
+            )
 
     @register(dispatch=ONE_TO_ALL, reads=())
     def probe_checkpoint_dir(self, directory: str, token: str) -> str | None:
