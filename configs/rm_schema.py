@@ -98,7 +98,7 @@ class RMTrainerConfig:
     cpu_threads_per_rank: int = 2
     """torch threads of each rank with ``device=cpu``; the default suits one rank on a 2-core machine (with
     2 ranks there, use 1)."""
-    cpu_mmap_threshold_mb: Optional[float] = 1.0
+    cpu_mmap_threshold_mb: Optional[float] = 4.0
     """With ``device=cpu``, host blocks of at least this many MiB (0-32) are returned to the system when freed;
     null: glibc's own threshold (the RL trainer's ``trainer.cpu_mmap_threshold_mb``)."""
     seed: int = 0

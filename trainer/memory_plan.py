@@ -53,10 +53,12 @@ GIB = 2**30
 STAGES = ("gen", "old_log_prob", "ref", "values", "rm", "update")
 """The stages of ``memory/<stage>/peak_gb``, in the order a step runs them."""
 
-CPU_RUNTIME_GB = 0.64
+CPU_RUNTIME_GB = 0.53
 """A CPU rank's resident set before any model (Python, torch, transformers, Ray's worker, the role's code):
-the ~0.1M-parameter default model's stages measured 0.647-0.648 GiB (``bench/bench_memory_plan.py``, config
-``tiny``), of which its parts are under 0.01."""
+the ~0.1M-parameter default model's stages measured 0.533-0.539 GiB (``bench/bench_memory_plan.py``, config
+``tiny``, whatever ``trainer.cpu_mmap_threshold_mb``), of which its parts are under 0.01; in a venv as a fresh
+``make install`` leaves it. This checkout's older venv measured 0.64 (not traced: a package it loaded that a fresh
+install does not have, torchvision the likeliest)."""
 CUDA_CONTEXT_GB = 1.0
 """The CUDA context and the allocator's slack on a GPU (not measured here: no GPU; a typical figure)."""
 VLLM_CPU_RUNTIME_GB = 0.6
