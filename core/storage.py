@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Location", "child", "filesystem", "is_url", "read_text", "write_text"]
+__all__ = ["Location", "absolute", "child", "filesystem", "fs_path", "is_url", "read_text", "write_text"]
 
 Location = str | Path
 
@@ -33,11 +33,21 @@ def child(location: Location, *names: str) -> Location:
     return Path(location).joinpath(*names)
 
 
+def absolute(location: Location) -> Location:
+    """A URL as it is; a local path resolved (what logs and errors name)."""
+    return location if is_url(location) else Path(location).resolve()
+
+
 def filesystem(location: Location) -> tuple[Any, str]:
     """fsspec's filesystem for ``location`` and the location's path on it."""
     from fsspec.core import url_to_fs  # noqa: PLC0415 - fsspec comes with torch; imported where needed
 
     return url_to_fs(str(location))
+
+
+def fs_path(location: Location) -> str:
+    """``location``'s path on its fsspec filesystem."""
+    return filesystem(location)[1]
 
 
 def read_text(location: Location) -> str:

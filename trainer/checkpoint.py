@@ -14,9 +14,8 @@ import logging
 import re
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 
-from hybridflow.core.storage import Location, child, filesystem, is_url, read_text, write_text
+from hybridflow.core.storage import Location, absolute, child, filesystem, fs_path, is_url, read_text, write_text
 
 logger = logging.getLogger(__name__)
 
@@ -55,12 +54,12 @@ def publish(root: Location, step: int, max_to_keep: int) -> Location:
     fs, _ = filesystem(root)
     final, latest = step_dir(root, step), child(root, LATEST_FILE)
     if _renames(root):
-        if fs.exists(_path(final)):
-            fs.rm(_path(final), recursive=True)
-        fs.mv(_path(staging_dir(root, step)), _path(final))
+        if fs.exists(fs_path(final)):
+            fs.rm(fs_path(final), recursive=True)
+        fs.mv(fs_path(staging_dir(root, step)), fs_path(final))
         tmp = child(root, f".{LATEST_FILE}.tmp")
         write_text(tmp, str(step))
-        fs.mv(_path(tmp), _path(latest))
+        fs.mv(fs_path(tmp), fs_path(latest))
     else:
         write_text(latest, str(step))
     prune(root, max_to_keep)
@@ -78,7 +77,7 @@ def list_checkpoints(root: Location) -> list[tuple[int, Location]]:
         if (m := _STEP_DIR.match(name)) and entry["type"] == "directory":
             found.append((int(m.group(1)), child(root, name)))
     if not _renames(root):  # in place: complete once the driver's state is in
-        found = [(step, where) for step, where in found if fs.isfile(_path(child(where, DRIVER_STATE)))]
+        found = [(step, where) for step, where in found if fs.isfile(fs_path(child(where, DRIVER_STATE)))]
     return sorted(found)
 
 
@@ -94,7 +93,7 @@ def prune(root: Location, max_to_keep: int) -> None:
     if not fs.isdir(path):
         return
     found = list_checkpoints(root)
-    published = {_path(where) for _, where in found}
+    published = {fs_path(where) for _, where in found}
     for entry in fs.ls(path, detail=False):  # what an interrupted save left: staged, or written in place
         name = entry.rstrip("/").rsplit("/", 1)[-1]
         if name.startswith(".tmp_global_step_") or (_STEP_DIR.match(name) and entry.rstrip("/") not in published):
@@ -102,13 +101,13 @@ def prune(root: Location, max_to_keep: int) -> None:
     if max_to_keep > 0:
         for _, old in found[:-max_to_keep]:
             logger.info("removing old checkpoint %s", old)
-            fs.rm(_path(old), recursive=True)
+            fs.rm(fs_path(old), recursive=True)
 
 
 def is_checkpoint(location: Location) -> bool:
     """Whether ``location`` is a published checkpoint: a ``global_step_<N>`` directory holding the driver's state."""
     fs, path = filesystem(location)
-    return bool(_STEP_DIR.match(_name(location))) and fs.isfile(_path(child(location, DRIVER_STATE)))
+    return bool(_STEP_DIR.match(_name(location))) and fs.isfile(fs_path(child(location, DRIVER_STATE)))
 
 
 def step_of(location: Location) -> int:
@@ -123,10 +122,6 @@ def step_of(location: Location) -> int:
 def _renames(location: Location) -> bool:
     """Whether ``location``'s filesystem renames a directory in one step (a local one; an object store copies)."""
     return not is_url(location)
-
-
-def _path(location: Location) -> str:
-    return filesystem(location)[1]
 
 
 def _name(location: Location) -> str:
@@ -145,7 +140,7 @@ def check_shared(root: Location, probe_ranks: Callable[[str, str], list[str | No
     from hybridflow.trainer.config_checks import ConfigError  # noqa: PLC0415
 
     token = uuid.uuid4().hex
-    root = root if is_url(root) else Path(root).resolve()
+    root = absolute(root)
     probe = child(root, f".probe_{token[:12]}")
     fs, path = filesystem(probe)
     fs.makedirs(path, exist_ok=True)

@@ -51,7 +51,7 @@ from hybridflow.core.memory import MEMORY_PEAK_GB
 from hybridflow.core.parallel_dims import ParallelDims
 from hybridflow.core.rank_wait import WorkerError
 from hybridflow.core.rollout_batch import concat_rollouts
-from hybridflow.core.storage import child, is_url, read_text, write_text
+from hybridflow.core.storage import absolute, child, is_url, read_text, write_text
 from hybridflow.losses.rollout_correction import rollout_correction
 from hybridflow.plugins import get_estimator
 from hybridflow.rewards.manager import RewardOutput
@@ -531,7 +531,7 @@ class PPOTrainer:
         }
         write_text(child(staged, ckpt.DRIVER_STATE), json.dumps(driver_state))
         path = ckpt.publish(self.checkpoint_root, self.global_step, self.config.trainer.max_ckpt_to_keep)
-        path = path if is_url(path) else path.resolve()
+        path = absolute(path)
         logger.info("saved checkpoint of step %d: %s", self.global_step, path)
         return path
 
@@ -555,7 +555,7 @@ class PPOTrainer:
         self.sync_weights()  # the loaded weights to a rollout of its own
         # a run killed after its last checkpoint logged steps it will train again: drop them (metrics.jsonl)
         self.tracking.rewind(self.global_step)
-        logger.info("resumed from %s at step %d", path if is_url(path) else Path(path).resolve(), self.global_step)
+        logger.info("resumed from %s at step %d", absolute(path), self.global_step)
         return True
 
     # -------------------------------------------------------------- helpers

@@ -15,6 +15,7 @@ with no process group (what ``hybridflow export`` does on the driver machine).
 
 from __future__ import annotations
 
+import os
 import tempfile
 import warnings
 from pathlib import Path
@@ -28,7 +29,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from transformers import AutoModelForCausalLM, GenerationConfig, PretrainedConfig, PreTrainedModel
 
-from hybridflow.core.storage import child, filesystem, read_text, write_text
+from hybridflow.core.storage import child, filesystem, fs_path, read_text, write_text
 
 HF_FILES = "huggingface"
 """The folder of a role's checkpoint holding its HF config, generation config and tokenizer."""
@@ -53,7 +54,7 @@ def save_role(
         state["optim"] = optim_state
     dcp.save(state, checkpoint_id=str(target))
     rank = dist.get_rank() if dist.is_initialized() else 0
-    with fs.open(_path(child(target, f"extra_rank{rank}.pt")), "wb") as f:
+    with fs.open(fs_path(child(target, f"extra_rank{rank}.pt")), "wb") as f:
         torch.save(extra or {}, f)
 
 
@@ -77,9 +78,9 @@ def load_role(
         optim_state_dict=state.get("optim", {}),
     )
     rank = dist.get_rank() if dist.is_initialized() else 0
-    extra_file = _path(child(source, f"extra_rank{rank}.pt"))
+    extra_file = fs_path(child(source, f"extra_rank{rank}.pt"))
     if not fs.exists(extra_file):  # resumed on more ranks than saved: rank 0's extras apply to all
-        extra_file = _path(child(source, "extra_rank0.pt"))
+        extra_file = fs_path(child(source, "extra_rank0.pt"))
     with fs.open(extra_file, "rb") as f:
         return torch.load(f, weights_only=False)
 
@@ -156,8 +157,6 @@ def answer_probe(directory: str, token: str, rank: int) -> str | None:
     """This rank's part of the check that every rank shares the checkpoint directory: read the driver's marker
     ``directory/driver`` (it must hold ``token``), then write ``directory/rank-<rank>`` for the driver to read.
     None when both worked; otherwise what failed, with this rank's node (so the error says which node)."""
-    import os  # noqa: PLC0415
-
     import ray  # noqa: PLC0415 - a rank runs in a Ray actor; this module is imported without Ray too
 
     try:
@@ -169,8 +168,3 @@ def answer_probe(directory: str, token: str, rank: int) -> str | None:
         node = f"node {ray.util.get_node_ip_address()} ({ray.get_runtime_context().get_node_id()[:8]})"
         return f"rank {rank} on {node}, pid {os.getpid()}: {type(err).__name__}: {err}"
     return None
-
-
-def _path(location: str | Path) -> str:
-    """``location``'s path on its filesystem (``core/storage.py``)."""
-    return filesystem(location)[1]
