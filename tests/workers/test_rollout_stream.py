@@ -48,6 +48,7 @@ TEXTS = [
     "0",
 ]
 STEPS, SLOTS, N = 20, 5, 2
+SEED = 40
 
 
 @pytest.fixture(scope="module")
@@ -68,23 +69,32 @@ def stream_of(model, tokenizer, swap="step"):
     return engine, RolloutStream.builtin(engine, SLOTS, N, SamplingParams(max_new_tokens=STEPS), swap)
 
 
-def test_one_request_at_a_time_samples_what_a_generate_call_samples(parts):
-    """An idle stream reseeds with the request's seed and decodes as the engine's own refilling call does."""
+@pytest.mark.parametrize("together", [False, True], ids=["one-at-a-time", "together"])
+def test_a_request_samples_what_a_generate_call_samples(parts, together):
+    """Each sample's randomness is its own: requests decoded one at a time or in the slots together sample what
+    the engine's own refilling call gives each (the same tokens; log-probs up to the rounding of other shapes)."""
     model, tokenizer = parts
     engine, stream = stream_of(model, tokenizer)
+    chunks = [prompts_of(tokenizer, texts) for texts in (TEXTS[:6], TEXTS[6:12], TEXTS[12:])]
     try:
-        for request, texts in enumerate((TEXTS[:6], TEXTS[6:12])):
-            prompts = prompts_of(tokenizer, texts)
-            stream.submit(request, prompts, seed=10 + request)
-            got = stream.take(request, timeout_s=60)
-            want = engine.generate(prompts, n=N, seed=10 + request, sampling=SamplingParams(max_new_tokens=STEPS))
-            for key in (RESPONSES, RESPONSE_MASK):
-                assert torch.equal(got.batch[key], want.batch[key]), key
-            torch.testing.assert_close(got.batch[ROLLOUT_LOG_PROBS], want.batch[ROLLOUT_LOG_PROBS], rtol=0, atol=1e-6)
-            lengths = want.batch[RESPONSE_MASK].sum(-1)
-            assert lengths.min() < 5 and lengths.max() == STEPS  # long and short rows: slots were refilled
+        got = []
+        for request, prompts in enumerate(chunks):
+            stream.submit(request, prompts, seed=SEED + request)
+            if not together:
+                got.append(stream.take(request, timeout_s=60))
+        got = got or [stream.take(request, timeout_s=60) for request in range(len(chunks))]
     finally:
         stream.close()
+    for request, prompts in enumerate(chunks):
+        want = engine.generate(prompts, n=N, seed=SEED + request, sampling=SamplingParams(max_new_tokens=STEPS))
+        for key in (RESPONSES, RESPONSE_MASK):
+            assert torch.equal(got[request].batch[key], want.batch[key]), key
+        atol = 1e-5 if together else 1e-6
+        torch.testing.assert_close(
+            got[request].batch[ROLLOUT_LOG_PROBS], want.batch[ROLLOUT_LOG_PROBS], rtol=0, atol=atol
+        )
+        lengths = want.batch[RESPONSE_MASK].sum(-1)
+        assert lengths.min() < 5 and lengths.max() == STEPS  # long and short rows: slots were refilled
 
 
 def test_requests_in_flight_together_report_their_own_tokens_log_probs(parts):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hybridflow.core.sampling import SamplingParams
-from hybridflow.workers.rollout.sampling import filter_top_k_top_p, sample_next_tokens
+from hybridflow.workers.rollout.sampling import filter_top_k_top_p, sample_keys, sample_next_tokens, sample_uniforms
 
 NEG = float("-inf")
 
@@ -35,7 +35,7 @@ def test_top_p_keeps_the_smallest_nucleus_reaching_p():
 def test_log_probs_are_of_logits_over_temperature_before_filtering():
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
     params = SamplingParams(temperature=0.5, top_k=1)  # top_k=1: the argmax is the only choice
-    tokens, log_probs = sample_next_tokens(logits, params, greedy=False, generator=torch.Generator().manual_seed(0))
+    tokens, log_probs = sample_next_tokens(logits, params, greedy=False, uniforms=torch.tensor([0.99]))
     assert tokens.tolist() == [0]
     scaled = [x / 0.5 for x in (2.0, 1.0, 0.0, -1.0)]
     expected = scaled[0] - math.log(sum(math.exp(s) for s in scaled))
@@ -44,7 +44,7 @@ def test_log_probs_are_of_logits_over_temperature_before_filtering():
 
 def test_greedy_uses_temperature_one():
     logits = torch.tensor([[0.0, 3.0, 1.0]])
-    tokens, log_probs = sample_next_tokens(logits, SamplingParams(temperature=0.1), greedy=True, generator=None)
+    tokens, log_probs = sample_next_tokens(logits, SamplingParams(temperature=0.1), greedy=True, uniforms=None)
     assert tokens.tolist() == [1]
     assert log_probs.item() == pytest.approx(3.0 - math.log(1 + math.exp(3.0) + math.exp(1.0)), abs=1e-6)
 
@@ -53,9 +53,8 @@ def test_sampling_frequencies_match_the_filtered_distribution():
     logits = torch.tensor([1.0, 0.5, 0.0, -0.5, -3.0]).log_softmax(-1)
     params = SamplingParams(temperature=0.8, top_k=4, top_p=0.9)
     draws = 40_000
-    tokens, _ = sample_next_tokens(
-        logits.expand(draws, -1), params, greedy=False, generator=torch.Generator().manual_seed(0)
-    )
+    uniforms = sample_uniforms(sample_keys(0, draws, "cpu"), torch.zeros(draws, dtype=torch.long))
+    tokens, _ = sample_next_tokens(logits.expand(draws, -1), params, greedy=False, uniforms=uniforms)
     freq = torch.bincount(tokens, minlength=5).double() / draws
     # By hand: probabilities of logits / 0.8; top_k=4 drops token 4; top-p then
     # keeps the shortest prefix of the rest (sorted: 0, 1, 2, 3) whose mass,
@@ -73,6 +72,26 @@ def test_sampling_frequencies_match_the_filtered_distribution():
     expected[keep] = p[keep] / p[keep].sum()
     assert (freq - expected).abs().max() < 0.01
     assert freq[4] == 0
+
+
+def test_a_uniform_number_picks_the_token_whose_cdf_interval_holds_it():
+    logits = torch.tensor([0.5, 0.0, 0.25, 0.25]).log().expand(5, -1)  # token 1 has probability 0
+    uniforms = torch.tensor([0.0, 0.49, 0.5, 0.74, 0.76])  # CDF: 0.5, 0.5, 0.75, 1.0
+    tokens, _ = sample_next_tokens(logits, SamplingParams(temperature=1.0), greedy=False, uniforms=uniforms)
+    assert tokens.tolist() == [0, 0, 2, 2, 3]
+
+
+def test_a_samples_numbers_depend_on_its_key_and_token_index_only():
+    keys, steps = torch.tensor([7, 8, 9]), torch.tensor([0, 3, 5])
+    alone = [float(sample_uniforms(keys[i : i + 1], steps[i : i + 1])) for i in range(3)]
+    assert sample_uniforms(keys, steps).tolist() == alone  # beside others, the same numbers
+    assert sample_uniforms(keys.flip(0), steps.flip(0)).tolist() == alone[::-1]  # in any order
+    assert len(set(sample_uniforms(torch.full((3,), 7), torch.arange(3)).tolist())) == 3  # a new number per token
+    many = sample_uniforms(torch.arange(200_000), torch.zeros(200_000, dtype=torch.long))
+    assert 0.0 <= float(many.min()) and float(many.max()) < 1.0
+    # uniform on [0, 1): mean 1/2, variance 1/12, adjacent keys uncorrelated (200k draws: sd of the mean ~0.0006)
+    assert abs(float(many.mean()) - 0.5) < 0.003 and abs(float(many.var()) - 1 / 12) < 0.002
+    assert abs(float(torch.corrcoef(torch.stack([many[:-1], many[1:]]))[0, 1])) < 0.01
 
 
 @pytest.mark.parametrize(

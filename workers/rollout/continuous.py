@@ -27,10 +27,10 @@ across calls: prompts may be added while rows decode (a longer prompt widens
 the cache on the left, ``grow_left``), slots compacted in a tail come back
 for them, and each token is stamped with the weight version that sampled it.
 
-Greedy decoding gives each row what the static engine gives it (each row's
-numbers depend only on its own tokens; the padding differs, which moves float
-rounding only). Sampled rows draw from one generator in a different order than
-the static engine's, so equal seeds give other (equally distributed) samples.
+Each row gives what the static engine gives it for the same seed: its numbers
+depend only on its own tokens (the padding differs, which moves float rounding
+only), and a sample's randomness is its own (keyed by the call's seed, its
+prompt and sample index: ``workers/rollout/sampling.py``).
 """
 
 from __future__ import annotations
@@ -43,19 +43,20 @@ import torch
 
 from hybridflow.core.sampling import SamplingParams
 from hybridflow.workers.rollout.kv_cache import make_generation_cache
-from hybridflow.workers.rollout.sampling import sample_next_tokens
+from hybridflow.workers.rollout.sampling import sample_next_tokens, sample_uniforms
 
 __all__ = ["FinishedRows", "SlotDecoder", "decode_continuous"]
 
 
 @dataclass
 class _Slots:
-    """Per slot: the prompt it decodes (-1: free) and which of its samples, whether it still generates, its
-    tokens so far, their log-probs and weight versions, the mask over the cached columns, the next position
-    id and its next-token logits."""
+    """Per slot: the prompt it decodes (-1: free) and which of its samples, that sample's key (its randomness),
+    whether it still generates, its tokens so far, their log-probs and weight versions, the mask over the cached
+    columns, the next position id and its next-token logits."""
 
     prompt: torch.Tensor  # (S,) long: index into SlotDecoder's tag table
     sample: torch.Tensor  # (S,) long
+    key: torch.Tensor  # (S,) long
     live: torch.Tensor  # (S,) bool
     generated: torch.Tensor  # (S,) long
     tokens: torch.Tensor  # (S, T) long
@@ -101,17 +102,15 @@ class SlotDecoder:
     with the version of the forward whose logits it was sampled from. Once nothing waits, finished rows are
     compacted away; prompts that arrive after that get the slots back."""
 
-    def __init__(
-        self, engine, slots: int, n: int, sampling: SamplingParams, greedy: bool, generator, stops: tuple[int, ...]
-    ):
+    def __init__(self, engine, slots: int, n: int, sampling: SamplingParams, greedy: bool, stops: tuple[int, ...]):
         self.engine, self.slots, self.n = engine, slots, n
-        self.sampling, self.greedy, self.generator = sampling, greedy, generator
+        self.sampling, self.greedy = sampling, greedy
         self.steps, self.pad = sampling.max_new_tokens, engine.pad_token_id
         self.device = engine.device
         self.eos = torch.tensor(stops, device=self.device)
         self.version = 0
         self.waiting: deque[int] = deque()  # indices into _prompts, in arrival order
-        self._prompts: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any]] = {}  # until admitted
+        self._prompts: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any, int]] = {}  # until admitted
         self._tags: dict[int, list] = {}  # admitted prompt -> [tag, samples still decoding]
         self._next_prompt = 0
         self.cache = None  # made by the first admission, for the width of the prompts then waiting
@@ -120,9 +119,15 @@ class SlotDecoder:
 
     # ------------------------------------------------------------ prompts
     def add(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor, tags: list[Any]
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        positions: torch.Tensor,
+        tags: list[Any],
+        keys: list[int],
     ) -> None:
-        """Queue prompt rows (B, P) left-padded, each with a tag its finished samples carry."""
+        """Queue prompt rows (B, P) left-padded, each with a tag its finished samples carry and the key of its
+        sample 0 (sample ``j``'s is ``key + j``)."""
         real = attention_mask.sum(-1).tolist()
         for row, tag in enumerate(tags):
             width = max(int(real[row]), 1)
@@ -131,6 +136,7 @@ class SlotDecoder:
                 attention_mask[row, -width:],
                 positions[row, -width:],
                 tag,
+                int(keys[row]),
             )
             self.waiting.append(self._next_prompt)
             self._next_prompt += 1
@@ -150,6 +156,7 @@ class SlotDecoder:
         self.state = _Slots(
             prompt=long(slots, fill=-1),
             sample=long(slots),
+            key=long(slots),
             live=torch.zeros(slots, dtype=torch.bool, device=device),
             generated=long(slots),
             tokens=long(slots, self.steps, fill=self.pad),
@@ -176,6 +183,7 @@ class SlotDecoder:
             return
         chosen = [self.waiting.popleft() for _ in range(count)]
         ids, mask, pos = self._stack(chosen)
+        first_keys = torch.tensor([self._prompts[i][4] for i in chosen], device=self.device)
         for i in chosen:
             self._tags[i] = [self._prompts.pop(i)[3], n]
         real = ids.shape[1]
@@ -191,6 +199,7 @@ class SlotDecoder:
         rep = lambda x: x.repeat_interleave(n, dim=0)  # noqa: E731
         state.prompt[into] = rep(torch.tensor(chosen, device=self.device))
         state.sample[into] = torch.arange(n, device=self.device).repeat(count)
+        state.key[into] = rep(first_keys) + state.sample[into]
         state.live[into], state.generated[into] = True, 0
         state.tokens[into], state.log_probs[into], state.versions[into] = self.pad, 0.0, 0
         state.attention_mask[into] = 0
@@ -206,7 +215,7 @@ class SlotDecoder:
         mask = torch.zeros((len(chosen), width), dtype=self._prompts[chosen[0]][1].dtype, device=self.device)
         pos = torch.zeros((len(chosen), width), dtype=torch.long, device=self.device)
         for row, i in enumerate(chosen):
-            p_ids, p_mask, p_pos, _ = self._prompts[i]
+            p_ids, p_mask, p_pos = self._prompts[i][:3]
             ids[row, width - len(p_ids) :], mask[row, width - len(p_ids) :], pos[row, width - len(p_ids) :] = (
                 p_ids,
                 p_mask,
@@ -242,9 +251,8 @@ class SlotDecoder:
         state, steps = self.state, self.steps
         self.live_slot_steps += state.live.sum()
         self.decode_steps += 1
-        tokens, token_log_probs = sample_next_tokens(
-            state.logits, self.sampling, greedy=self.greedy, generator=self.generator
-        )
+        uniforms = None if self.greedy else sample_uniforms(state.key, state.generated)
+        tokens, token_log_probs = sample_next_tokens(state.logits, self.sampling, greedy=self.greedy, uniforms=uniforms)
         tokens = tokens.masked_fill(~state.live, self.pad)  # free and finished slots feed pad, ignored
         slots = state.live.nonzero().squeeze(-1)
         at = state.generated[slots]
@@ -329,19 +337,20 @@ def decode_continuous(
     n: int,
     sampling: SamplingParams,
     greedy: bool,
-    generator,
+    seed: int,
     stops: tuple[int, ...],
     slots: int,
 ):
-    """Decode ``n`` samples of every prompt row in ``slots`` row slots; returns responses, log-probs
+    """Decode ``n`` samples of every prompt row in ``slots`` row slots (prompt ``i``'s sample ``j`` keyed
+    ``seed + i*n + j``); returns responses, log-probs
     (B*n, T) and lengths (B*n,), as the static decode loop does, and the mean share of slots that were live."""
     prompts, steps = input_ids.shape[0], sampling.max_new_tokens
     total, device = prompts * n, input_ids.device
     responses = torch.full((total, steps), engine.pad_token_id, dtype=torch.long, device=device)
     log_probs = torch.zeros((total, steps), dtype=torch.float32, device=device)
     lengths = torch.full((total,), steps, dtype=torch.long, device=device)
-    decoder = SlotDecoder(engine, slots, n, sampling, greedy, generator, stops)
-    decoder.add(input_ids, attention_mask, positions, list(range(prompts)))
+    decoder = SlotDecoder(engine, slots, n, sampling, greedy, stops)
+    decoder.add(input_ids, attention_mask, positions, list(range(prompts)), [seed + i * n for i in range(prompts)])
     while decoder.busy:
         finished = decoder.step()
         if finished is not None:

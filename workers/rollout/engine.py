@@ -54,7 +54,7 @@ from hybridflow.workers import attention
 from hybridflow.workers.rollout.base import special_token_ids
 from hybridflow.workers.rollout.continuous import decode_continuous
 from hybridflow.workers.rollout.kv_cache import make_generation_cache, preallocatable
-from hybridflow.workers.rollout.sampling import sample_next_tokens
+from hybridflow.workers.rollout.sampling import sample_keys, sample_next_tokens, sample_uniforms
 
 __all__ = ["EngineConfig", "BuiltinEngine", "assemble_rollout", "positions_from_mask"]
 
@@ -160,7 +160,8 @@ class BuiltinEngine:
         :param sampling: temperature, top-p, top-k, ``max_new_tokens`` (T).
         :param greedy: argmax decoding (validation); sampling settings other
             than ``max_new_tokens`` are ignored and the n samples are equal.
-        :param seed: seeds the sampling generator: equal seeds, equal outputs.
+        :param seed: the sampling seed: equal seeds, equal outputs (prompt ``i``'s sample ``j`` draws from
+            key ``seed + i*n + j``, ``workers/rollout/sampling.py``); None: a random one.
         :param stop_token_ids: more tokens that end a response in this call,
             kept in it like EOS (an agent loop's end-of-tool-call token).
         :returns: B*n rows with ``prompts`` (P), ``responses``,
@@ -176,12 +177,12 @@ class BuiltinEngine:
         attention_mask = prompts.batch[ATTENTION_MASK].to(device)
         positions = prompts.batch.get(POSITION_IDS)
         positions = positions_from_mask(attention_mask) if positions is None else positions.to(device)
-        generator = None
-        if seed is not None and not greedy:
-            generator = torch.Generator(device=device).manual_seed(seed)
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, ()))
         stops = tuple(dict.fromkeys((*self.eos_token_ids, *(int(t) for t in stop_token_ids))))
         # Greedy samples of one prompt are identical: decode each prompt once.
         expand = 1 if greedy else n
+        keys = sample_keys(seed, input_ids.shape[0] * expand, device)
         start = time.perf_counter()
         was_training = self.model.training
         self.model.eval()
@@ -190,7 +191,7 @@ class BuiltinEngine:
                 slots = self._continuous_slots(input_ids.shape, expand, sampling.max_new_tokens)
                 if slots is not None:
                     responses, log_probs, lengths, slot_share = decode_continuous(
-                        self, input_ids, attention_mask, positions, expand, sampling, greedy, generator, stops, slots
+                        self, input_ids, attention_mask, positions, expand, sampling, greedy, seed, stops, slots
                     )
                 else:
                     chunks = [
@@ -201,7 +202,7 @@ class BuiltinEngine:
                             expand,
                             sampling,
                             greedy,
-                            generator,
+                            keys[rows.start * expand : rows.stop * expand],
                             stops,
                         )
                         for rows in self._prompt_chunks(input_ids.shape, expand, sampling.max_new_tokens)
@@ -277,8 +278,9 @@ class BuiltinEngine:
         live = torch.ones(total, dtype=torch.bool, device=input_ids.device)
         return cache, _DecodeState(rows, live, rep(attention_mask), rep(positions[:, -1]) + 1, rep(logits))
 
-    def _decode(self, input_ids, attention_mask, positions, n, sampling, greedy, generator, stops):
-        """Run prefill and the decode loop; returns responses, log-probs (B*n, T) and lengths (B*n,)."""
+    def _decode(self, input_ids, attention_mask, positions, n, sampling, greedy, keys, stops):
+        """Run prefill and the decode loop over rows of sample ``keys`` (B*n,); returns responses, log-probs
+        (B*n, T) and lengths (B*n,)."""
         total, steps, device = input_ids.shape[0] * n, sampling.max_new_tokens, input_ids.device
         responses = torch.full((total, steps), self.pad_token_id, dtype=torch.long, device=device)
         log_probs = torch.zeros((total, steps), dtype=torch.float32, device=device)
@@ -287,7 +289,8 @@ class BuiltinEngine:
         cache, state = self._prefill(input_ids, attention_mask, positions, n, steps)
         finished_resident = 0  # finished rows still in the cache
         for t in range(steps):
-            tokens, token_log_probs = sample_next_tokens(state.logits, sampling, greedy=greedy, generator=generator)
+            uniforms = None if greedy else sample_uniforms(keys[state.rows], torch.full_like(state.rows, t))
+            tokens, token_log_probs = sample_next_tokens(state.logits, sampling, greedy=greedy, uniforms=uniforms)
             tokens = tokens.masked_fill(~state.live, self.pad_token_id)  # finished rows feed pad, ignored
             live_rows = state.rows[state.live]
             responses[live_rows, t] = tokens[state.live]

@@ -6,6 +6,14 @@ logits divided by the temperature, **before** top-k / top-p filtering. It is
 the quantity the actor recomputes in a teacher-forced pass (its logits divided
 by the same temperature), so the two can be compared token for token. In
 greedy mode the temperature is taken as 1.
+
+Randomness is per sample, not per batch: sample ``j`` of prompt ``i`` in a
+call seeded ``seed`` has the key ``seed + i*n + j`` (vLLM's seeds for a
+request's samples), and its ``t``-th token is drawn by inverting the filtered
+distribution's CDF at a uniform number that is a hash of (key, t)
+(:func:`sample_uniforms`). So a sample draws the same numbers whatever else is
+decoded beside it, in whatever order or slot: the static loop, continuous
+batching and the streaming rollout sample alike for equal seeds.
 """
 
 from __future__ import annotations
@@ -14,7 +22,35 @@ import torch
 
 from hybridflow.core.sampling import SamplingParams
 
-__all__ = ["filter_top_k_top_p", "sample_next_tokens"]
+__all__ = ["filter_top_k_top_p", "sample_keys", "sample_next_tokens", "sample_uniforms"]
+
+_MIX_1 = 0xBF58476D1CE4E5B9 - 2**64  # splitmix64's multipliers, as signed int64
+_MIX_2 = 0x94D049BB133111EB - 2**64
+_GOLDEN = 0x9E3779B97F4A7C15 - 2**64
+
+
+def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 (torch's ``>>`` is arithmetic)."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def _mix(x: torch.Tensor) -> torch.Tensor:
+    """splitmix64's finalizer: every input bit moves every output bit (int64 arithmetic wraps)."""
+    x = (x ^ _shift_right(x, 30)) * _MIX_1
+    x = (x ^ _shift_right(x, 27)) * _MIX_2
+    return x ^ _shift_right(x, 31)
+
+
+def sample_uniforms(keys: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """One uniform number in [0, 1) per row, a function of the row's sample key and token index only;
+    (N,) int64, (N,) int64 -> (N,) float64."""
+    x = _mix(_mix(keys) + (steps + 1) * _GOLDEN)
+    return _shift_right(x, 11).double() * 2.0**-53
+
+
+def sample_keys(seed: int, rows: int, device: torch.device | str) -> torch.Tensor:
+    """The keys of a call's rows ``i*n + j`` (prompt ``i``'s sample ``j``): ``seed + row``."""
+    return seed + torch.arange(rows, dtype=torch.long, device=device)
 
 
 def filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -43,10 +79,11 @@ def sample_next_tokens(
     params: SamplingParams,
     *,
     greedy: bool,
-    generator: torch.Generator | None,
+    uniforms: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Choose one token per row of ``logits`` (N, V).
 
+    :param uniforms: (N,) numbers in [0, 1), one per row (:func:`sample_uniforms`); unused when ``greedy``.
     :returns: ``(tokens, log_probs)``, both (N,): the chosen ids and their
         log-probs under ``log_softmax(logits / temperature)`` (see the module
         docstring; temperature 1 when ``greedy``).
@@ -58,7 +95,9 @@ def sample_next_tokens(
     else:
         scaled = logits / params.temperature
         log_probs = scaled.log_softmax(dim=-1)
-        filtered = filter_top_k_top_p(scaled, params.top_k, params.top_p)
-        probs = filtered.softmax(dim=-1)
-        tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        cdf = filter_top_k_top_p(scaled, params.top_k, params.top_p).softmax(dim=-1).double().cumsum(dim=-1)
+        # the first token whose CDF exceeds u * total: a token of zero probability never is (its CDF equals the one
+        # before it)
+        at = (uniforms.to(cdf.device, torch.float64) * cdf[:, -1]).unsqueeze(-1)
+        tokens = torch.searchsorted(cdf, at, right=True).squeeze(-1).clamp_(max=logits.shape[-1] - 1)
     return tokens, log_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)

@@ -16,10 +16,10 @@ under the new weights, each token stamped with the version whose forward
 sampled it: ``rollout_versions``); in ``one_step_off`` mode only once the
 decoder has run dry, so every sample comes from one version.
 
-A request that arrives at an idle decoder reseeds the sampling generator with
-its seed, so a stream fed one request at a time samples exactly what
-:meth:`BuiltinEngine.generate` samples for the same call with the same row
-slots (the ``max_staleness=0`` equivalence the tests check).
+Each sample's randomness is its own (keyed by its request's seed, its prompt
+and sample index: ``workers/rollout/sampling.py``), so a request samples what
+:meth:`BuiltinEngine.generate` samples for the same call, whatever else the
+stream decodes beside it (up to float rounding of other batch shapes).
 
 The stream drives any decoder with :class:`SlotDecoder`'s shape (``add``,
 ``step``, ``busy``, ``version``, ``slot_utilization``): the built-in engine's
@@ -266,13 +266,11 @@ class RolloutStream:
 
 
 class BuiltinDecoder(SlotDecoder):
-    """The built-in engine's :class:`SlotDecoder` as a stream's decoder: its own sampling generator, reseeded
-    with a request's seed when the request arrives at an idle decoder (so it samples as a call of its own
-    would); the training rollout's sampling only."""
+    """The built-in engine's :class:`SlotDecoder` as a stream's decoder, the training rollout's sampling only: a
+    request seeded ``seed`` keys prompt ``i``'s sample ``j`` ``seed + i*n + j``, as a call of its own would."""
 
     def __init__(self, engine: BuiltinEngine, slots: int, n: int, sampling: SamplingParams) -> None:
-        self.generator = torch.Generator(device=engine.device)
-        super().__init__(engine, slots, n, sampling, False, self.generator, engine.eos_token_ids)
+        super().__init__(engine, slots, n, sampling, False, engine.eos_token_ids)
 
     def add(
         self,
@@ -281,17 +279,15 @@ class BuiltinDecoder(SlotDecoder):
         positions: torch.Tensor,
         tags: list[Any],
         *,
-        seed: int | None = None,
+        seed: int,
         n: int | None = None,
         call: Any = None,
     ) -> None:
-        """Queue prompt rows as :meth:`SlotDecoder.add`; ``seed`` reseeds an idle decoder. A request for other
-        samples per prompt or other options is refused: the slots decode one sampling."""
+        """Queue prompt rows as :meth:`SlotDecoder.add`, keyed by ``seed``. A request for other samples per
+        prompt or other options is refused: the slots decode one sampling."""
         if call is not None or (n is not None and n != self.n):
             raise ValueError(
                 "the built-in stream decodes the training rollout's sampling only; generate other calls "
                 "with the engine (RolloutWorker.generate_sequences)"
             )
-        if seed is not None and not self.busy:
-            self.generator.manual_seed(seed)
-        super().add(input_ids, attention_mask, positions, tags)
+        super().add(input_ids, attention_mask, positions, tags, [seed + i * self.n for i in range(len(tags))])
