@@ -25,6 +25,7 @@ SYNTHETIC_TASKS = ("arithmetic", "tool")
 KL_CONTROLLERS = ("fixed", "adaptive")
 PLACEMENTS = ("colocated", "split")
 STEP_MODES = ("sync", "one_step_off", "async")
+ASYNC_WEIGHT_SWAPS = ("step", "batch")  # workers/rollout/stream.py SWAP_POINTS of async mode
 MEMORY_CHECKS = ("refuse", "warn", "off")
 RESUME_MODES = ("auto", "disable")
 ROLLOUT_IS_LEVELS = ("token", "sequence")  # losses.rollout_correction's, kept free of torch here
@@ -825,6 +826,12 @@ class TrainerConfig:
     once the trainer holds version j - max_staleness, so every token of it is at most that old; 0 submits each
     batch after the previous update, which is the synchronous loop run on split ranks. (``async`` is a Python
     keyword, so this key is not ``async.max_staleness``.)"""
+    async_weight_swap: str = "step"
+    """``rollout_mode=async``: when new weights enter the rollout. ``step``: between any two decode steps, as soon
+    as they arrive (the freshest tokens; which tokens each version samples depends on timing, so two runs differ).
+    ``batch``: once the batch the trainer takes next has finished decoding, the rollout waiting for them there if
+    it gets ahead; a run then repeats bitwise on a CPU (built-in engine), at the cost of the rollout's idle time
+    when it outpaces training."""
     ray_address: Optional[str] = None
     """Join this Ray cluster: ``auto`` (the cluster ``ray start`` recorded on this machine), ``host:port`` or
     ``ray://...``. None: ``RAY_ADDRESS`` if set, else a fresh local instance of this run's own, even when another
@@ -903,6 +910,7 @@ class TrainerConfig:
             )
             + one_of(self, "placement", PLACEMENTS)
             + one_of(self, "rollout_mode", STEP_MODES)
+            + one_of(self, "async_weight_swap", ASYNC_WEIGHT_SWAPS)
             + at_least(self, 1, "total_training_steps", optional=True)
             + at_least(self, 0, "max_ckpt_to_keep", "log_val_generations", "max_restarts")
             + [f"{m} (0 turns it off, as veRL's -1 does)" for m in at_least(self, 0, "test_freq", "save_freq")]

@@ -167,7 +167,6 @@ class PPOTrainer:
             train_prompts, config.data.train_batch_size, pad_id, shuffle=config.data.shuffle, seed=config.trainer.seed
         )
         self.sync_weights = rollout.weight_sync(self.actor)  # after every update; colocated, the actor does it
-        self.sync_weights()  # the rollout's first weights (split: it starts with none)
         self.val_prompts = val_prompts
         self.kl_ctrl = KLController.from_config(config.algorithm.kl_ctrl)
         self.inputs = InputPlan.for_estimator(get_estimator(config.algorithm.adv_estimator), config)
@@ -235,7 +234,10 @@ class PPOTrainer:
         summary.run_dir = self.run_dir.resolve()
         if self.config.trainer.save_freq > 0 or ckpt.list_checkpoints(self.checkpoint_root):  # saves, or resumes
             ckpt.check_shared(self.checkpoint_root, self.actor.probe_checkpoint_dir, "trainer.default_local_dir")
-        if self.resume():
+        resumed = self.resume()
+        # the rollout's first weights (split: it starts with none), with the batches submitted ahead of the first step
+        self.source.start(self.global_step, self.sync_weights)
+        if resumed:
             summary.resumed_at = self.global_step
             # a resumed run logged this step's validation before it stopped: log each step once, and
             # report the first run's validation before training (logged at step 0) as this run's
@@ -297,7 +299,7 @@ class PPOTrainer:
                 metrics.update(_mean_over_ranks(self.memory(metrics, "update", actor)))
         # the audit trail, before the step's checkpoint: a resume drops what follows the checkpoint and rewrites it
         append_records(self.run_dir, trained_prompts(batch, self.global_step + 1, version=self.global_step))
-        metrics.update(self.sync_weights())  # the new weights to a rollout on ranks of its own
+        metrics.update(self.source.after_update(self.global_step + 1, self.sync_weights))  # to a rollout of its own
 
         some_left_out = bool(trained.any()) and not bool(trained.all())
         metrics.update(compute_data_metrics(batch[trained] if some_left_out else batch))  # the rows that trained
@@ -552,7 +554,6 @@ class PPOTrainer:
         self.loader.load_state_dict(state["loader"])
         self.source.drawn = state.get("rollout_batches", self.global_step)  # batch indices (and seeds) continue
         self.kl_ctrl.value = state["kl_coef"]
-        self.sync_weights()  # the loaded weights to a rollout of its own
         # a run killed after its last checkpoint logged steps it will train again: drop them (metrics.jsonl)
         self.tracking.rewind(self.global_step)
         logger.info("resumed from %s at step %d", absolute(path), self.global_step)

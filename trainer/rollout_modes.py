@@ -6,12 +6,15 @@ changes source. :class:`SyncRollout` draws the step's prompts and generates
 them now. :class:`PipelinedRollout` keeps ``ahead`` batches submitted before
 they are needed, to a rollout on ranks of its own, and hands out the oldest::
 
-    step s:  [take batch s] [old_log_prob ref reward adv update] [sync v(s+1)] [submit batch s+1+ahead]
+    step s:  [take batch s] [old_log_prob ref reward adv update] [submit batch s+1+ahead] [sync v(s+1)]
     rollout: ......decodes batches s+1 .. s+ahead meanwhile (one continuous batch, workers/rollout/stream.py)
 
-Batch j is submitted once the trainer holds version j - ahead, so none of its
-tokens is older than that: staleness <= ``ahead`` (``trainer.max_staleness``
-for ``async``, 1 for ``one_step_off``), checked on every batch.
+Batch j is submitted once the trainer holds version j - ahead, and named to enter
+the decoder with that version's weights (the sync carries its name; the first
+batches are named together before any step), so none of its tokens is older
+than that: staleness <= ``ahead`` (``trainer.max_staleness`` for ``async``, 1
+for ``one_step_off``), checked on every batch. Batch j holds version j: with
+``trainer.async_weight_swap=batch`` those weights enter once it has finished.
 
 :class:`GroupWeightSync` moves the weights after each update when the rollout
 is a group of its own (``core/weight_transfer.py``); colocated, the actor
@@ -36,6 +39,7 @@ from hybridflow.core.keys import (
     RESPONSE_MASK,
     ROLLOUT_VERSIONS,
     SEED,
+    STREAM_HOLDS_VERSION,
     STREAM_REQUEST,
     WEIGHT_SYNC_PREFIX,
     WEIGHT_VERSION,
@@ -56,7 +60,7 @@ __all__ = [
     "with_prompt_columns",
 ]
 
-CALL_KEYS = (SEED, STREAM_REQUEST)
+CALL_KEYS = (SEED, STREAM_REQUEST, STREAM_HOLDS_VERSION)
 """``meta_info`` keys of one rollout request; they leave its batch (the rollout batches of one step differ in them,
 and ``concat`` wants equal ``meta_info``)."""
 
@@ -82,12 +86,13 @@ class GroupWeightSync:
         joins = [group.join_weight_transfer.options(blocking=False)(host, port, members) for group in (actor, rollout)]
         gather(*joins)
 
-    def __call__(self) -> dict[str, float]:
-        """Send the current weights (both groups take part); ``weight_sync/*`` of the sender, the time the
-        driver waited (``timing_s/weight_sync``) and the slowest receiver's seconds."""
+    def __call__(self, admit: list[int] | tuple[int, ...] = ()) -> dict[str, float]:
+        """Send the current weights (both groups take part), the stream requests ``admit`` names entering the
+        rollout with them; ``weight_sync/*`` of the sender, the time the driver waited (``timing_s/weight_sync``)
+        and the slowest receiver's seconds."""
         start = time.perf_counter()
         send = self.actor.send_weights.options(blocking=False)()
-        receive = self.rollout.receive_weights.options(blocking=False)()
+        receive = self.rollout.receive_weights.options(blocking=False)(list(admit))
         sent, received = gather(send, receive)  # a receiver that stalls is named, not waited for by the sender
         sent = sent[0]
         out = dict(sent)
@@ -222,6 +227,14 @@ class SyncRollout:
         self.drawn = 0
         self.last_end: float | None = None
 
+    def start(self, version: int, sync: Callable[[], dict[str, float]]) -> dict[str, float]:
+        """The rollout's first weights (version ``version``: a fresh or resumed run's); the sync's metrics."""
+        return sync()
+
+    def after_update(self, version: int, sync: Callable[[], dict[str, float]]) -> dict[str, float]:
+        """The updated weights (version ``version``) to the rollout; the sync's metrics."""
+        return sync()
+
     def next(self, version: int) -> tuple[DataProto, DataProto, dict[str, float]]:
         """The prompts of the next batch, their rollout (sampled with weight version ``version``: checked) and
         the idle metrics."""
@@ -259,22 +272,40 @@ class PipelinedRollout:
         self.pending: deque[_Submitted] = deque()
         self.drawn = 0
 
-    def submit_ahead(self, version: int) -> None:
+    def start(self, version: int, sync: Callable[..., dict[str, float]]) -> dict[str, float]:
+        """Submit the first batches, then the rollout's first weights (version ``version``: a fresh or resumed
+        run's), which they enter with, together; the sync's metrics."""
+        return sync(admit=self.submit_ahead(version))
+
+    def after_update(self, version: int, sync: Callable[..., dict[str, float]]) -> dict[str, float]:
+        """Submit the batches version ``version`` lets in, then that version's weights, which they enter with;
+        the sync's metrics."""
+        return sync(admit=self.submit_ahead(version))
+
+    def submit_ahead(self, version: int, one_to_take: bool = False) -> list[int]:
         """Submit batches until the newest is ``version + ahead`` (batch j waits for trainer version j - ahead),
-        none past what the remaining steps train; always one to take. A step that takes several batches (an
-        after-reward hook drawing more prompts) runs its batch indices ahead of the versions: its extra batches
-        are submitted when taken, from the current weights."""
-        while not self.pending or (self.drawn <= version + self.ahead and len(self.pending) < self.steps - version):
+        none past what the remaining steps train (and, ``one_to_take``, at least one); their indices. A step that
+        takes several batches (an after-reward hook drawing more prompts) runs its batch indices ahead of the
+        versions: its extra batches are submitted when taken, from the current weights."""
+        submitted = []
+        while (one_to_take and not self.pending) or (
+            self.drawn <= version + self.ahead and len(self.pending) < self.steps - version
+        ):
             state = self.loader.state_dict()
             prompts = self.draw(self.drawn)
             prompts.meta_info[STREAM_REQUEST] = self.drawn
+            prompts.meta_info[STREAM_HOLDS_VERSION] = self.drawn  # taken when the trainer holds that version
             future = self.rollout.generate_stream.options(blocking=False)(prompts)
             self.pending.append(_Submitted(prompts, future, state, self.drawn))
+            submitted.append(self.drawn)
             self.drawn += 1
+        return submitted
 
     def next(self, version: int) -> tuple[DataProto, DataProto, dict[str, float]]:
         """The oldest submitted batch's prompts and rollout (waited for), with staleness and idle metrics."""
-        self.submit_ahead(version)
+        extra = self.submit_ahead(version, one_to_take=True)  # a step taking more than one batch
+        if extra:
+            self.rollout.admit_requests(extra)
         submitted = self.pending.popleft()
         start = time.perf_counter()
         out = submitted.future.get()

@@ -98,7 +98,7 @@ def test_a_rollout_rank_whose_sync_failed_stops_its_stream_and_generates_nothing
     class Stream:
         closed = False
 
-        def paused(self):
+        def paused(self, weights=False):
             import contextlib
 
             return contextlib.nullcontext()

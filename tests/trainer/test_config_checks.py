@@ -79,6 +79,16 @@ def test_defaults_are_valid():
             "the rollout on ranks of its own: set trainer.placement=split",
         ),
         ({"trainer.rollout_mode": "later"}, "trainer.rollout_mode='later'; allowed: sync, one_step_off, async"),
+        ({"trainer.async_weight_swap": "drained"}, "trainer.async_weight_swap='drained'; allowed: step, batch"),
+        (
+            {
+                "actor_rollout_ref.rollout.name": "vllm",
+                "trainer.placement": "split",
+                "trainer.rollout_mode": "async",
+                "trainer.async_weight_swap": "batch",
+            },
+            "rollout.name='vllm' with trainer.async_weight_swap='batch': vLLM's stream steps every generation call",
+        ),
         (
             {"trainer.placement": "split", "trainer.rollout_ranks": 3},
             "data.train_batch_size=16 must be a multiple of 3 (each step's prompts are split evenly over the 3 rollout "

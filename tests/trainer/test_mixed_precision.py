@@ -32,13 +32,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 PROMPTS = ["max(1,2)=", "7+8=", "max(3,8,1,5)=", "(12+4)*3="]
 UPDATES = 3
 # bf16 against fp32, same seed, same batch (old log-probs from the fp32 group), lr 0.01: the largest differences
-# measured (2026-12-04, deterministic from run to run), per rank and update, and the bounds. The first update
-# sees the same weights in both runs, so only the forward's bf16 rounding separates its losses: 1.1e-4 and
-# 3.7e-4 (log-probs taken from bf16 logits without the fp32 upcast: 4.9e-3 and 1.9e-3, so the bound is 1e-3);
-# later updates start from weights that bf16 gradients moved, so the gap grows: at most 1.9e-3 at the second,
-# 3.8e-3 at the third (bound 1e-2). The global grad norm: 2.0e-4 relative at the first update, 9.6e-3 and
-# 2.9e-2 after.
-FIRST_LOSS_BOUND, LATER_LOSS_BOUND = 1e-3, 1e-2
+# measured (2026-12-07, the batch of the per-sample sampler; deterministic from run to run), per rank and update, and
+# the bounds. The first update sees the same weights in both runs, so only the forward's bf16 rounding separates its
+# losses: 1.4e-4 on both ranks (log-probs taken from bf16 logits without the fp32 upcast measured 4.9e-3 and 1.9e-3
+# on the earlier batch, so the bound is 1e-3); later updates start from weights that bf16 gradients moved, so the
+# gap grows: 1.4e-3 at the second, 2.0e-2 at the third (bound 3e-2; the earlier batch's were 1.9e-3 and 3.8e-3).
+# The global grad norm: 2.3e-4 relative at the first update, 1.9e-2 and 3.4e-2 after.
+FIRST_LOSS_BOUND, LATER_LOSS_BOUND = 1e-3, 3e-2
 FIRST_NORM_BOUND, LATER_NORM_BOUND = 2e-3, 0.1
 FP32, BF16 = str(torch.float32), str(torch.bfloat16)
 # what each probe sees under param_dtype=bfloat16, at every update on both ranks
@@ -199,7 +199,9 @@ def test_bf16_compute_over_fp32_master_weights_in_the_actor_worker(ray_session):
             )
             if u == 0:  # bf16 did reach the loss
                 assert b["actor/pg_loss"] != f["actor/pg_loss"]
-    # and the bounds are far below what training moved the losses (by 0.15 and 0.14 here)
+    # and the bounds are below what training moved the losses (by 0.17 and 0.14 here): the first one 100x, the later
+    # one 4x (bf16's drift after two updates is a seventh of the movement on rank 1)
     for rank in range(2):
         losses = [update[rank]["metrics"]["actor/pg_loss"] for update in fp32]
-        assert max(abs(loss - losses[0]) for loss in losses) > 10 * LATER_LOSS_BOUND, losses
+        moved = max(abs(loss - losses[0]) for loss in losses)
+        assert moved > 100 * FIRST_LOSS_BOUND and moved > 4 * LATER_LOSS_BOUND, losses

@@ -25,36 +25,60 @@ def pipelined(ahead: int, steps: int):
         return DataProto(meta_info={"index": index})
 
     def stream(prompts: DataProto):  # generate_stream.options(blocking=False)(prompts): a future
-        submitted.append(prompts.meta_info["request"])
+        submitted.append((prompts.meta_info["request"], prompts.meta_info["holds_version"]))
         return SimpleNamespace(get=lambda: prompts)
 
-    rollout = SimpleNamespace(generate_stream=SimpleNamespace(options=lambda blocking: stream))
-    return PipelinedRollout(draw, rollout, loader, ahead=ahead, steps=steps), submitted
+    named = []
+    rollout = SimpleNamespace(
+        generate_stream=SimpleNamespace(options=lambda blocking: stream),
+        admit_requests=lambda ids: named.append(("admit", ids)),
+    )
+    return PipelinedRollout(draw, rollout, loader, ahead=ahead, steps=steps), submitted, named
+
+
+def sync_into(named: list):
+    """A weight sync's stand-in: records which requests it names."""
+    return lambda admit=(): named.append(("sync", list(admit))) or {}
 
 
 def take(source: PipelinedRollout, version: int) -> int:
-    """What ``next`` does before it waits: submit ahead, then take the oldest batch; its index."""
-    source.submit_ahead(version)
+    """What ``next`` does before it waits: submit what is missing, take the oldest batch; its index."""
+    extra = source.submit_ahead(version, one_to_take=True)
+    if extra:
+        source.rollout.admit_requests(extra)
     return source.pending.popleft().index
 
 
-def test_batches_are_submitted_ahead_but_none_past_the_last_step():
-    source, submitted = pipelined(ahead=2, steps=4)
-    assert take(source, 0) == 0 and submitted == [0, 1, 2]  # batch j waits for version j - 2
+def test_batches_are_submitted_ahead_named_with_the_weights_they_wait_for_and_none_past_the_last_step():
+    source, submitted, named = pipelined(ahead=2, steps=4)
+    source.start(0, sync_into(named))
+    assert submitted == [(0, 0), (1, 1), (2, 2)] and named == [("sync", [0, 1, 2])]  # the first, named together
+    assert take(source, 0) == 0
     assert source.position() == ({"index": 1}, 1)  # in flight: a resume draws batches 1 and 2 again
-    assert take(source, 1) == 1 and submitted == [0, 1, 2, 3]
-    assert take(source, 2) == 2 and take(source, 3) == 3
-    assert submitted == [0, 1, 2, 3]  # batches 4 and 5 would be generated and never trained
+    source.after_update(1, sync_into(named))
+    assert submitted[3:] == [(3, 3)] and named[1:] == [("sync", [3])]  # batch 3 waits for version 3 - 2
+    assert take(source, 1) == 1
+    for version in (2, 3):
+        source.after_update(version, sync_into(named))
+        assert take(source, version) == version
+    source.after_update(4, sync_into(named))  # after the last step
+    assert [r for r, _ in submitted] == [0, 1, 2, 3]  # batches 4 and 5 would be generated and never trained
+    assert named[2:] == [("sync", [])] * 3  # nothing to name
     assert source.position() == ({"index": 4}, 4)
 
 
 def test_steps_that_take_two_batches_each_always_find_one():
     """An after-reward hook (dynamic sampling) takes a second batch every step: the batch indices run ahead of
-    the weight versions, so the extra batches are submitted when taken (before, the second take of step 2
-    found nothing submitted: IndexError)."""
-    source, submitted = pipelined(ahead=1, steps=3)
-    taken = [take(source, version) for version in (0, 0, 1, 1, 2, 2)]
-    assert taken == submitted == [0, 1, 2, 3, 4, 5]
+    the weight versions, so the extra batches are submitted when taken, named at once (before, the second take
+    of step 2 found nothing submitted: IndexError)."""
+    source, submitted, named = pipelined(ahead=1, steps=3)
+    source.start(0, sync_into(named))
+    taken = []
+    for version in (0, 1, 2):
+        taken += [take(source, version), take(source, version)]
+        source.after_update(version + 1, sync_into(named))
+    assert taken == [r for r, _ in submitted] == [0, 1, 2, 3, 4, 5]
+    assert ("admit", [3]) in named  # step 2's second batch: submitted when taken
 
 
 def test_engine_metrics_of_several_ranks_become_one_value_each_and_leave_the_batch():

@@ -8,7 +8,9 @@ other widths, and new weights arrive between steps.
 
 from __future__ import annotations
 
+import copy
 import threading
+import time
 
 import pytest
 import torch
@@ -166,3 +168,54 @@ def test_a_drained_swap_waits_until_nothing_decodes(parts):
         stream.close()
     real = out.batch[RESPONSE_MASK].bool()
     assert set(out.batch[ROLLOUT_VERSIONS][real].tolist()) == {0}
+
+
+def drive(model, tokenizer, swap: str, ahead: int, delay_s: float) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The pipelined driver's calls on one stream: batch j submitted once version j - ahead exists and named with
+    it (the first ``ahead + 1`` together), batch j holding version j; new weights (each version scales the model)
+    after every take. ``delay_s``: the driver's pause before each call (an update's time), so that the decoder
+    reaches its swap points first; 0: the weights wait for the decoder. Each batch's responses and versions."""
+    model = copy.deepcopy(model)  # the weights it writes are its own
+    _, stream = stream_of(model, tokenizer, swap=swap)
+    batches, out = [prompts_of(tokenizer, TEXTS[i : i + 4]) for i in range(0, 16, 4)], []
+
+    def submit(j: int) -> None:
+        time.sleep(delay_s)
+        stream.submit(j, batches[j], seed=SEED + j, named=True, holds_version=j)
+
+    def new_weights(version: int, admit: list[int]) -> None:
+        time.sleep(delay_s)
+        with stream.paused(weights=True), torch.no_grad():
+            for p in model.parameters():
+                p.mul_(0.97)
+            stream.set_version(version, admit)
+
+    try:
+        for j in range(ahead + 1):
+            submit(j)
+        stream.admit(list(range(ahead + 1)))
+        for version in range(1, len(batches) + 1):
+            out.append(stream.take(version - 1, timeout_s=60))
+            due = [j for j in [version + ahead] if j < len(batches)]
+            for j in due:
+                submit(j)
+            new_weights(version, due)
+    finally:
+        stream.close()
+    return [(o.batch[RESPONSES], o.batch[ROLLOUT_VERSIONS]) for o in out]
+
+
+@pytest.mark.parametrize("swap, ahead", [("batch", 2), ("drained", 1)])
+def test_a_reproducible_swap_decodes_alike_however_the_calls_are_timed(parts, swap, ahead):
+    """With the ``batch`` swap (async, reproducible) or the ``drained`` one (one step off), named admission makes
+    the decoder's steps a function of the requests: a driver that waits 30 ms before every call and one that
+    waits for nothing get the same tokens from the same weight versions. The ``batch`` swap lets a sample in
+    flight continue under the next version (mixed versions: the fence is mid-batch, not only at drained points)."""
+    fast = drive(*parts, swap, ahead, 0.0)
+    slow = drive(*parts, swap, ahead, 0.03)
+    for (tokens, versions), (tokens_slow, versions_slow) in zip(fast, slow, strict=True):
+        assert torch.equal(tokens, tokens_slow) and torch.equal(versions, versions_slow)
+    versions = torch.cat([v for _, v in fast])
+    assert set(versions[versions >= 0].tolist()) == {0, 1, 2}  # the last batch enters with version 4 - 2
+    rows = [row[row >= 0] for _, v in fast for row in v]
+    assert any(len(set(row.tolist())) > 1 for row in rows) == (swap == "batch")

@@ -10,11 +10,21 @@ next batch's first tokens instead of in a nearly empty batch::
     thread:   [b1 b1 b1 b1 b1 b2 b2 b2] [b1 b2 b2 b2 b2 b2 b2 b3] ...   (slots over time)
                                             ^ v1 arrives between two steps: later tokens carry version 1
 
-New weights are written while the thread holds no step (:meth:`RolloutStream.paused`):
-in ``async`` mode between any two decode steps (a sample in flight continues
-under the new weights, each token stamped with the version whose forward
-sampled it: ``rollout_versions``); in ``one_step_off`` mode only once the
-decoder has run dry, so every sample comes from one version.
+New weights are written while the thread holds no step (:meth:`RolloutStream.paused`),
+at the stream's swap point (:data:`SWAP_POINTS`): in ``async`` mode between any
+two decode steps (a sample in flight continues under the new weights, each
+token stamped with the version whose forward sampled it: ``rollout_versions``),
+or, reproducibly, once the batch the trainer takes next has finished (``batch``);
+in ``one_step_off`` mode only once the decoder has run dry, so every sample
+comes from one version.
+
+The driver's batches are *named* requests: each waits until the driver names it
+for admission (:meth:`RolloutStream.admit`, or with the weights it must not
+predate: :meth:`RolloutStream.set_version`), and the requests named together
+enter the decoder together, before its next step, however their calls
+arrived. With the ``drained`` or ``batch`` swap the decoder's steps are then a
+function of the requests alone, not of when the calls and weights arrived: a
+run repeats bitwise where the model's arithmetic does.
 
 Each sample's randomness is its own (keyed by its request's seed, its prompt
 and sample index: ``workers/rollout/sampling.py``), so a request samples what
@@ -47,9 +57,10 @@ from hybridflow.workers.rollout.engine import BuiltinEngine, assemble_rollout
 
 __all__ = ["BuiltinDecoder", "RolloutStream", "StreamCall", "SWAP_POINTS"]
 
-SWAP_POINTS = ("step", "drained")
-"""When new weights may enter: between any two decode steps (``async``) or only when nothing decodes
-(``one_step_off``)."""
+SWAP_POINTS = ("step", "batch", "drained")
+"""When new weights may enter: between any two decode steps (``async``); once every request that holds the
+incoming version has finished, the decoder stopping there until they come (``async``, reproducible); only when
+nothing decodes (``one_step_off``)."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +82,9 @@ class _Request:
     seed: int
     n: int
     call: Any = None
+    named: bool = False  # admitted once named (a driver's batch), else on arrival (a generation call)
+    holds_version: int | None = None  # the ``batch`` swap to this version waits for this request to finish
+    admitted: bool = False  # in the decoder (one waiting to be named enters with a swap: it holds none before)
     submitted: float = field(default_factory=time.perf_counter)
     done: int = 0
     rows: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]] = field(default_factory=dict)
@@ -91,7 +105,8 @@ class RolloutStream:
         self.n, self.swap = n, swap
         self.decoder = decoder
         self.requests: dict[int, _Request] = {}
-        self.inbox: deque[int] = deque()
+        self.inbox: deque[int] = deque()  # arrived, not yet in the decoder
+        self.named: set[int] = set()  # named for admission, not yet in the decoder
         self.lock = threading.Lock()  # held by the thread for each step; paused() takes it
         self.pausers = 0  # paused() calls waiting: the thread lets them in before its next step
         self.wake = threading.Condition(threading.Lock())  # new requests, finished requests, stop
@@ -115,11 +130,24 @@ class RolloutStream:
         """The weight version the decoder samples with."""
         return self.decoder.version
 
-    def submit(self, request_id: int, prompts: DataProto, seed: int, *, n: int | None = None, call: Any = None) -> None:
+    def submit(
+        self,
+        request_id: int,
+        prompts: DataProto,
+        seed: int,
+        *,
+        n: int | None = None,
+        call: Any = None,
+        named: bool = False,
+        holds_version: int | None = None,
+    ) -> None:
         """Queue ``prompts`` (``input_ids``, ``attention_mask``, left-padded) under ``request_id``: ``n`` samples
-        each (the stream's by default) with the decoder's call options ``call`` (None: the training rollout's)."""
+        each (the stream's by default) with the decoder's call options ``call`` (None: the training rollout's).
+        ``named``: it waits for :meth:`admit` or :meth:`set_version` to name it; ``holds_version``: a ``batch``
+        swap to that version waits for it to finish."""
         with self.wake:
-            self.requests[request_id] = _Request(prompts, seed, self.n if n is None else n, call)
+            request = _Request(prompts, seed, self.n if n is None else n, call, named, holds_version)
+            self.requests[request_id] = request
             self.inbox.append(request_id)
             self.wake.notify_all()
 
@@ -150,34 +178,73 @@ class RolloutStream:
         return out
 
     @contextmanager
-    def paused(self) -> Iterator[None]:
-        """No decode step runs inside (``swap="drained"``: and no row is resident or submitted); write the weights
-        here."""
-        with self.wake:
-            self.pausers += 1
-        try:
-            while True:
-                self.lock.acquire()
-                if self.swap == "step" or not self._work_left() or self.error is not None or self.stopping:
+    def paused(self, weights: bool = False) -> Iterator[None]:
+        """No decode step runs inside; write new weights (``weights``) here, then :meth:`set_version`. Waits for the
+        swap point: ``drained``, until no row is resident or admissible (for any pause); ``batch``, for
+        weights, until every request holding the next version has finished (the decoder waits there)."""
+        may = lambda: self._may_pause(weights) or self.error is not None or self.stopping  # noqa: E731
+        while True:
+            with self.wake:
+                if not self.wake.wait_for(may, 0.05):
+                    continue
+                self.pausers += 1  # the thread lets it in before its next step
+            self.lock.acquire()
+            with self.wake:  # again, with no step under way (the decoder's state is read mid-step otherwise)
+                if may():
                     break
-                self.lock.release()
-                with self.wake:  # the thread notifies when a request finishes
-                    self.wake.wait(0.05)
-            try:
-                yield
-            finally:
-                self.lock.release()
+                self.pausers -= 1
+            self.lock.release()
+        try:
+            yield
         finally:
+            self.lock.release()
             with self.wake:
                 self.pausers -= 1
                 self.wake.notify_all()
 
-    def _work_left(self) -> bool:
-        return self.decoder.busy or bool(self.inbox)
+    def _may_pause(self, weights: bool) -> bool:
+        if self.swap == "drained":
+            return not self._work_left()
+        if self.swap == "batch" and weights:
+            holding = self._holding_next()
+            return all(r.done == len(r.prompts) * r.n for r in holding)
+        return True
 
-    def set_version(self, version: int) -> None:
-        """Tokens sampled from now on carry ``version`` (call inside :meth:`paused`, after writing the weights)."""
-        self.decoder.version = version
+    def _holding_next(self) -> list[_Request]:
+        """The requests in the decoder a ``batch`` swap to the next version waits for."""
+        return [r for r in self.requests.values() if r.admitted and r.holds_version == self.decoder.version + 1]
+
+    def _at_fence(self) -> bool:
+        """``batch``: the requests holding the next version have finished, so no step runs until it comes."""
+        if self.swap != "batch":
+            return False
+        with self.wake:
+            holding = self._holding_next()
+            return bool(holding) and all(r.done == len(r.prompts) * r.n for r in holding)
+
+    def _work_left(self) -> bool:
+        return self.decoder.busy or bool(self._admissible())
+
+    def _admissible(self) -> list[int]:
+        """Arrived requests that may enter the decoder now: the named ones in id order, then the others as they
+        came."""
+        named = sorted(i for i in self.inbox if i in self.named)
+        return named + [i for i in self.inbox if not self.requests[i].named]
+
+    def admit(self, request_ids: Iterator[int] | list[int]) -> None:
+        """Name requests for admission: they enter the decoder together before its next step (it waits for any
+        whose call has not arrived)."""
+        with self.wake:
+            self.named.update(request_ids)
+            self.wake.notify_all()
+
+    def set_version(self, version: int, admit: list[int] | tuple[int, ...] = ()) -> None:
+        """Tokens sampled from now on carry ``version``, and the requests ``admit`` names enter with it (call inside
+        :meth:`paused`, after writing the weights)."""
+        with self.wake:
+            self.decoder.version = version
+            self.named.update(admit)
+            self.wake.notify_all()
 
     def close(self) -> None:
         """Stop the thread (requests still in flight are dropped)."""
@@ -193,7 +260,11 @@ class RolloutStream:
                 while not self.stopping:
                     if not self._feed():
                         continue
-                    if self.pausers and self.swap == "step":  # let a weight swap in before this step
+                    if self._at_fence():  # reproducible: nothing decodes past it under the old weights
+                        with self.wake:
+                            self.wake.wait(0.05)
+                        continue
+                    if self.pausers:  # let a pause in before this step
                         with self.wake:
                             self.wake.wait_for(lambda: not self.pausers or self.stopping, 0.05)
                     with self.lock:
@@ -206,15 +277,21 @@ class RolloutStream:
                 self.wake.notify_all()
 
     def _feed(self) -> bool:
-        """Move submitted requests into the decoder; wait (counted as idle) while there is nothing to decode."""
+        """Move admissible requests into the decoder; wait (counted as idle) while there is nothing to decode or a
+        named request has not arrived (those named together enter together)."""
         with self.wake:
-            if not self.inbox and not self.decoder.busy:
+            missing = any(i not in self.requests for i in self.named)
+            admissible = [] if missing else self._admissible()
+            if missing or (not admissible and not self.decoder.busy):
                 start = time.perf_counter()
                 self.wake.wait(0.05)
                 self.idle_s += time.perf_counter() - start
                 return False
-            arrived = [self.inbox.popleft() for _ in range(len(self.inbox))]
-        for request_id in arrived:
+            for request_id in admissible:
+                self.inbox.remove(request_id)
+                self.named.discard(request_id)
+                self.requests[request_id].admitted = True
+        for request_id in admissible:
             request = self.requests[request_id]
             with self.lock:
                 batch = request.prompts.batch

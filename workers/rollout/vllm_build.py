@@ -316,9 +316,9 @@ def launcher_environment(device: str, tp_size: int = 1) -> Iterator[None]:
 
 
 def config_problems(config: Any) -> list[str]:
-    """What stops ``rollout.name=vllm`` with ``trainer.device``: when the workers run on this machine (no Ray
-    address), a vLLM build that cannot drive that device, a version the adapter does not support, a broken
-    torchvision beside the CPU build; anywhere, a model whose heads the CPU build's attention cannot run.
+    """What stops ``rollout.name=vllm``: with ``trainer.async_weight_swap=batch``; when the workers run on this
+    machine (no Ray address), a vLLM build that cannot drive that device, a version the adapter does not support,
+    a broken torchvision beside the CPU build; anywhere, a model whose heads the CPU build's attention cannot run.
     Package metadata only: vLLM is not imported."""
     model, trainer = config.actor_rollout_ref.model, config.trainer
     key = "actor_rollout_ref.rollout.name='vllm'"
@@ -329,6 +329,12 @@ def config_problems(config: Any) -> list[str]:
             broken = torchvision_problem()
             if broken:
                 problems.append(f"{key}: {broken}")
+    if trainer.rollout_mode == "async" and trainer.async_weight_swap == "batch":
+        problems.append(
+            f"{key} with trainer.async_weight_swap='batch': vLLM's stream steps every generation call beside the "
+            "training batches (validation too), and vLLM does not promise batch-invariant numbers, so the 'batch' "
+            "swap would stop those calls without making a run repeat: set trainer.async_weight_swap=step"
+        )
     path = str(model.path or "")
     if path and (path.startswith("builtin:") or os.path.isdir(path)):
         from hybridflow.workers.models import load_model_config  # noqa: PLC0415 - transformers: only for vllm

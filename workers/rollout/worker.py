@@ -31,6 +31,7 @@ from hybridflow.core.keys import (
     SEED,
     SEQUENCE_COLUMNS,
     STOP_TOKEN_IDS,
+    STREAM_HOLDS_VERSION,
     STREAM_REQUEST,
     WEIGHT_VERSION,
 )
@@ -42,8 +43,14 @@ from hybridflow.workers.rollout.base import EngineContext, build_engine, tokeniz
 from hybridflow.workers.rollout.sources import ReceivedWeights
 from hybridflow.workers.rollout.stream import RolloutStream, StreamCall
 
-SWAP_FOR_MODE = {"async": "step", "one_step_off": "drained"}
-"""When a stream lets new weights in, per pipelined ``trainer.rollout_mode`` (``workers/rollout/stream.py``)."""
+PIPELINED_MODES = ("async", "one_step_off")
+"""The ``trainer.rollout_mode`` values whose rollout runs a stream (``workers/rollout/stream.py``)."""
+
+
+def swap_point(trainer: Any) -> str:
+    """When the stream lets new weights in (:data:`~hybridflow.workers.rollout.stream.SWAP_POINTS`): once it has
+    run dry one step off, as ``trainer.async_weight_swap`` says in async mode."""
+    return "drained" if trainer.rollout_mode == "one_step_off" else trainer.async_weight_swap
 
 
 def sampling_for(config: PPOConfig, meta: dict[str, Any]) -> SamplingParams:
@@ -84,7 +91,7 @@ class RolloutWorker(Worker):
         """Build this rank's engine (no weights until the first transfer) and, for a pipelined
         ``trainer.rollout_mode``, the stream that steps it."""
         arr = self.config.actor_rollout_ref
-        pipelined = self.config.trainer.rollout_mode in SWAP_FOR_MODE
+        pipelined = self.config.trainer.rollout_mode in PIPELINED_MODES
         context = EngineContext(
             self.config,
             self.dims,
@@ -113,17 +120,18 @@ class RolloutWorker(Worker):
         self.transfer.read_manifest()
 
     @register(dispatch=ONE_TO_ALL, reads=())
-    def receive_weights(self) -> dict[str, float]:
+    def receive_weights(self, admit: list[int] | None = None) -> dict[str, float]:
         """Receive one transfer into the engine (with the trainer's ``send_weights``); its ``weight_sync/*``
-        metrics. Inside a running stream it waits for the stream's swap point (``stream.paused``)."""
+        metrics. Inside a running stream it waits for the stream's swap point (``stream.paused``), and the stream
+        requests ``admit`` names enter the decoder with the new weights."""
         bucket = int(self.config.actor_rollout_ref.rollout.reshard_bucket_mb * 2**20)
         try:
-            with torch.no_grad(), self._paused():
+            with torch.no_grad(), self._paused(weights=True):
                 source = ReceivedWeights(self.transfer.incoming(bucket))
                 self.engine.load_weights(source, requests_in_flight=self.stream is not None)
                 stats = source.stats()
                 if self.stream is not None:
-                    self.stream.set_version(stats.version)
+                    self.stream.set_version(stats.version, admit or ())
         except BaseException as err:  # fail closed: nothing generates on a partial sync
             self.broken_sync = f"{type(err).__name__}: {err}"
             if self.stream is not None:
@@ -160,23 +168,31 @@ class RolloutWorker(Worker):
 
     @register(dispatch=DP_COMPUTE_PROTO, reads=SEQUENCE_COLUMNS)
     def generate_stream(self, prompts: DataProto) -> DataProto:
-        """Submit ``prompts`` (``meta_info``: ``n``, ``seed``, ``request``: a unique id) to the stream and wait for
-        their rollout: the columns of :meth:`generate_sequences` plus ``rollout_versions`` (each token's weight
-        version, which the driver checks against its staleness bound)."""
+        """Submit ``prompts`` (``meta_info``: ``n``, ``seed``, ``request``: a unique id, ``holds_version``) to the
+        stream, where they wait to be named (:meth:`admit_requests`, or with the weights :meth:`receive_weights`
+        brings), and wait for their rollout: the columns of :meth:`generate_sequences` plus ``rollout_versions``
+        (each token's weight version, which the driver checks against its staleness bound)."""
         self._refuse_a_broken_sync()
         meta = prompts.meta_info
         if self.stream is None:
             raise RuntimeError(f"trainer.rollout_mode={self.config.trainer.rollout_mode!r} streams nothing")
-        self.stream.submit(int(meta[STREAM_REQUEST]), prompts, self._seed(meta))
-        return self.stream.take(int(meta[STREAM_REQUEST]))
+        request = int(meta[STREAM_REQUEST])
+        self.stream.submit(request, prompts, self._seed(meta), named=True, holds_version=meta.get(STREAM_HOLDS_VERSION))
+        return self.stream.take(request)
+
+    @register(dispatch=ONE_TO_ALL, reads=())
+    def admit_requests(self, requests: list[int]) -> None:
+        """Name stream requests for admission with the current weights: they enter the decoder together, before its
+        next step, however their ``generate_stream`` calls arrive."""
+        if self.stream is None:
+            raise RuntimeError(f"trainer.rollout_mode={self.config.trainer.rollout_mode!r} streams nothing")
+        self.stream.admit(requests)
 
     def _new_stream(self, n: int) -> RolloutStream:
         rows = self.dims.rows_per_step // self.dims.rollout.dp  # one step's rows on this rank
         # by default a slot for every row that may be in flight: this step's and those submitted ahead
         slots = self.config.actor_rollout_ref.rollout.max_num_seqs or rows * (1 + self.config.trainer.batches_ahead())
-        stream = self.engine.stream(
-            n, slots, sampling_for(self.config, {}), SWAP_FOR_MODE[self.config.trainer.rollout_mode]
-        )
+        stream = self.engine.stream(n, slots, sampling_for(self.config, {}), swap_point(self.config.trainer))
         stream.set_version(self.engine.weight_version)
         return stream
 
@@ -186,8 +202,8 @@ class RolloutWorker(Worker):
                 f"rollout rank {self.rank} generates nothing after a failed weight sync: {self.broken_sync}"
             )
 
-    def _paused(self) -> AbstractContextManager:
-        return self.stream.paused() if self.stream is not None else nullcontext()
+    def _paused(self, weights: bool = False) -> AbstractContextManager:
+        return self.stream.paused(weights) if self.stream is not None else nullcontext()
 
     def _seed(self, meta: dict[str, Any]) -> int:
         return call_seed(meta, self.dp_layout().dp_rank)
