@@ -52,6 +52,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -146,7 +147,7 @@ def run_hybridflow(args: argparse.Namespace, data: dict[str, str]) -> dict:
         f"data.train_batch_size={args.prompts}",
         "data.shuffle=false",  # file order, the order TRL reads with shuffle_dataset=False
         f"trainer.total_training_steps={args.steps}",
-        f"trainer.test_freq={args.steps}",  # validate before the first and after the last step only
+        f"trainer.test_freq={0 if args.no_val else args.steps}",  # before the first and after the last step only
         f"trainer.seed={args.seed}",
         "trainer.logger=[jsonl]",
         f"trainer.n_gpus_per_node={args.hybridflow_ranks}",
@@ -185,8 +186,8 @@ def run_hybridflow(args: argparse.Namespace, data: dict[str, str]) -> dict:
         ),
         "steps": len(steps),
         **step_stats(seconds, tokens, args.warmup),
-        "val_before": summary.val_before["val/accuracy"],
-        "val_after": summary.val_after["val/accuracy"],
+        "val_before": summary.val_before.get("val/accuracy"),
+        "val_after": summary.val_after.get("val/accuracy"),
         "train_score_last10": statistics.mean(r["score/mean"] for r in steps[-10:]),
         "wall_s": total,
         "stages_s": {
@@ -266,7 +267,7 @@ def run_trl(args: argparse.Namespace, data: dict[str, str]) -> dict:
     if [list(t) for t in ours] != [list(t) for t in theirs]:
         raise RuntimeError("TRL and hybridflow tokenize the prompts differently; the comparison would not be fair")
 
-    val_before = greedy_accuracy_hf(model, tokenizer, val_rows, args.response_length)
+    val_before = None if args.no_val else greedy_accuracy_hf(model, tokenizer, val_rows, args.response_length)
     dataset = Dataset.from_list(
         [
             {"prompt": r["prompt"], "ground_truth": r["reward_model"]["ground_truth"], "data_source": r["data_source"]}
@@ -361,8 +362,10 @@ def run_trl(args: argparse.Namespace, data: dict[str, str]) -> dict:
         if trainer.model.is_gradient_checkpointing:
             raise RuntimeError("TRL trained with activation checkpointing on; the comparison would not be fair")
     trained = trainer.model
-    val_after = greedy_accuracy_hf(trained, tokenizer, val_rows, args.response_length)
-    val_after_engine = greedy_accuracy_engine(trained, tokenizer, val_rows, args.response_length)
+    val_after = None if args.no_val else greedy_accuracy_hf(trained, tokenizer, val_rows, args.response_length)
+    val_after_engine = (
+        None if args.no_val else greedy_accuracy_engine(trained, tokenizer, val_rows, args.response_length)
+    )
     pairs = [a + b for a, b in zip(timer.seconds[0::2], timer.seconds[1::2])]
     return {
         "name": f"TRL {trl.__version__} GRPOTrainer",
@@ -460,12 +463,51 @@ def child(args: argparse.Namespace) -> None:
         BATON.give()
 
 
-def run_children(commands: dict[str, list[str]], env: dict[str, dict[str, str]], sequential: bool) -> None:
+class PeakMemory:
+    """The largest resident memory of each child with all its descendants (hybridflow's Ray processes: its
+    raylet, GCS and rank workers), sampled every ``every_s`` seconds in a thread; GiB."""
+
+    def __init__(self, every_s: float = 0.5) -> None:
+        import threading
+
+        self.procs: dict[str, Any] = {}
+        self.peak_gb: dict[str, float] = {}
+        self.every_s, self.stop = every_s, threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def watch(self, name: str, pid: int) -> None:
+        import psutil
+
+        self.procs[name] = psutil.Process(pid)
+        self.peak_gb.setdefault(name, 0.0)
+        if not self.thread.is_alive():
+            self.thread.start()
+
+    def _run(self) -> None:
+        import psutil
+
+        while not self.stop.wait(self.every_s):
+            for name, proc in list(self.procs.items()):
+                try:
+                    tree = [proc, *proc.children(recursive=True)]
+                    rss = sum(p.memory_info().rss for p in tree if p.is_running())
+                except psutil.Error:
+                    continue
+                self.peak_gb[name] = max(self.peak_gb[name], rss / 2**30)
+
+
+def run_children(
+    commands: dict[str, list[str]], env: dict[str, dict[str, str]], sequential: bool, memory: PeakMemory | None = None
+) -> None:
     """Run the two children (hybridflow first), one after the other or side by side in turns (``Baton``);
-    a child that fails stops the other."""
+    a child that fails stops the other. ``memory``: their peak resident memory, recorded there."""
+    memory = memory or PeakMemory()
     if sequential:
         for name, cmd in commands.items():
-            subprocess.run(cmd, env=env[name], check=True)
+            proc = subprocess.Popen(cmd, env=env[name])
+            memory.watch(name, proc.pid)
+            if proc.wait():
+                raise subprocess.CalledProcessError(proc.returncode, cmd)
         return
     to_trl, to_hybridflow = os.pipe(), os.pipe()
     ends = {"hybridflow": (to_hybridflow[0], to_trl[1]), "trl": (to_trl[0], to_hybridflow[1])}
@@ -473,6 +515,8 @@ def run_children(commands: dict[str, list[str]], env: dict[str, dict[str, str]],
         name: subprocess.Popen([*cmd, "--baton", "%d,%d" % ends[name]], env=env[name], pass_fds=ends[name])
         for name, cmd in commands.items()
     }
+    for name, proc in procs.items():
+        memory.watch(name, proc.pid)
     os.write(to_hybridflow[1], b".")  # hybridflow holds the baton first
     for fd in (*to_trl, *to_hybridflow):
         os.close(fd)
@@ -518,6 +562,10 @@ def main() -> None:
         help="rows per forward/backward on a rank (64: a whole mini-batch, as TRL's)",
     )
     parser.add_argument("--out", help="also write the Markdown block to this file")
+    parser.add_argument("--results-json", help="also write each seed's two results (and peak memory) as JSON here")
+    parser.add_argument(
+        "--no-val", action="store_true", help="no validation (time per step only: bench/bench_scaling.py)"
+    )
     parser.add_argument(
         "--sequential",
         action="store_true",
@@ -562,13 +610,31 @@ def main() -> None:
                     str(Path(tmp) / f"{name}.json"),
                 ]
             print(f"running hybridflow and TRL, seed {seed} ...", flush=True)
-            run_children(commands, env, args.sequential)
-            results = [json.loads((Path(tmp) / f"{name}.json").read_text()) for name in commands]
+            memory = PeakMemory()
+            run_children(commands, env, args.sequential, memory)
+            memory.stop.set()
+            results = [
+                {**json.loads((Path(tmp) / f"{name}.json").read_text()), "peak_rss_gb": memory.peak_gb[name]}
+                for name in commands
+            ]
             runs.append((seed, *results))
             print(
                 f"seed {seed}: TRL / hybridflow s/step = {results[1]['step_s'] / results[0]['step_s']:.2f}", flush=True
             )
     args.argv = argv
+    if args.results_json:
+        Path(args.results_json).write_text(
+            json.dumps(
+                {
+                    "load_before": load,
+                    "params_m": params_m,
+                    "versions": versions(),
+                    "runs": [{"seed": s, "hybridflow": hf, "trl": trl} for s, hf, trl in runs],
+                }
+            )
+        )
+    if args.no_val:
+        return
     table = format_table(args, runs, load, params_m)
     print("\n" + table)
     if args.out:

@@ -112,6 +112,16 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
     "small-qwen2": BuiltinModel(
         "qwen2", 256, 4, 4, 2, 768, max_position_embeddings=1024, description="~3M params: rollout benchmarks"
     ),
+    "qwen2-25m-shape": BuiltinModel(
+        "qwen2",
+        512,
+        8,
+        8,
+        2,
+        1536,
+        max_position_embeddings=1024,
+        description="~25M params, Qwen2-shaped with random weights: the scaling grid (bench/bench_scaling.py)",
+    ),
     "qwen2-100m-shape": BuiltinModel(
         "qwen2",
         768,

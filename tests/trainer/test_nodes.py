@@ -47,48 +47,56 @@ for _ in range(2):
 cluster.wait_for_nodes()
 ray.init(address=cluster.address)
 tmp = pathlib.Path({tmp!r})
-overrides = json.loads({overrides!r})
-build_and_fit(small_config(tmp, **overrides), tmp / "run")
-groups = placement_group_table().values()  # the run's, removed when it ended, with where they were
-print("NODES", json.dumps({{pool: sorted(n for g in groups if g["name"].startswith(pool + "_")
-    for n in g["bundles_to_node_id"].values()) for pool in ("hybridflow", "hybridflow-rollout")}}))
+nodes = {{}}
+for mode, overrides in json.loads({runs!r}).items():  # one run after the other on the same cluster
+    seen = set(placement_group_table())
+    build_and_fit(small_config(tmp / mode, **overrides), tmp / mode / "run")
+    groups = [g for pg, g in placement_group_table().items() if pg not in seen]  # this run's, now removed
+    nodes[mode] = {{pool: sorted(n for g in groups if g["name"].startswith(pool + "_")
+        for n in g["bundles_to_node_id"].values()) for pool in ("hybridflow", "hybridflow-rollout")}}
+print("NODES", json.dumps(nodes))
 ray.shutdown()
 cluster.shutdown()
 """
 
 
-def across_nodes(tmp_path, overrides: dict) -> dict[str, list[str]]:
-    """Run ``overrides`` on a three-node cluster in a process of its own; the nodes of its ranks."""
+def across_nodes(tmp_path, runs: dict[str, dict]) -> dict[str, dict[str, list[str]]]:
+    """Run each of ``runs`` (name: overrides) in turn on one three-node cluster, in a process of its own; the nodes
+    of each run's ranks."""
     script = ACROSS_NODES.format(
-        tests=str(__import__("pathlib").Path(__file__).parents[1]), tmp=str(tmp_path), overrides=json.dumps(overrides)
+        tests=str(__import__("pathlib").Path(__file__).parents[1]), tmp=str(tmp_path), runs=json.dumps(runs)
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
     return json.loads(out.stdout.split("NODES", 1)[1].splitlines()[0])
 
 
-@pytest.mark.parametrize("mode", list(MODES))
-def test_split_across_three_nodes_trains_as_on_one_node(ray_session, tmp_path, mode):
-    nodes = across_nodes(tmp_path / "nodes", {**SPLIT, **MODES[mode], "trainer.nnodes": 2})
-    assert len(set(nodes["hybridflow"])) == 2 and len(nodes["hybridflow-rollout"]) == 1  # a training rank a node
-    assert nodes["hybridflow-rollout"][0] not in nodes["hybridflow"]  # ... and the rollout on the third
-    build_and_fit(
-        small_config(tmp_path / "one", **SPLIT, **MODES[mode], **{"trainer.n_gpus_per_node": 2}),
-        tmp_path / "one" / "run",
-    )
-    many, one = tmp_path / "nodes" / "run", tmp_path / "one" / "run"
-    assert [m["step"] for m in read_metrics(many)] == [1, 2, 3]
-    assert all(m["weight_sync/bytes"] > 0 for m in read_metrics(many))
+def test_split_across_three_nodes_trains_as_on_one_node_in_every_mode(ray_session, tmp_path):
+    """One cluster for the four modes, one run after the other (a cluster's start is much of a short run's time)."""
+    placed = across_nodes(tmp_path / "nodes", {mode: {**SPLIT, **MODES[mode], "trainer.nnodes": 2} for mode in MODES})
+    for mode in MODES:
+        one = tmp_path / "one" / mode
+        build_and_fit(small_config(one, **SPLIT, **MODES[mode], **{"trainer.n_gpus_per_node": 2}), one / "run")
+        check_mode(mode, placed[mode], tmp_path / "nodes" / mode / "run", one / "run")
+
+
+def check_mode(mode: str, nodes: dict[str, list[str]], many, one) -> None:
+    """The run across nodes (``many``) placed a training rank a node and the rollout on the third, and trained as
+    the same layout on one node (``one``)."""
+    assert len(set(nodes["hybridflow"])) == 2 and len(nodes["hybridflow-rollout"]) == 1, (mode, nodes)
+    assert nodes["hybridflow-rollout"][0] not in nodes["hybridflow"], (mode, nodes)
+    assert [m["step"] for m in read_metrics(many)] == [1, 2, 3], mode
+    assert all(m["weight_sync/bytes"] > 0 for m in read_metrics(many)), mode
     trail = read_trail(many)
-    assert trail == read_trail(one)  # the same prompts, each step, from the same weight versions
+    assert trail == read_trail(one), mode  # the same prompts, each step, from the same weight versions
     ahead = {"sync": 0}.get(mode, MODES[mode].get("trainer.max_staleness", 1))
     assert all(
         r["step"] - 1 - ahead <= r["weight_version"][0] <= r["weight_version"][1] <= r["step"] - 1 for r in trail
-    )
-    assert any(r["weight_version"][0] < r["step"] - 1 for r in trail) == (mode != "sync")  # off-policy samples
+    ), mode
+    assert any(r["weight_version"][0] < r["step"] - 1 for r in trail) == (mode != "sync"), mode  # off-policy samples
     theirs, ours = load_file(one / "hf_model" / "model.safetensors"), load_file(many / "hf_model" / "model.safetensors")
-    assert theirs.keys() == ours.keys()
-    assert all(theirs[name].equal(ours[name]) for name in theirs), "the final weights differ from one node's"
+    assert theirs.keys() == ours.keys(), mode
+    assert all(theirs[name].equal(ours[name]) for name in theirs), f"{mode}: the final weights differ from one node's"
 
 
 UNSEEN_DIRECTORY = """
