@@ -43,22 +43,24 @@ class Point:
     seed: int
     steps: int
     warmup: int
+    ignore_eos: bool = False
 
     @property
     def key(self) -> str:
-        return f"{self.model}:{self.response_length}:{self.seed}"
+        return f"{self.model}:{self.response_length}:{self.seed}" + (":fixed" if self.ignore_eos else "")
 
 
-def grid() -> list[Point]:
+def grid(ignore_eos: bool = False) -> list[Point]:
     """The issue's grid: responses up to 32, 128 and 512 tokens on the ~3M and ~25M models, the ~95M model at 128;
-    3 seeds at 128 tokens, 1 elsewhere. Fewer timed steps where a step is long, so no point runs ~10 minutes."""
+    3 seeds at 128 tokens, 1 elsewhere. Fewer timed steps where a step is long, so no point runs ~10 minutes.
+    ``ignore_eos``: every response runs to its length (equal work by design; keys end in ``:fixed``)."""
     points = []
     for model, lengths in (("small-qwen2", (32, 128, 512)), ("qwen2-25m-shape", (32, 128, 512))):
         for length in lengths:
             seeds = (0, 1, 2) if length == 128 else (0,)
             long = length == 512 or model != "small-qwen2"
-            points += [Point(model, length, seed, 5 if long else 8, 2) for seed in seeds]
-    points += [Point("qwen2-100m-shape", 128, seed, 4, 1) for seed in (0, 1, 2)]
+            points += [Point(model, length, seed, 5 if long else 8, 2, ignore_eos) for seed in seeds]
+    points += [Point("qwen2-100m-shape", 128, seed, 4, 1, ignore_eos) for seed in (0, 1, 2)]
     return points
 
 
@@ -84,6 +86,7 @@ def measure(point: Point, python: str) -> dict:
             f"--warmup={point.warmup}",
             "--no-val",
             f"--results-json={out}",
+            *(["--ignore-eos"] if point.ignore_eos else []),
         ]
         start = time.time()
         subprocess.run(command, check=True)
@@ -118,13 +121,16 @@ def report(records: list[dict]) -> str:
         "| hybridflow / TRL per step | per generated token | peak RSS GiB (hf, TRL) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    groups: dict[tuple[str, int], list[dict]] = {}
+    groups: dict[tuple[str, int, bool], list[dict]] = {}
     for record in records:
-        groups.setdefault((record["model"], record["response_length"]), []).append(record)
-    for (model, length), rows in sorted(groups.items(), key=lambda kv: (kv[1][0]["params_m"], kv[0][1])):
+        fixed = record.get("ignore_eos", False)
+        groups.setdefault((record["model"], record["response_length"], fixed), []).append(record)
+    for (model, length, fixed), rows in sorted(
+        groups.items(), key=lambda kv: (kv[0][2], kv[1][0]["params_m"], kv[0][1])
+    ):
         mean = lambda f: statistics.mean(f(r) for r in rows)  # noqa: E731
         lines.append(
-            f"| {model} ({rows[0]['params_m']}M) | {length} | {len(rows)} "
+            f"| {model} ({rows[0]['params_m']}M) | {'exactly' if fixed else 'up to'} {length} | {len(rows)} "
             f"| {mean(lambda r: r['hybridflow']['step_s']):.2f} | {mean(lambda r: r['trl']['step_s']):.2f} "
             f"| {mean(lambda r: r['hybridflow']['gen_tokens_per_step']):.0f}, "
             f"{mean(lambda r: r['trl']['gen_tokens_per_step']):.0f} "
@@ -141,8 +147,11 @@ def main() -> None:
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--list", action="store_true", help="print the grid and what is done, run nothing")
     parser.add_argument("--report", action="store_true", help="print the Markdown table of the results")
+    parser.add_argument(
+        "--ignore-eos", action="store_true", help="the grid with every response run to its length (equal work)"
+    )
     args = parser.parse_args()
-    points = grid()
+    points = grid(args.ignore_eos)
     if args.points:
         wanted = set(args.points.split(","))
         unknown = wanted - {p.key for p in points}

@@ -140,6 +140,7 @@ def run_hybridflow(args: argparse.Namespace, data: dict[str, str]) -> dict:
         f"actor_rollout_ref.rollout.n={args.n}",
         f"actor_rollout_ref.rollout.response_length={args.response_length}",
         "actor_rollout_ref.rollout.temperature=1.0",
+        f"actor_rollout_ref.rollout.ignore_eos={str(args.ignore_eos).lower()}",
         "algorithm.adv_estimator=grpo",
         "algorithm.use_kl_in_reward=false",
         f"data.train_files=[{data['train']}]",
@@ -335,6 +336,8 @@ def run_trl(args: argparse.Namespace, data: dict[str, str]) -> dict:
             disable_tqdm=True,
             seed=args.seed,
             dataloader_num_workers=0,
+            # every response runs to its length, as hybridflow's rollout.ignore_eos (EOS suppressed until then)
+            generation_kwargs={"min_new_tokens": args.response_length} if args.ignore_eos else None,
         )
         timer = StepTimer()
         trainer = GRPOTrainer(
@@ -565,6 +568,9 @@ def main() -> None:
     parser.add_argument("--results-json", help="also write each seed's two results (and peak memory) as JSON here")
     parser.add_argument(
         "--no-val", action="store_true", help="no validation (time per step only: bench/bench_scaling.py)"
+    )
+    parser.add_argument(
+        "--ignore-eos", action="store_true", help="every response runs to --response-length: equal work by design"
     )
     parser.add_argument(
         "--sequential",

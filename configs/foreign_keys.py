@@ -392,7 +392,6 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
         exact=True,
     ),
     _v(f"{R}.update_weights_bucket_megabytes", R + ".reshard_bucket_mb={value}", example="64", exact=True),
-    _v(f"{R}.ignore_eos", missing="generation stops at EOS"),
     _v(
         f"{R}.load_format",
         ignored="the rollout receives the actor's weights in memory before it first generates; "

@@ -331,6 +331,9 @@ class RolloutConfig:
     """Keep the k most likely tokens (0 disables)."""
     response_length: int = 8
     """Maximum new tokens per response."""
+    ignore_eos: bool = False
+    """Sampled responses run to ``response_length`` whatever they sample (an EOS is kept as an ordinary token):
+    equal work per response, for throughput measurements (veRL's key). Greedy validation still stops at EOS."""
     log_prob_use_dynamic_bsz: Optional[bool] = None
     """Token-budget micro-batches (as ``actor.use_dynamic_bsz``) for the no-grad log-prob passes: the actor's
     ``old_log_probs`` and the reference's ``ref_log_probs``. None: ``actor.use_dynamic_bsz``. Off, they take

@@ -146,7 +146,11 @@ def engine_rank(rank, world, port, model_dir, out_dir, tp):
             result[f"{tag}_same_seed_same_tokens"] = bool(
                 torch.equal(again.batch["responses"], sampled.batch["responses"])
             )
-            if version == 1:
+            if version == 1:  # rollout.ignore_eos: every sampled response runs to its length, EOS inside or not
+                running = SamplingParams(max_new_tokens=MAX_NEW, ignore_eos=True)
+                ran = engine.generate(batch, n=2, sampling=running, seed=5).batch["response_mask"].sum(-1)
+                result["ignore_eos_lengths"] = sorted(set(ran.tolist()))
+                result["lengths"] = sorted(set(sampled.batch["response_mask"].sum(-1).tolist()))
                 # vLLM's CPU build has no sleep mode: sleep and wake are no-ops that keep the weights in place
                 engine.sleep()
                 result["awake_after_sleep"] = sorted(engine.awake)

@@ -295,3 +295,24 @@ def test_a_kv_cache_bound_decodes_in_chunks_with_the_same_greedy_outputs(qwen):
         assert torch.equal(chunked.batch[key], whole.batch[key]), key
     # smaller batches, other kernels: the same log-probs up to float noise
     torch.testing.assert_close(chunked.batch["rollout_log_probs"], whole.batch["rollout_log_probs"], rtol=0, atol=1e-5)
+
+
+def test_ignore_eos_samples_every_response_to_its_length_and_greedy_still_stops(qwen):
+    """``ignore_eos`` (veRL's key): equal work per response. The same seed samples the same tokens up to each
+    row's first EOS (a sample's randomness is keyed by row and position), then goes on past it."""
+    model, tokenizer = qwen
+    engine = BuiltinEngine(model, tokenizer)
+    prompts, eos = _prompts(tokenizer), tokenizer.eos_token_id
+    stopping = engine.generate(prompts, n=4, sampling=SamplingParams(max_new_tokens=12), seed=5)
+    running = engine.generate(prompts, n=4, sampling=SamplingParams(max_new_tokens=12, ignore_eos=True), seed=5)
+    lengths = _lengths(stopping)
+    assert lengths.min() < 12  # some rows did sample EOS early
+    assert (_lengths(running) == 12).all() and running.batch[RESPONSE_MASK].bool().all()
+    for row, length in enumerate(lengths.tolist()):  # the stopped rows are prefixes of the running ones
+        assert torch.equal(running.batch[RESPONSES][row, :length], stopping.batch[RESPONSES][row, :length])
+    assert (running.batch[RESPONSES] == eos).any()  # an EOS sampled inside a response, kept as a token
+    greedy = SamplingParams(max_new_tokens=12, ignore_eos=True)
+    assert torch.equal(
+        engine.generate(prompts, sampling=greedy, greedy=True).batch[RESPONSES],
+        engine.generate(prompts, sampling=SamplingParams(max_new_tokens=12), greedy=True).batch[RESPONSES],
+    )

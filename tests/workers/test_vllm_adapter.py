@@ -287,12 +287,16 @@ def test_vllm_sampling_kwargs():
         "top_p": 0.9,
         "top_k": 0,
         "seed": 123,
+        "ignore_eos": False,
         "max_tokens": 12,
         "logprobs": 0,
         "detokenize": False,
         "stop_token_ids": [2, 7],
     }
     assert vllm_sampling_kwargs(SamplingParams(top_k=5), 2, False, None)["top_k"] == 5
+    running = SamplingParams(max_new_tokens=12, ignore_eos=True)  # vLLM's own stop at the model's EOS off
+    assert vllm_sampling_kwargs(running, 2, False, None, running.stop_ids([2], [7]))["ignore_eos"] is True
+    assert running.stop_ids([2], [7]) == (7,) and running.stop_ids([2], [7], greedy=True) == (2, 7)
     assert vllm_sampling_kwargs(sampling, 4, True, 123) == {
         "n": 1,
         "temperature": 0.0,

@@ -17,7 +17,7 @@ import os
 import pytest
 import torch.multiprocessing as mp
 from support import local_qwen2_checkpoint
-from vllm_cpu_ranks import engine_rank
+from vllm_cpu_ranks import MAX_NEW, engine_rank
 
 from hybridflow.core.worker import free_ports
 from hybridflow.workers.rollout.vllm_build import installed_build
@@ -64,6 +64,7 @@ def test_push_then_greedy_equals_the_hf_model_twice_in_a_row_with_log_probs_with
         assert result[f"{version}_sync"]["weight_sync/bytes"] > 0
     # the two models decode differently, so the second push is seen (a stale engine would fail above)
     assert sum(a != b for a, b in zip(result["v1_reference"], result["v2_reference"])) >= 6
+    assert result["ignore_eos_lengths"] == [MAX_NEW] and result["lengths"] != [MAX_NEW]  # some stopped at EOS
     # the build kept this process's torch threads and its set_num_threads (vLLM's CPU worker patches it away)
     assert result["threads_after_build"] == 2 and result["threads_settable"]
 

@@ -179,7 +179,7 @@ class BuiltinEngine:
         positions = positions_from_mask(attention_mask) if positions is None else positions.to(device)
         if seed is None:
             seed = int(torch.randint(0, 2**62, ()))
-        stops = tuple(dict.fromkeys((*self.eos_token_ids, *(int(t) for t in stop_token_ids))))
+        stops = sampling.stop_ids(self.eos_token_ids, stop_token_ids, greedy=greedy)
         # Greedy samples of one prompt are identical: decode each prompt once.
         expand = 1 if greedy else n
         keys = sample_keys(seed, input_ids.shape[0] * expand, device)

@@ -347,7 +347,7 @@ class BuiltinDecoder(SlotDecoder):
     request seeded ``seed`` keys prompt ``i``'s sample ``j`` ``seed + i*n + j``, as a call of its own would."""
 
     def __init__(self, engine: BuiltinEngine, slots: int, n: int, sampling: SamplingParams) -> None:
-        super().__init__(engine, slots, n, sampling, False, engine.eos_token_ids)
+        super().__init__(engine, slots, n, sampling, False, sampling.stop_ids(engine.eos_token_ids))
 
     def add(
         self,

@@ -226,6 +226,7 @@ def vllm_sampling_kwargs(
         "top_p": sampling.top_p,
         "top_k": max(sampling.top_k, 0),
         "seed": seed,
+        "ignore_eos": sampling.ignore_eos,  # vLLM's own stop at the model's EOS, off too
         **common,
     }
 
@@ -521,7 +522,7 @@ class VLLMRolloutEngine:
     ) -> list[Any]:
         """vLLM ``SamplingParams`` for ``rows`` prompts: prompt ``i`` seeded ``seed + i*n``, stopping at EOS."""
         params_cls = self._vllm_types()[0]
-        stops = tuple(dict.fromkeys((*self.eos_token_ids, *(int(t) for t in stop_token_ids))))
+        stops = sampling.stop_ids(self.eos_token_ids, stop_token_ids, greedy=greedy)
         return [
             params_cls(**vllm_sampling_kwargs(sampling, n, greedy, None if seed is None else seed + i * n, stops))
             for i in range(rows)

@@ -59,7 +59,11 @@ def sampling_for(config: PPOConfig, meta: dict[str, Any]) -> SamplingParams:
     rollout = config.actor_rollout_ref.rollout
     steps = min(int(meta.get(MAX_NEW_TOKENS, rollout.response_length)), rollout.response_length)
     return SamplingParams(
-        temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k, max_new_tokens=steps
+        temperature=rollout.temperature,
+        top_p=rollout.top_p,
+        top_k=rollout.top_k,
+        max_new_tokens=steps,
+        ignore_eos=rollout.ignore_eos,
     )
 
 
