@@ -58,9 +58,11 @@ FAMILIES = {
 }
 
 
-def rollout(engine: BuiltinEngine, prompts, n: int, length: int, seed: int):
-    """One generation; the batch the actor trains on (GRPO-shaped advantages: the row's z-score in its group)."""
-    batch = engine.generate(prompts, n=n, seed=seed, sampling=SamplingParams(max_new_tokens=length))
+def rollout(engine: BuiltinEngine, prompts, n: int, length: int, seed: int, ignore_eos: bool = False):
+    """One generation; the batch the actor trains on (GRPO-shaped advantages: the row's z-score in its group).
+    ``ignore_eos``: every response ``length`` tokens."""
+    sampling = SamplingParams(max_new_tokens=length, ignore_eos=ignore_eos)
+    batch = engine.generate(prompts, n=n, seed=seed, sampling=sampling)
     batch.batch[OLD_LOG_PROBS] = batch.batch[ROLLOUT_LOG_PROBS]
     scores = torch.randn(len(batch), generator=torch.Generator().manual_seed(seed)).view(-1, n)
     z = ((scores - scores.mean(1, keepdim=True)) / scores.std(1, keepdim=True)).view(-1, 1)
@@ -114,18 +116,19 @@ def job_parser(description: str) -> argparse.ArgumentParser:
 def main() -> None:
     parser = job_parser(__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--ignore-eos", action="store_true", help="every response --response-length tokens")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model_and_tokenizer("builtin:small-qwen2", seed=0)
     engine = BuiltinEngine(model, tokenizer, EngineConfig())
     prompts = build_prompts(tokenizer, args.prompts)
     rows = args.prompts * args.n // 2
-    batch = rollout(engine, prompts, args.n, args.response_length, seed=0)
+    batch = rollout(engine, prompts, args.n, args.response_length, seed=0, ignore_eos=args.ignore_eos)
     actors = {name: actor_for(model, *flags, rows) for name, flags in LAYOUTS.items()}
     gen_s, update_s = [], {name: [] for name in LAYOUTS}
     for repeat in range(args.repeats + 1):  # the first round warms up
         start = time.perf_counter()
-        rollout(engine, prompts, args.n, args.response_length, seed=repeat)
+        rollout(engine, prompts, args.n, args.response_length, seed=repeat, ignore_eos=args.ignore_eos)
         gen_s.append(time.perf_counter() - start)
         for name, actor in actors.items():
             start = time.perf_counter()
@@ -139,7 +142,8 @@ def main() -> None:
     generated = int(batch.batch[RESPONSE_MASK].sum())
     print(
         f"\nCommand: `python bench/bench_update_profile.py --response-length {args.response_length} "
-        f"--prompts {args.prompts} --n {args.n} --threads {args.threads} --repeats {args.repeats}`"
+        f"--prompts {args.prompts} --n {args.n} --threads {args.threads} --repeats {args.repeats}"
+        + (" --ignore-eos`" if args.ignore_eos else "`")
     )
     print(f"Machine: {platform.machine()}, {torch.get_num_threads()} torch threads; torch {torch.__version__}\n")
     print(

@@ -154,6 +154,7 @@ def run_hybridflow(args: argparse.Namespace, data: dict[str, str]) -> dict:
         f"trainer.n_gpus_per_node={args.hybridflow_ranks}",
         f"trainer.cpu_threads_per_rank={args.hybridflow_threads}",
     ]
+    overrides += args.hybridflow_override
     if args.hybridflow_micro_batch:
         overrides.append(f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={args.hybridflow_micro_batch}")
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
@@ -563,6 +564,9 @@ def main() -> None:
         type=int,
         default=64,
         help="rows per forward/backward on a rank (64: a whole mini-batch, as TRL's)",
+    )
+    parser.add_argument(
+        "--hybridflow-override", action="append", default=[], help="one more Hydra override for hybridflow (repeat)"
     )
     parser.add_argument("--out", help="also write the Markdown block to this file")
     parser.add_argument("--results-json", help="also write each seed's two results (and peak memory) as JSON here")
