@@ -52,7 +52,7 @@ run: install
 # The package's own modules compiled once (as the installed packages are): these machines set PYTHONDONTWRITEBYTECODE,
 # so without it every process of the suite (each Ray worker, each command a test runs) compiled them again, ~0.3 s
 # of ~5.5 s per import of the trainer. Incremental; a stale file is recompiled in memory, never used.
-COMPILE_OWN := $(PY) -m compileall -q -j 0 -x '/(\.venv|\.git|site|outputs|multirun)/' .
+COMPILE_OWN := $(PY) -m compileall -q -j 0 -x '/(\.venv[^/]*|\.git|site|outputs|multirun)/' .
 
 test: install
 	@$(COMPILE_OWN) > /dev/null
