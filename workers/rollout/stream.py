@@ -206,21 +206,23 @@ class RolloutStream:
         if self.swap == "drained":
             return not self._work_left()
         if self.swap == "batch" and weights:
-            holding = self._holding_next()
-            return all(r.done == len(r.prompts) * r.n for r in holding)
+            return self._next_version_free()
         return True
 
     def _holding_next(self) -> list[_Request]:
         """The requests in the decoder a ``batch`` swap to the next version waits for."""
         return [r for r in self.requests.values() if r.admitted and r.holds_version == self.decoder.version + 1]
 
+    def _next_version_free(self) -> bool:
+        """Every request in the decoder that holds the next version has finished (vacuously, where none does)."""
+        return all(r.done == len(r.prompts) * r.n for r in self._holding_next())
+
     def _at_fence(self) -> bool:
         """``batch``: the requests holding the next version have finished, so no step runs until it comes."""
         if self.swap != "batch":
             return False
         with self.wake:
-            holding = self._holding_next()
-            return bool(holding) and all(r.done == len(r.prompts) * r.n for r in holding)
+            return bool(self._holding_next()) and self._next_version_free()
 
     def _work_left(self) -> bool:
         return self.decoder.busy or bool(self._admissible())
