@@ -18,6 +18,7 @@ import datetime
 import itertools
 import logging
 import os
+import random
 import socket
 import time
 import warnings
@@ -271,12 +272,30 @@ class HostInfo:
     pid: int
 
 
+LISTEN_PORTS = range(20_000, 32_000)
+"""Where :func:`free_ports` looks: below Linux's ephemeral range (32768-60999), from which every outgoing
+connection takes its local port, so a port picked here and bound a moment later is not taken meanwhile by one
+(the kernel's ``bind(0)`` picked from that range, and a rank's store once lost its port so: EADDRINUSE)."""
+
+
 def free_ports(count: int) -> list[int]:
-    """``count`` distinct TCP ports free on this machine right now (all bound at once, then released)."""
-    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    """``count`` distinct TCP ports free on this machine right now (all bound at once, then released), drawn at
+    random from :data:`LISTEN_PORTS`."""
+    sockets: list[socket.socket] = []
+    draw = random.SystemRandom()
     try:
-        for s in sockets:
-            s.bind(("", 0))
+        for _ in range(count + 1000):  # a port in use (or drawn twice) does not bind: draw again
+            if len(sockets) == count:
+                break
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                s.bind(("", draw.choice(LISTEN_PORTS)))
+            except OSError:
+                s.close()
+                continue
+            sockets.append(s)
+        if len(sockets) < count:
+            raise OSError(f"fewer than {count} free TCP ports in {LISTEN_PORTS.start}-{LISTEN_PORTS.stop - 1}")
         return [int(s.getsockname()[1]) for s in sockets]
     finally:
         for s in sockets:
