@@ -106,12 +106,9 @@ STOP_TOKEN_IDS = "stop_token_ids"
 """list[int], optional: token ids that end a response besides EOS. Written by ``GenerationBatcher``; read by
 ``generate_sequences``."""
 STREAM_REQUEST = "request"
-"""int: the id of one pipelined rollout request (its rollout batch index). Written by ``PipelinedRollout``; read by
-``RolloutWorker.generate_stream``; leaves the rollout batch with :data:`SEED`."""
-STREAM_HOLDS_VERSION = "holds_version"
-"""int: the weight version whose ``batch`` swap waits for this pipelined request to finish (the version the trainer
-holds when it takes the batch). Written by ``PipelinedRollout``; read by ``RolloutWorker.generate_stream``; leaves
-the rollout batch with :data:`SEED`."""
+"""int: the id of one pipelined rollout request (its rollout batch index, which is also the weight version the trainer
+holds when it takes the batch: a ``batch`` swap to that version waits for it). Written by ``PipelinedRollout``; read
+by ``RolloutWorker.generate_stream``; leaves the rollout batch with :data:`SEED`."""
 WEIGHT_VERSION = "weight_version"
 """int: the policy's weight version the rollout sampled with (the actor's count of updates). Written on the
 rollout's output by ``generate_sequences`` (actor and rollout workers), ``AgentRunner.run`` (the oldest of its

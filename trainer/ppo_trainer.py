@@ -236,7 +236,7 @@ class PPOTrainer:
             ckpt.check_shared(self.checkpoint_root, self.actor.probe_checkpoint_dir, "trainer.default_local_dir")
         resumed = self.resume()
         # the rollout's first weights (split: it starts with none), with the batches submitted ahead of the first step
-        self.source.start(self.global_step, self.sync_weights)
+        self.source.send_weights(self.global_step, self.sync_weights)
         if resumed:
             summary.resumed_at = self.global_step
             # a resumed run logged this step's validation before it stopped: log each step once, and
@@ -299,7 +299,7 @@ class PPOTrainer:
                 metrics.update(_mean_over_ranks(self.memory(metrics, "update", actor)))
         # the audit trail, before the step's checkpoint: a resume drops what follows the checkpoint and rewrites it
         append_records(self.run_dir, trained_prompts(batch, self.global_step + 1, version=self.global_step))
-        metrics.update(self.source.after_update(self.global_step + 1, self.sync_weights))  # to a rollout of its own
+        metrics.update(self.source.send_weights(self.global_step + 1, self.sync_weights))  # to a rollout of its own
 
         some_left_out = bool(trained.any()) and not bool(trained.all())
         metrics.update(compute_data_metrics(batch[trained] if some_left_out else batch))  # the rows that trained

@@ -39,7 +39,6 @@ from hybridflow.core.keys import (
     RESPONSE_MASK,
     ROLLOUT_VERSIONS,
     SEED,
-    STREAM_HOLDS_VERSION,
     STREAM_REQUEST,
     WEIGHT_SYNC_PREFIX,
     WEIGHT_VERSION,
@@ -60,7 +59,7 @@ __all__ = [
     "with_prompt_columns",
 ]
 
-CALL_KEYS = (SEED, STREAM_REQUEST, STREAM_HOLDS_VERSION)
+CALL_KEYS = (SEED, STREAM_REQUEST)
 """``meta_info`` keys of one rollout request; they leave its batch (the rollout batches of one step differ in them,
 and ``concat`` wants equal ``meta_info``)."""
 
@@ -227,12 +226,8 @@ class SyncRollout:
         self.drawn = 0
         self.last_end: float | None = None
 
-    def start(self, version: int, sync: Callable[[], dict[str, float]]) -> dict[str, float]:
-        """The rollout's first weights (version ``version``: a fresh or resumed run's); the sync's metrics."""
-        return sync()
-
-    def after_update(self, version: int, sync: Callable[[], dict[str, float]]) -> dict[str, float]:
-        """The updated weights (version ``version``) to the rollout; the sync's metrics."""
+    def send_weights(self, version: int, sync: Callable[[], dict[str, float]]) -> dict[str, float]:
+        """Weight version ``version`` (a run's first, or an update's) to the rollout; the sync's metrics."""
         return sync()
 
     def next(self, version: int) -> tuple[DataProto, DataProto, dict[str, float]]:
@@ -272,14 +267,9 @@ class PipelinedRollout:
         self.pending: deque[_Submitted] = deque()
         self.drawn = 0
 
-    def start(self, version: int, sync: Callable[..., dict[str, float]]) -> dict[str, float]:
-        """Submit the first batches, then the rollout's first weights (version ``version``: a fresh or resumed
-        run's), which they enter with, together; the sync's metrics."""
-        return sync(admit=self.submit_ahead(version))
-
-    def after_update(self, version: int, sync: Callable[..., dict[str, float]]) -> dict[str, float]:
-        """Submit the batches version ``version`` lets in, then that version's weights, which they enter with;
-        the sync's metrics."""
+    def send_weights(self, version: int, sync: Callable[..., dict[str, float]]) -> dict[str, float]:
+        """Submit the batches weight version ``version`` lets in (a run's first: all of them ahead), then that
+        version's weights, which they enter the decoder with, together; the sync's metrics."""
         return sync(admit=self.submit_ahead(version))
 
     def submit_ahead(self, version: int, one_to_take: bool = False) -> list[int]:
@@ -294,7 +284,6 @@ class PipelinedRollout:
             state = self.loader.state_dict()
             prompts = self.draw(self.drawn)
             prompts.meta_info[STREAM_REQUEST] = self.drawn
-            prompts.meta_info[STREAM_HOLDS_VERSION] = self.drawn  # taken when the trainer holds that version
             future = self.rollout.generate_stream.options(blocking=False)(prompts)
             self.pending.append(_Submitted(prompts, future, state, self.drawn))
             submitted.append(self.drawn)

@@ -25,7 +25,7 @@ def pipelined(ahead: int, steps: int):
         return DataProto(meta_info={"index": index})
 
     def stream(prompts: DataProto):  # generate_stream.options(blocking=False)(prompts): a future
-        submitted.append((prompts.meta_info["request"], prompts.meta_info["holds_version"]))
+        submitted.append(prompts.meta_info["request"])
         return SimpleNamespace(get=lambda: prompts)
 
     named = []
@@ -51,18 +51,18 @@ def take(source: PipelinedRollout, version: int) -> int:
 
 def test_batches_are_submitted_ahead_named_with_the_weights_they_wait_for_and_none_past_the_last_step():
     source, submitted, named = pipelined(ahead=2, steps=4)
-    source.start(0, sync_into(named))
-    assert submitted == [(0, 0), (1, 1), (2, 2)] and named == [("sync", [0, 1, 2])]  # the first, named together
+    source.send_weights(0, sync_into(named))
+    assert submitted == [0, 1, 2] and named == [("sync", [0, 1, 2])]  # the first, named together
     assert take(source, 0) == 0
     assert source.position() == ({"index": 1}, 1)  # in flight: a resume draws batches 1 and 2 again
-    source.after_update(1, sync_into(named))
-    assert submitted[3:] == [(3, 3)] and named[1:] == [("sync", [3])]  # batch 3 waits for version 3 - 2
+    source.send_weights(1, sync_into(named))
+    assert submitted[3:] == [3] and named[1:] == [("sync", [3])]  # batch 3 waits for version 3 - 2
     assert take(source, 1) == 1
     for version in (2, 3):
-        source.after_update(version, sync_into(named))
+        source.send_weights(version, sync_into(named))
         assert take(source, version) == version
-    source.after_update(4, sync_into(named))  # after the last step
-    assert [r for r, _ in submitted] == [0, 1, 2, 3]  # batches 4 and 5 would be generated and never trained
+    source.send_weights(4, sync_into(named))  # after the last step
+    assert submitted == [0, 1, 2, 3]  # batches 4 and 5 would be generated and never trained
     assert named[2:] == [("sync", [])] * 3  # nothing to name
     assert source.position() == ({"index": 4}, 4)
 
@@ -72,12 +72,12 @@ def test_steps_that_take_two_batches_each_always_find_one():
     the weight versions, so the extra batches are submitted when taken, named at once (before, the second take
     of step 2 found nothing submitted: IndexError)."""
     source, submitted, named = pipelined(ahead=1, steps=3)
-    source.start(0, sync_into(named))
+    source.send_weights(0, sync_into(named))
     taken = []
     for version in (0, 1, 2):
         taken += [take(source, version), take(source, version)]
-        source.after_update(version + 1, sync_into(named))
-    assert taken == [r for r, _ in submitted] == [0, 1, 2, 3, 4, 5]
+        source.send_weights(version + 1, sync_into(named))
+    assert taken == submitted == [0, 1, 2, 3, 4, 5]
     assert ("admit", [3]) in named  # step 2's second batch: submitted when taken
 
 

@@ -43,7 +43,7 @@ import torch
 
 from hybridflow.core.sampling import SamplingParams
 from hybridflow.workers.rollout.kv_cache import make_generation_cache
-from hybridflow.workers.rollout.sampling import sample_next_tokens, sample_uniforms
+from hybridflow.workers.rollout.sampling import prompt_keys, sample_next_tokens, sample_uniforms
 
 __all__ = ["FinishedRows", "SlotDecoder", "decode_continuous"]
 
@@ -350,7 +350,7 @@ def decode_continuous(
     log_probs = torch.zeros((total, steps), dtype=torch.float32, device=device)
     lengths = torch.full((total,), steps, dtype=torch.long, device=device)
     decoder = SlotDecoder(engine, slots, n, sampling, greedy, stops)
-    decoder.add(input_ids, attention_mask, positions, list(range(prompts)), [seed + i * n for i in range(prompts)])
+    decoder.add(input_ids, attention_mask, positions, list(range(prompts)), prompt_keys(seed, prompts, n))
     while decoder.busy:
         finished = decoder.step()
         if finished is not None:

@@ -22,7 +22,7 @@ import torch
 
 from hybridflow.core.sampling import SamplingParams
 
-__all__ = ["filter_top_k_top_p", "sample_keys", "sample_next_tokens", "sample_uniforms"]
+__all__ = ["filter_top_k_top_p", "prompt_keys", "sample_keys", "sample_next_tokens", "sample_uniforms"]
 
 _MIX_1 = 0xBF58476D1CE4E5B9 - 2**64  # splitmix64's multipliers, as signed int64
 _MIX_2 = 0x94D049BB133111EB - 2**64
@@ -51,6 +51,11 @@ def sample_uniforms(keys: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
 def sample_keys(seed: int, rows: int, device: torch.device | str) -> torch.Tensor:
     """The keys of a call's rows ``i*n + j`` (prompt ``i``'s sample ``j``): ``seed + row``."""
     return seed + torch.arange(rows, dtype=torch.long, device=device)
+
+
+def prompt_keys(seed: int, prompts: int, n: int) -> list[int]:
+    """The key of each prompt's sample 0 (``seed + i*n``; sample ``j``'s adds ``j``): also vLLM's request seeds."""
+    return [seed + i * n for i in range(prompts)]
 
 
 def filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:

@@ -54,6 +54,7 @@ from hybridflow.core.rollout_batch import positions_from_mask
 from hybridflow.core.sampling import SamplingParams
 from hybridflow.workers.rollout.continuous import SlotDecoder
 from hybridflow.workers.rollout.engine import BuiltinEngine, assemble_rollout
+from hybridflow.workers.rollout.sampling import prompt_keys
 
 __all__ = ["BuiltinDecoder", "RolloutStream", "StreamCall", "SWAP_POINTS"]
 
@@ -369,4 +370,4 @@ class BuiltinDecoder(SlotDecoder):
                 "the built-in stream decodes the training rollout's sampling only; generate other calls "
                 "with the engine (RolloutWorker.generate_sequences)"
             )
-        super().add(input_ids, attention_mask, positions, tags, [seed + i * self.n for i in range(len(tags))])
+        super().add(input_ids, attention_mask, positions, tags, prompt_keys(seed, len(tags), self.n))

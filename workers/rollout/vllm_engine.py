@@ -48,6 +48,7 @@ from hybridflow.core.keys import (
 from hybridflow.core.sampling import SamplingParams
 from hybridflow.workers.rollout.base import SLEEP_TAGS, EngineContext, WeightSource, special_token_ids
 from hybridflow.workers.rollout.engine import assemble_rollout, positions_from_mask
+from hybridflow.workers.rollout.sampling import prompt_keys
 from hybridflow.workers.rollout.stream import RolloutStream
 from hybridflow.workers.rollout.vllm_build import (
     cpu_kv_cache_bytes,
@@ -523,10 +524,8 @@ class VLLMRolloutEngine:
         """vLLM ``SamplingParams`` for ``rows`` prompts: prompt ``i`` seeded ``seed + i*n``, stopping at EOS."""
         params_cls = self._vllm_types()[0]
         stops = sampling.stop_ids(self.eos_token_ids, stop_token_ids, greedy=greedy)
-        return [
-            params_cls(**vllm_sampling_kwargs(sampling, n, greedy, None if seed is None else seed + i * n, stops))
-            for i in range(rows)
-        ]
+        seeds = [None] * rows if seed is None else prompt_keys(seed, rows, n)
+        return [params_cls(**vllm_sampling_kwargs(sampling, n, greedy, first, stops)) for first in seeds]
 
     def _vllm_types(self) -> tuple[Callable[..., Any], Callable[..., Any]]:
         if self._sampling_params_cls is None or self._tokens_prompt_cls is None:

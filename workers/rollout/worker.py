@@ -31,7 +31,6 @@ from hybridflow.core.keys import (
     SEED,
     SEQUENCE_COLUMNS,
     STOP_TOKEN_IDS,
-    STREAM_HOLDS_VERSION,
     STREAM_REQUEST,
     WEIGHT_VERSION,
 )
@@ -172,25 +171,27 @@ class RolloutWorker(Worker):
 
     @register(dispatch=DP_COMPUTE_PROTO, reads=SEQUENCE_COLUMNS)
     def generate_stream(self, prompts: DataProto) -> DataProto:
-        """Submit ``prompts`` (``meta_info``: ``n``, ``seed``, ``request``: a unique id, ``holds_version``) to the
-        stream, where they wait to be named (:meth:`admit_requests`, or with the weights :meth:`receive_weights`
-        brings), and wait for their rollout: the columns of :meth:`generate_sequences` plus ``rollout_versions``
-        (each token's weight version, which the driver checks against its staleness bound)."""
+        """Submit ``prompts`` (``meta_info``: ``n``, ``seed``, ``request``: the batch index, which is also the
+        weight version a ``batch`` swap holds for it) to the stream, where they wait to be named
+        (:meth:`admit_requests`, or with the weights :meth:`receive_weights` brings), and wait for their rollout:
+        the columns of :meth:`generate_sequences` plus ``rollout_versions`` (each token's weight version, which the
+        driver checks against its staleness bound)."""
         self._refuse_a_broken_sync()
-        meta = prompts.meta_info
-        if self.stream is None:
-            raise RuntimeError(f"trainer.rollout_mode={self.config.trainer.rollout_mode!r} streams nothing")
+        meta, stream = prompts.meta_info, self._running_stream()
         request = int(meta[STREAM_REQUEST])
-        self.stream.submit(request, prompts, self._seed(meta), named=True, holds_version=meta.get(STREAM_HOLDS_VERSION))
-        return self.stream.take(request)
+        stream.submit(request, prompts, self._seed(meta), named=True, holds_version=request)
+        return stream.take(request)
 
     @register(dispatch=ONE_TO_ALL, reads=())
     def admit_requests(self, requests: list[int]) -> None:
         """Name stream requests for admission with the current weights: they enter the decoder together, before its
         next step, however their ``generate_stream`` calls arrive."""
+        self._running_stream().admit(requests)
+
+    def _running_stream(self) -> RolloutStream:
         if self.stream is None:
             raise RuntimeError(f"trainer.rollout_mode={self.config.trainer.rollout_mode!r} streams nothing")
-        self.stream.admit(requests)
+        return self.stream
 
     def _new_stream(self, n: int) -> RolloutStream:
         rows = self.dims.rows_per_step // self.dims.rollout.dp  # one step's rows on this rank
