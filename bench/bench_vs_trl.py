@@ -43,6 +43,7 @@ response tokens (up to and including EOS). Validation: greedy decoding of the
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -51,6 +52,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -153,6 +155,7 @@ def run_hybridflow(args: argparse.Namespace, data: dict[str, str]) -> dict:
         "trainer.logger=[jsonl]",
         f"trainer.n_gpus_per_node={args.hybridflow_ranks}",
         f"trainer.cpu_threads_per_rank={args.hybridflow_threads}",
+        f"actor_rollout_ref.model.dtype={args.dtype}",  # bf16: fp32 master weights, bf16 compute and generation
     ]
     overrides += args.hybridflow_override
     if args.hybridflow_micro_batch:
@@ -306,7 +309,7 @@ def run_trl(args: argparse.Namespace, data: dict[str, str]) -> dict:
         config = GRPOConfig(
             output_dir=tmp,
             use_cpu=True,
-            bf16=False,
+            bf16=args.dtype == "bfloat16",  # mixed precision: fp32 weights, bf16 autocast (generation too)
             fp16=False,
             activation_checkpointing=False,  # TRL's default is on; hybridflow recomputes nothing
             learning_rate=args.lr,
@@ -539,6 +542,19 @@ def run_children(
                 p.kill()
 
 
+@contextlib.contextmanager
+def cpu_hogs(count: int) -> Iterator[None]:
+    """``count`` processes that each keep one core busy (a Python busy loop) for the block: a shared machine's
+    other work, met by both trainers alike (they take turns)."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
@@ -585,6 +601,15 @@ def main() -> None:
     parser.add_argument("--child", choices=["hybridflow", "trl"], help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16"],
+        default="float32",
+        help="both trainers compute in it (bfloat16: fp32 master weights; TRL's bf16=True)",
+    )
+    parser.add_argument(
+        "--hogs", type=int, default=0, help="processes that each keep a core busy through the run (a shared machine)"
+    )
     argv = sys.argv[1:]
     args = parser.parse_args(argv)
     if args.prompts % 2 or args.warmup >= args.steps:
@@ -621,7 +646,8 @@ def main() -> None:
                 ]
             print(f"running hybridflow and TRL, seed {seed} ...", flush=True)
             memory = PeakMemory()
-            run_children(commands, env, args.sequential, memory)
+            with cpu_hogs(args.hogs):
+                run_children(commands, env, args.sequential, memory)
             memory.stop.set()
             results = [
                 {**json.loads((Path(tmp) / f"{name}.json").read_text()), "peak_rss_gb": memory.peak_gb[name]}

@@ -19,12 +19,20 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 
 import torch
 
-__all__ = ["MEMORY_PEAK_GB", "map_large_allocations", "measure", "peak_gb", "reset_peak", "trim_heap"]
+__all__ = [
+    "MEMORY_PEAK_GB",
+    "huge_page_environment",
+    "map_large_allocations",
+    "measure",
+    "peak_gb",
+    "reset_peak",
+    "trim_heap",
+]
 
 MEMORY_PEAK_GB = "memory/peak_gb"
 """The metric a measured call's output carries (``meta_info["metrics"]`` of a DataProto, or a metrics dict)."""
@@ -64,6 +72,24 @@ def map_large_allocations(threshold_mb: float) -> bool:
     refuses the value (over 32 MiB)."""
     mallopt = _libc("mallopt")
     return mallopt is not None and bool(mallopt(M_MMAP_THRESHOLD, int(threshold_mb * 2**20)))
+
+
+HUGE_PAGES_TUNABLE = "glibc.malloc.hugetlb"
+"""glibc's tunable (2.35+) that has malloc ask for transparent huge pages (``madvise``) for its heap and mapped
+blocks; other glibc versions ignore it, as does a kernel whose THP is ``never``."""
+
+
+def huge_page_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ``'s ``GLIBC_TUNABLES`` with ``glibc.malloc.hugetlb=1`` added, unless it sets that tunable
+    already (``=0`` turns it off); for the processes a local Ray instance starts, which inherit it.
+
+    Why: a CPU rank's large tensors are fresh pages at every stage (the measured calls trim the heap, and blocks
+    over ``trainer.cpu_mmap_threshold_mb`` are mapped on their own), faulted in one page at a time: a ~3M model's
+    128-token update took 2.71 s with 4 KiB pages, 2.28 s with 2 MiB ones (docs/benchmarks.md, "Scaling")."""
+    tunables = environ.get("GLIBC_TUNABLES", "")
+    if any(part.split("=")[0] == HUGE_PAGES_TUNABLE for part in tunables.split(":")):
+        return {"GLIBC_TUNABLES": tunables}
+    return {"GLIBC_TUNABLES": ":".join(filter(None, [tunables, f"{HUGE_PAGES_TUNABLE}=1"]))}
 
 
 @functools.cache

@@ -10,6 +10,11 @@ otherwise write a token file under ``~/.ray``); pass ``include_dashboard=True``
 recorded cluster; ``"ray://..."``, ``host:port``), or ``RAY_ADDRESS`` set, it
 joins that cluster as a driver and changes nothing about it.
 
+A local instance's processes ask glibc's malloc for transparent huge pages
+(``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``, :func:`~hybridflow.core.memory.huge_page_environment`; set
+``glibc.malloc.hugetlb=0`` in the environment to keep 4 KiB pages). A cluster joined by address keeps the
+environment it was started with: export the tunable before ``ray start`` there.
+
 Local instances work with more ranks than cores: CPU bundles ask for a
 fraction of a CPU (see :mod:`hybridflow.core.resource_pool`) and each rank
 runs one torch thread. A local instance comes with a reaper
@@ -26,6 +31,7 @@ from typing import Any
 
 import ray
 
+from hybridflow.core.memory import huge_page_environment
 from hybridflow.core.reaper import Reaper, start_reaper
 
 __all__ = ["init_ray", "shutdown"]
@@ -70,6 +76,8 @@ def init_ray(
         if not token_auth:
             # Ray reads the mode from the environment only (not from ray.init).
             os.environ.setdefault(_AUTH_MODE_ENV, "disabled")
+        # the workers inherit the raylet's environment, so the tunable costs no start-up (a runtime_env would)
+        os.environ.update(huge_page_environment(os.environ))
         ray.init(
             address="local",
             num_cpus=num_cpus,

@@ -1,8 +1,10 @@
 """``core/memory.py``: a call's peak on a CPU is its own, not what the heap kept from the call before."""
 
+import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from hybridflow.core.memory import measure
@@ -50,3 +52,67 @@ def test_with_large_blocks_mapped_apart_freed_tensors_leave_the_resident_set():
 
     assert held_gb("glibc") > 0.4  # GiB: the heap keeps the 0.5 freed
     assert held_gb("mapped") < 0.05
+
+
+ANON_HUGE_KB = """
+import pytest
+import torch
+block = torch.ones(2**24)  # 64 MiB, every page touched
+with open("/proc/self/smaps_rollup") as f:
+    print(next(int(line.split()[1]) for line in f if line.startswith("AnonHugePages:")))
+"""
+
+
+def _huge_pages_possible() -> bool:
+    import platform
+
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            mode = f.read()
+    except OSError:
+        return False
+    libc, version = platform.libc_ver()
+    return "[never]" not in mode and libc == "glibc" and tuple(map(int, version.split("."))) >= (2, 35)
+
+
+def anon_huge_kb(env: dict[str, str]) -> int:
+    out = subprocess.run([sys.executable, "-c", ANON_HUGE_KB], capture_output=True, text=True, check=True, env=env)
+    return int(out.stdout.split()[-1])
+
+
+def test_the_huge_page_tunable_is_added_to_what_the_environment_has_and_an_explicit_setting_wins():
+    from hybridflow.core.memory import huge_page_environment
+
+    assert huge_page_environment({}) == {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
+    assert huge_page_environment({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}) == {
+        "GLIBC_TUNABLES": "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
+    }
+    off = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0:glibc.malloc.arena_max=2"}
+    assert huge_page_environment(off) == off
+
+
+@pytest.mark.skipif(not _huge_pages_possible(), reason="needs glibc 2.35+ and transparent huge pages not 'never'")
+def test_with_the_tunable_a_large_tensor_lies_on_huge_pages():
+    from hybridflow.core.memory import huge_page_environment
+
+    plain = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    assert anon_huge_kb(plain | huge_page_environment(plain)) >= 32 * 1024  # half the block at least, in 2 MiB pages
+    assert anon_huge_kb(plain | {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}) < 4 * 1024
+
+
+@pytest.mark.skipif(not _huge_pages_possible(), reason="needs glibc 2.35+ and transparent huge pages not 'never'")
+def test_a_local_ray_instance_s_workers_use_huge_pages(ray_session):
+    if "RAY_ADDRESS" in os.environ:
+        pytest.skip("a joined cluster keeps the environment it was started with")
+
+    @ray_session.remote(num_cpus=0.1)
+    def huge_kb() -> int:
+        import torch
+
+        block = torch.ones(2**24)
+        with open("/proc/self/smaps_rollup") as f:
+            kb = next(int(line.split()[1]) for line in f if line.startswith("AnonHugePages:"))
+        del block
+        return kb
+
+    assert ray_session.get(huge_kb.remote()) >= 32 * 1024
