@@ -44,15 +44,22 @@ class Point:
     steps: int
     warmup: int
     ignore_eos: bool = False
+    hogs: int = 0
+    """Processes that each keep a core busy through the point (the shared-machine point)."""
 
     @property
     def key(self) -> str:
-        return f"{self.model}:{self.response_length}:{self.seed}" + (":fixed" if self.ignore_eos else "")
+        return (
+            f"{self.model}:{self.response_length}:{self.seed}"
+            + (":fixed" if self.ignore_eos else "")
+            + (f":hog{self.hogs}" if self.hogs else "")
+        )
 
 
 def grid(ignore_eos: bool = False) -> list[Point]:
     """The issue's grid: responses up to 32, 128 and 512 tokens on the ~3M and ~25M models, the ~95M model at 128;
-    3 seeds at 128 tokens, 1 elsewhere. Fewer timed steps where a step is long (the ~25M model's 512-token point
+    3 seeds at 128 tokens, 1 elsewhere; and the ~3M model's 128-token point beside one CPU hog (a shared
+    machine: keys end in ``:hog1``). Fewer timed steps where a step is long (the ~25M model's 512-token point
     took 918 s at 5 steps with 2 warm-up, hence 4 with 1).
     ``ignore_eos``: every response runs to its length (equal work by design; keys end in ``:fixed``)."""
     points = []
@@ -63,6 +70,7 @@ def grid(ignore_eos: bool = False) -> list[Point]:
             steps, warmup = (4, 1) if length == 512 and model != "small-qwen2" else (5 if long else 8, 2)
             points += [Point(model, length, seed, steps, warmup, ignore_eos) for seed in seeds]
     points += [Point("qwen2-100m-shape", 128, seed, 4, 1, ignore_eos) for seed in (0, 1, 2)]
+    points += [Point("small-qwen2", 128, seed, 8, 2, ignore_eos, hogs=1) for seed in (0, 1, 2)]
     return points
 
 
@@ -89,6 +97,7 @@ def measure(point: Point, python: str) -> dict:
             "--no-val",
             f"--results-json={out}",
             *(["--ignore-eos"] if point.ignore_eos else []),
+            f"--hogs={point.hogs}",
         ]
         start = time.time()
         subprocess.run(command, check=True)
@@ -107,8 +116,18 @@ def measure(point: Point, python: str) -> dict:
         "load_after": " ".join(f"{x:.2f}" for x in os.getloadavg()),
         "wall_s": round(time.time() - start, 1),
         "versions": result["versions"],
+        "commit": _commit(),
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
+
+
+def _commit() -> str:
+    """The checkout's commit, ``+`` when it has uncommitted changes: which code a record measured."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=HERE, capture_output=True, text=True).stdout.strip()
+
+    return git("rev-parse", "--short", "HEAD") + ("+" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
 def _trainer(result: dict) -> dict:
@@ -123,16 +142,17 @@ def report(records: list[dict]) -> str:
         "| hybridflow / TRL per step | per generated token | peak RSS GiB (hf, TRL) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    groups: dict[tuple[str, int, bool], list[dict]] = {}
+    groups: dict[tuple[str, int, bool, int], list[dict]] = {}
     for record in records:
         fixed = record.get("ignore_eos", False)
-        groups.setdefault((record["model"], record["response_length"], fixed), []).append(record)
-    for (model, length, fixed), rows in sorted(
-        groups.items(), key=lambda kv: (kv[0][2], kv[1][0]["params_m"], kv[0][1])
+        groups.setdefault((record["model"], record["response_length"], fixed, record.get("hogs", 0)), []).append(record)
+    for (model, length, fixed, hogs), rows in sorted(
+        groups.items(), key=lambda kv: (kv[0][2], kv[0][3], kv[1][0]["params_m"], kv[0][1])
     ):
         mean = lambda f: statistics.mean(f(r) for r in rows)  # noqa: E731
         lines.append(
-            f"| {model} ({rows[0]['params_m']}M) | {'exactly' if fixed else 'up to'} {length} | {len(rows)} "
+            f"| {model} ({rows[0]['params_m']}M){f', {hogs} CPU hog' if hogs else ''} "
+            f"| {'exactly' if fixed else 'up to'} {length} | {len(rows)} "
             f"| {mean(lambda r: r['hybridflow']['step_s']):.2f} | {mean(lambda r: r['trl']['step_s']):.2f} "
             f"| {mean(lambda r: r['hybridflow']['gen_tokens_per_step']):.0f}, "
             f"{mean(lambda r: r['trl']['gen_tokens_per_step']):.0f} "
@@ -142,6 +162,45 @@ def report(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def plot(records: list[dict], path: Path) -> None:
+    """Seconds per step against response length on equal work (the ``:fixed`` points, no hogs): one line per model
+    and trainer, the mean over seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fixed = [r for r in records if r.get("ignore_eos") and not r.get("hogs")]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, model in enumerate(sorted({r["model"] for r in fixed}, key=lambda m: _params(fixed, m))):
+        for trainer, style in (("hybridflow", "-o"), ("trl", "--s")):
+            lengths = sorted({r["response_length"] for r in fixed if r["model"] == model})
+            seconds = [
+                statistics.mean(
+                    r[trainer]["step_s"] for r in fixed if r["model"] == model and r["response_length"] == length
+                )
+                for length in lengths
+            ]
+            name = "hybridflow" if trainer == "hybridflow" else "TRL"
+            ax.plot(lengths, seconds, style, color=f"C{i}", label=f"{name}, {model} ({_params(fixed, model)}M)")
+    ax.set_xscale("log", base=2)
+    lengths = sorted({r["response_length"] for r in fixed})
+    ax.set_xticks(lengths, [str(n) for n in lengths])
+    ax.minorticks_off()
+    ax.set_yscale("log")
+    ax.set_xlabel("response length (tokens, every response that long)")
+    ax.set_ylabel("seconds per step (16 prompts x 8 samples)")
+    ax.set_title("GRPO step on 2 CPU cores: hybridflow against TRL's GRPOTrainer")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def _params(records: list[dict], model: str) -> float:
+    return next(r["params_m"] for r in records if r["model"] == model)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--points", help="comma-separated model:length:seed keys (default: the whole grid)")
@@ -149,6 +208,7 @@ def main() -> None:
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--list", action="store_true", help="print the grid and what is done, run nothing")
     parser.add_argument("--report", action="store_true", help="print the Markdown table of the results")
+    parser.add_argument("--plot", type=Path, help="draw the equal-work grid here (docs/images/scaling.png)")
     parser.add_argument(
         "--ignore-eos", action="store_true", help="the grid with every response run to its length (equal work)"
     )
@@ -161,8 +221,11 @@ def main() -> None:
             parser.error(f"not points of the grid: {', '.join(sorted(unknown))} (--list shows them)")
         points = [p for p in points if p.key in wanted]
     have = done(args.results)
-    if args.report:
-        print(report(list(have.values())))
+    if args.report or args.plot:
+        if args.report:
+            print(report(list(have.values())))
+        if args.plot:
+            plot(list(have.values()), args.plot)
         return
     if args.list:
         for p in points:

@@ -21,9 +21,12 @@ top-k/top-p), the same response length, AdamW at the same constant learning
 rate, gradient clipping at 1.0, no KL term, one PPO epoch of two mini-batches
 of 8 prompts (64 rows) per step with clip ratio 0.2 and a token-mean loss, and
 the same verifier (hybridflow's ``arithmetic`` ``compute_score``, called from
-TRL's reward function). hybridflow runs one rank with 2 torch threads on a
-local Ray instance (``--hybridflow-ranks 2 --hybridflow-threads 1`` for its
-default layout); TRL runs in one process with 2 torch threads. Each trainer
+TRL's reward function). hybridflow runs one rank on a local Ray instance with
+its default threads (the cores free at start: 2 on a quiet 2-core machine;
+``--hybridflow-ranks 2 --hybridflow-threads 1`` for the default job's layout);
+TRL runs in one process with 2 torch threads. ``--hogs N`` runs N busy
+processes beside both (a shared machine); ``--dtype bfloat16`` has both
+compute in bf16 with fp32 master weights. Each trainer
 runs in its own child process, once per seed. The two children run side by
 side and take turns (``Baton``): one works (its setup, one step, its
 wrap-up) while the other waits idle, so both meet the same minutes of this
@@ -154,9 +157,10 @@ def run_hybridflow(args: argparse.Namespace, data: dict[str, str]) -> dict:
         f"trainer.seed={args.seed}",
         "trainer.logger=[jsonl]",
         f"trainer.n_gpus_per_node={args.hybridflow_ranks}",
-        f"trainer.cpu_threads_per_rank={args.hybridflow_threads}",
         f"actor_rollout_ref.model.dtype={args.dtype}",  # bf16: fp32 master weights, bf16 compute and generation
     ]
+    if args.hybridflow_threads != "auto":  # auto: hybridflow's default, the cores free at start split among ranks
+        overrides.append(f"trainer.cpu_threads_per_rank={args.hybridflow_threads}")
     overrides += args.hybridflow_override
     if args.hybridflow_micro_batch:
         overrides.append(f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={args.hybridflow_micro_batch}")
@@ -185,7 +189,9 @@ def run_hybridflow(args: argparse.Namespace, data: dict[str, str]) -> dict:
     return {
         "name": "hybridflow",
         "layout": (
-            f"{args.hybridflow_ranks} rank(s) x {args.hybridflow_threads} torch thread(s) "
+            f"{args.hybridflow_ranks} rank(s) x {config.trainer.cpu_threads_per_rank} torch thread(s)"
+            + (" (auto)" if args.hybridflow_threads == "auto" else "")
+            + " "
             "(local Ray, FSDP2 over gloo), "
             f"micro-batch {config.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu} rows"
         ),
@@ -305,6 +311,7 @@ def run_trl(args: argparse.Namespace, data: dict[str, str]) -> dict:
             self.seconds.append(time.perf_counter() - self.started)
 
     rows_per_step = args.prompts * args.n
+    trl_micro = args.trl_micro_batch or rows_per_step // 2
     with tempfile.TemporaryDirectory() as tmp:
         config = GRPOConfig(
             output_dir=tmp,
@@ -319,9 +326,11 @@ def run_trl(args: argparse.Namespace, data: dict[str, str]) -> dict:
             adam_beta1=0.9,
             adam_beta2=0.999,
             max_grad_norm=1.0,
-            per_device_train_batch_size=rows_per_step // 2,  # one optimizer step per 8 prompts x n
-            gradient_accumulation_steps=1,
-            steps_per_generation=2,  # one generation of 16 prompts x n feeds two optimizer steps
+            # one optimizer step per 8 prompts x n, in forwards of --trl-micro-batch rows; one generation of
+            # 16 prompts x n (per_device_train_batch_size x steps_per_generation rows) feeds two optimizer steps
+            per_device_train_batch_size=trl_micro,
+            gradient_accumulation_steps=rows_per_step // 2 // trl_micro,
+            steps_per_generation=rows_per_step // trl_micro,
             num_generations=args.n,
             max_completion_length=args.response_length,
             temperature=1.0,
@@ -376,7 +385,7 @@ def run_trl(args: argparse.Namespace, data: dict[str, str]) -> dict:
     pairs = [a + b for a, b in zip(timer.seconds[0::2], timer.seconds[1::2])]
     return {
         "name": f"TRL {trl.__version__} GRPOTrainer",
-        "layout": f"1 process x {torch.get_num_threads()} torch threads, micro-batch {rows_per_step // 2} rows",
+        "layout": f"1 process x {torch.get_num_threads()} torch threads, micro-batch {trl_micro} rows",
         "steps": len(pairs),
         **step_stats(pairs, generated[: len(pairs)], args.warmup),
         "val_before": val_before,
@@ -574,12 +583,19 @@ def main() -> None:
     # 1 rank x 2 threads is hybridflow's fastest layout for this 3M model on 2 cores (docs/benchmarks.md:
     # 0.78 s a step against 0.93 s for 2 ranks x 1 thread), and it is TRL's layout too
     parser.add_argument("--hybridflow-ranks", type=int, default=1, help="CPU ranks")
-    parser.add_argument("--hybridflow-threads", type=int, default=2, help="torch threads per rank")
+    parser.add_argument(
+        "--hybridflow-threads", default="auto", help="torch threads per rank (auto: hybridflow's default)"
+    )
     parser.add_argument(
         "--hybridflow-micro-batch",
         type=int,
         default=64,
         help="rows per forward/backward on a rank (64: a whole mini-batch, as TRL's)",
+    )
+    parser.add_argument(
+        "--trl-micro-batch",
+        type=int,
+        help="rows per forward/backward in TRL (gradient accumulation over a 64-row mini-batch; default: all 64)",
     )
     parser.add_argument(
         "--hybridflow-override", action="append", default=[], help="one more Hydra override for hybridflow (repeat)"
@@ -631,6 +647,8 @@ def main() -> None:
             commands, env = {}, {}
             for name, threads in (("hybridflow", str(args.hybridflow_threads)), ("trl", str(args.trl_threads))):
                 env[name] = {**os.environ, "OMP_NUM_THREADS": threads, "TOKENIZERS_PARALLELISM": "false"}
+                if threads == "auto":  # an OMP_NUM_THREADS would cap hybridflow's choice
+                    env[name].pop("OMP_NUM_THREADS")
                 commands[name] = [
                     sys.executable,
                     __file__,

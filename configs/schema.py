@@ -792,9 +792,14 @@ class TrainerConfig:
     """``cpu`` (gloo), ``cuda`` (nccl), or ``auto``: ``cuda`` when torch sees a GPU on the machine that starts the
     run, else ``cpu``, said in the run's first lines (``core/devices.py``; a Ray cluster's workers elsewhere may
     have GPUs this machine lacks: name the device then)."""
-    cpu_threads_per_rank: int = 1
-    """torch threads of each rank when ``device=cpu`` (GPU ranks keep torch's default). One is fastest
-    when the ranks fill the cores; a one-rank job on a 2-core machine runs best with 2."""
+    cpu_threads_per_rank: Optional[int] = None
+    """torch threads of each rank when ``device=cpu`` (GPU ranks keep torch's default). null (auto): the CPUs
+    free when the run starts on this machine (those other processes do not keep busy, sampled for 0.2 s), split
+    among the ranks here, at least one each and at most ``OMP_NUM_THREADS`` where the environment sets it, said in
+    the run's first lines; a cluster joined by address gets 1
+    (its nodes are not measured from here). A thread on a core another process holds stalls its rank's others at
+    every operator: on 2 cores beside one busy process a 1-rank job took 54.8 s a step with 2 threads
+    (docs/benchmarks.md, "Scaling")."""
     cpu_mmap_threshold_mb: Optional[float] = 4.0
     """With ``device=cpu``, each rank's host blocks of at least this many MiB (0-32) are mapped on their own and
     returned to the system when freed (glibc's ``M_MMAP_THRESHOLD``). null: glibc's own threshold, which rises to
@@ -904,7 +909,8 @@ class TrainerConfig:
     def problems(self) -> list[str]:
         """Broken rules of this section; the resume path, devices and loggers are checked by the config check."""
         return (
-            at_least(self, 1, "total_epochs", "nnodes", "n_gpus_per_node", "cpu_threads_per_rank", "rollout_ranks")
+            at_least(self, 1, "total_epochs", "nnodes", "n_gpus_per_node", "rollout_ranks")
+            + at_least(self, 1, "cpu_threads_per_rank", optional=True)
             + at_least(self, 0, "max_staleness")
             + (
                 []

@@ -7,7 +7,10 @@ builds from it: everything past that point sees ``cpu`` or ``cuda``.
 
 from __future__ import annotations
 
-__all__ = ["AUTO", "DEVICES", "resolve_device"]
+import os
+import time
+
+__all__ = ["AUTO", "DEVICES", "busy_cores", "cpu_threads_per_rank", "resolve_device"]
 
 AUTO = "auto"
 DEVICES = ("cpu", "cuda")
@@ -26,3 +29,50 @@ def resolve_device(asked: str) -> tuple[str, str]:
     if gpus:
         return "cuda", f"trainer.device=auto: cuda ({gpus} GPU(s) visible to torch on this machine)"
     return "cpu", "trainer.device=auto: cpu (no GPU visible to torch on this machine; trainer=gpu forces cuda)"
+
+
+def busy_cores(sample_s: float = 0.2) -> float:
+    """How many of this process's CPUs (its affinity mask) other work keeps busy: each CPU's non-idle share of its
+    ``/proc/stat`` ticks over ``sample_s``, summed (0.0 where ``/proc/stat`` cannot be read)."""
+    cpus = os.sched_getaffinity(0)
+    try:
+        before = _cpu_ticks(cpus)
+        time.sleep(sample_s)
+        after = _cpu_ticks(cpus)
+    except OSError:
+        return 0.0
+    busy = 0.0
+    for cpu, (total, idle) in after.items():
+        total_before, idle_before = before.get(cpu, (total, idle))
+        busy += 1.0 - (idle - idle_before) / max(total - total_before, 1)
+    return busy
+
+
+def _cpu_ticks(cpus: set[int]) -> dict[int, tuple[int, int]]:
+    """``cpu -> (all ticks, idle + iowait ticks)`` from ``/proc/stat``, for the CPUs in ``cpus``."""
+    ticks = {}
+    with open("/proc/stat") as f:
+        for line in f:
+            name, *fields = line.split()
+            if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
+                values = [int(x) for x in fields[:8]]
+                ticks[int(name[3:])] = (sum(values), values[3] + values[4])
+    return ticks
+
+
+def cpu_threads_per_rank(cores: int, busy: float, ranks: int, cap: int | None = None) -> tuple[int, str]:
+    """``(threads, why)``: torch threads for each of ``ranks`` CPU ranks on a machine of ``cores`` CPUs of which
+    ``busy`` are taken by other work: the free cores (rounded) split among the ranks, at least one each, and no
+    more than ``cap`` (an ``OMP_NUM_THREADS`` the environment sets: a statement of threads per process).
+
+    Why not all cores: torch's OpenMP threads wait for each other at the end of every operator, so a thread on a
+    core another process holds stalls all of its rank's (a ~3M model's 128-token GRPO step, 1 rank beside one
+    busy-loop process on 2 cores: 54.8 s with 2 threads; docs/benchmarks.md, "Scaling")."""
+    free = max(round(cores - busy), 0)
+    threads = max(1, free // max(ranks, 1))
+    capped = cap is not None and threads > cap
+    threads = min(threads, cap) if cap is not None else threads
+    return threads, (
+        f"trainer.cpu_threads_per_rank=auto: {threads} ({free} of {cores} CPUs free at start, "
+        f"{ranks} rank(s) on this machine" + (f", OMP_NUM_THREADS={cap}" if capped else "") + ")"
+    )

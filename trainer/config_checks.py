@@ -29,7 +29,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from hybridflow.configs.roles import RolloutPlacement, installed_rollout_engine, needs_critic, rollout_placement
-from hybridflow.core.devices import resolve_device
+from hybridflow.core.devices import busy_cores, cpu_threads_per_rank, resolve_device
 from hybridflow.core.parallel_dims import ParallelDims
 from hybridflow.core.resource_pool import DEFAULT_CPUS_PER_CPU_BUNDLE
 from hybridflow.core.storage import filesystem, is_url
@@ -335,20 +335,13 @@ def _capacity_problems(trainer: Any) -> Iterator[str]:
     """
     if trainer.ray_address or os.environ.get("RAY_ADDRESS") or trainer.nnodes != 1:
         return  # nnodes > 1 needs a cluster: the pool names the nodes it did not find
-    try:  # Ray is not started here: only its count of this machine's CPUs, as a local instance will see them
-        from ray._private.utils import get_num_cpus  # Ray's own count: cgroup limits included
-    except ImportError:  # a Ray that moved it
-
-        def get_num_cpus() -> int:
-            return len(os.sched_getaffinity(0))
-
     cuda = trainer.device == "cuda"
     per_rank = 1.0 if cuda else DEFAULT_CPUS_PER_CPU_BUNDLE
     train, rollout = trainer.n_gpus_per_node, trainer.rollout_ranks if trainer.placement == "split" else 0
     gpus = _gpu_count() if cuda else 0
     if cuda and gpus < train:
         return  # fewer GPUs than training ranks: _device_problems says so
-    cpus = get_num_cpus()
+    cpus = _local_cpus()
     room = int(cpus / per_rank)
     asked = f"{train + rollout} ranks of {per_rank:g} CPU each (trainer.device={trainer.device!r})"
     join = "or join a Ray cluster that has room (trainer.ray_address)"
@@ -467,6 +460,31 @@ def settle_device(trainer: Any) -> None:
         logger.info(why)
 
 
+def settle_cpu_threads(trainer: Any) -> None:
+    """``trainer.cpu_threads_per_rank=null`` (auto) made a number in place for a CPU run, with a line saying why
+    (``core/devices.py``): from the CPUs free on this machine for a local Ray instance, 1 on a joined cluster."""
+    if trainer.device != "cpu" or trainer.cpu_threads_per_rank is not None:
+        return
+    if trainer.ray_address or os.environ.get("RAY_ADDRESS"):
+        trainer.cpu_threads_per_rank = 1
+        logger.info("trainer.cpu_threads_per_rank=auto: 1 (a joined cluster's nodes are not measured from here)")
+        return
+    ranks = trainer.n_gpus_per_node + (trainer.rollout_ranks if trainer.placement == "split" else 0)
+    omp = os.environ.get("OMP_NUM_THREADS", "")
+    threads, why = cpu_threads_per_rank(_local_cpus(), busy_cores(), ranks, int(omp) if omp.isdigit() else None)
+    trainer.cpu_threads_per_rank = threads
+    logger.info(why)
+
+
+def _local_cpus() -> int:
+    """This machine's CPUs as a local Ray instance will count them (cgroup limits included)."""
+    try:  # Ray is not started here: only its count of this machine's CPUs
+        from ray._private.utils import get_num_cpus  # Ray's own count: cgroup limits included
+    except ImportError:  # a Ray that moved it
+        return len(os.sched_getaffinity(0))
+    return get_num_cpus()
+
+
 def config_problems(cfg: Any, *, this_machine: bool = True) -> list[str]:
     """Every invalid setting of ``cfg`` (a PPOConfig or its DictConfig), one message each; a PPOConfig's
     ``trainer.device=auto`` is settled first (:func:`settle_device`). ``this_machine=False`` leaves out what only
@@ -475,6 +493,8 @@ def config_problems(cfg: Any, *, this_machine: bool = True) -> list[str]:
         cfg = OmegaConf.to_object(cfg)
     settle_device(cfg.trainer)
     problems = list(section_problems(cfg))
+    if this_machine and not problems:
+        settle_cpu_threads(cfg.trainer)
     problems += _plugin_problems(cfg)
     problems += _name_problems(cfg)
     problems += _bypass_problems(cfg)

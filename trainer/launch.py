@@ -20,7 +20,7 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from hybridflow.core.rank_wait import WorkerError
-from hybridflow.trainer.config_checks import ConfigError
+from hybridflow.trainer.config_checks import ConfigError, settle_cpu_threads
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +91,7 @@ def group_options(config: Any, **settings: Any):
     from hybridflow.core import GroupOptions, Heartbeat
 
     timeouts = config.trainer.timeouts
+    settle_cpu_threads(config.trainer)  # auto, when no config check settled it on this config object
     return GroupOptions(
         cpu_torch_threads=config.trainer.cpu_threads_per_rank,
         cpu_mmap_threshold_mb=config.trainer.cpu_mmap_threshold_mb,

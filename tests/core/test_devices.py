@@ -26,3 +26,44 @@ def test_auto_is_cuda_where_torch_sees_gpus(monkeypatch):
 def test_a_named_device_is_kept_without_a_line(monkeypatch, device):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: device == "cpu")  # the machine does not decide
     assert resolve_device(device) == (device, "")
+
+
+def test_threads_per_rank_split_the_free_cores_among_the_ranks():
+    from hybridflow.core.devices import cpu_threads_per_rank
+
+    assert cpu_threads_per_rank(2, 0.1, 1)[0] == 2  # a quiet 2-core machine, one rank: both cores
+    assert cpu_threads_per_rank(2, 1.05, 1)[0] == 1  # one busy process beside it: the one core left
+    assert cpu_threads_per_rank(16, 3.4, 2)[0] == 6  # 13 free cores (rounded) between 2 ranks
+    assert cpu_threads_per_rank(2, 2.0, 2)[0] == 1  # nothing free: still one each
+    threads, why = cpu_threads_per_rank(16, 0.0, 1, cap=4)
+    assert threads == 4 and "OMP_NUM_THREADS=4" in why and "16 of 16 CPUs free" in why
+
+
+def test_busy_cores_is_the_non_idle_share_of_each_cpu_s_ticks(monkeypatch):
+    import hybridflow.core.devices as devices
+
+    # two /proc/stat snapshots stand in for a machine (unit test): cpu0 100 ticks, 25 idle; cpu1 100 ticks, 90 idle
+    snapshots = iter([{0: (1000, 500), 1: (2000, 1000)}, {0: (1100, 525), 1: (2100, 1090)}])
+    monkeypatch.setattr(devices, "_cpu_ticks", lambda cpus: next(snapshots))
+    monkeypatch.setattr(devices.time, "sleep", lambda s: None)
+    assert devices.busy_cores() == pytest.approx(0.75 + 0.10)
+
+
+def test_busy_cores_sees_a_busy_process_on_the_same_cpu():
+    import os
+    import subprocess
+    import sys
+
+    cpu = min(os.sched_getaffinity(0))
+    pinned = f"import os; os.sched_setaffinity(0, {{{cpu}}}); "
+    hog = subprocess.Popen([sys.executable, "-c", pinned + "while True: pass"])
+    try:
+        probe = (
+            pinned
+            + "import time; time.sleep(0.3); from hybridflow.core.devices import busy_cores; print(busy_cores(0.5))"
+        )
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    finally:
+        hog.kill()
+        hog.wait()
+    assert float(out.stdout) > 0.85  # the one CPU it may run on is the hog's (other load only adds to it)

@@ -295,3 +295,38 @@ def test_a_custom_reward_file_is_read_at_start(tmp_path):
                        "defines: score, helper"):  # fmt: skip
         check_config(cfg(**{f"{key}.path": str(other)}))
     check_config(cfg(**{f"{key}.path": str(other), f"{key}.name": "score"}))
+
+
+@pytest.fixture
+def eight_quiet_cpus(monkeypatch):
+    """A machine of 8 CPUs of which 0.4 are busy stands in for this one (unit test: the sample is core/devices')."""
+    import hybridflow.trainer.config_checks as checks
+
+    monkeypatch.setattr(checks, "_local_cpus", lambda: 8)
+    monkeypatch.setattr(checks, "busy_cores", lambda: 0.4)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+
+
+def settled_threads(**overrides):
+    from hybridflow.trainer.config_checks import settle_cpu_threads
+
+    trainer = OmegaConf.to_object(cfg(**{"trainer.device": "cpu", **overrides})).trainer
+    settle_cpu_threads(trainer)
+    return trainer.cpu_threads_per_rank
+
+
+def test_auto_threads_split_the_free_cpus_among_the_ranks_on_this_machine(eight_quiet_cpus, caplog):
+    with caplog.at_level("INFO", logger="hybridflow.trainer.config_checks"):
+        assert settled_threads(**{"trainer.n_gpus_per_node": 2}) == 4
+    assert "trainer.cpu_threads_per_rank=auto: 4 (8 of 8 CPUs free at start, 2 rank(s) on this machine)" in caplog.text
+    split = {"trainer.placement": "split", "trainer.rollout_ranks": 2}
+    assert settled_threads(**{"trainer.n_gpus_per_node": 2, **split}) == 2  # the rollout's ranks are here too
+
+
+def test_auto_threads_keep_to_omp_num_threads_a_joined_cluster_and_a_set_value(eight_quiet_cpus, monkeypatch):
+    assert settled_threads(**{"trainer.cpu_threads_per_rank": 3}) == 3
+    assert settled_threads(**{"trainer.device": "cuda"}) is None  # GPU ranks keep torch's default
+    assert settled_threads(**{"trainer.ray_address": "10.0.0.1:6379"}) == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert settled_threads(**{"trainer.n_gpus_per_node": 1}) == 2
