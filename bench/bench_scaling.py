@@ -70,7 +70,7 @@ def grid(ignore_eos: bool = False) -> list[Point]:
             steps, warmup = (4, 1) if length == 512 and model != "small-qwen2" else (5 if long else 8, 2)
             points += [Point(model, length, seed, steps, warmup, ignore_eos) for seed in seeds]
     points += [Point("qwen2-100m-shape", 128, seed, 4, 1, ignore_eos) for seed in (0, 1, 2)]
-    points += [Point("small-qwen2", 128, seed, 8, 2, ignore_eos, hogs=1) for seed in (0, 1, 2)]
+    points += [Point("small-qwen2", 128, seed, 6, 2, ignore_eos, hogs=1) for seed in (0, 1, 2)]
     return points
 
 

@@ -24,7 +24,10 @@ the same verifier (hybridflow's ``arithmetic`` ``compute_score``, called from
 TRL's reward function). hybridflow runs one rank on a local Ray instance with
 its default threads (the cores free at start: 2 on a quiet 2-core machine;
 ``--hybridflow-ranks 2 --hybridflow-threads 1`` for the default job's layout);
-TRL runs in one process with 2 torch threads. ``--hogs N`` runs N busy
+TRL runs in one process with 2 torch threads. Each takes its own micro-batch
+default: hybridflow 16 rows a forward, TRL the whole 64-row mini-batch (at 16
+rows with gradient accumulation, ``--trl-micro-batch 16``, TRL's 128-token
+update was no faster: 1.65 s against 1.62-1.75 s). ``--hogs N`` runs N busy
 processes beside both (a shared machine); ``--dtype bfloat16`` has both
 compute in bf16 with fp32 master weights. Each trainer
 runs in its own child process, once per seed. The two children run side by
@@ -589,8 +592,7 @@ def main() -> None:
     parser.add_argument(
         "--hybridflow-micro-batch",
         type=int,
-        default=64,
-        help="rows per forward/backward on a rank (64: a whole mini-batch, as TRL's)",
+        help="rows per forward/backward on a rank (default: hybridflow's, 16; 64 is a whole mini-batch, as TRL's)",
     )
     parser.add_argument(
         "--trl-micro-batch",
