@@ -139,8 +139,8 @@ def report(records: list[dict]) -> str:
     """The Markdown grid: one row per model and length (means over its seeds)."""
     lines = [
         "| model | response length | seeds | hybridflow s/step | TRL s/step | tokens/step (hf, TRL) "
-        "| hybridflow / TRL per step | per generated token | peak RSS GiB (hf, TRL) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| hybridflow / TRL per step | per generated token | peak RSS GiB (hf, TRL) | hybridflow threads | commit |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     groups: dict[tuple[str, int, bool, int], list[dict]] = {}
     for record in records:
@@ -157,8 +157,19 @@ def report(records: list[dict]) -> str:
             f"| {mean(lambda r: r['hybridflow']['gen_tokens_per_step']):.0f}, "
             f"{mean(lambda r: r['trl']['gen_tokens_per_step']):.0f} "
             f"| {mean(lambda r: r['ratio_per_step']):.2f}x | {mean(lambda r: r['ratio_per_token']):.2f}x "
-            f"| {mean(lambda r: r['hybridflow']['peak_rss_gb']):.1f}, {mean(lambda r: r['trl']['peak_rss_gb']):.1f} |"
+            f"| {mean(lambda r: r['hybridflow']['peak_rss_gb']):.1f}, {mean(lambda r: r['trl']['peak_rss_gb']):.1f} "
+            f"| {', '.join(sorted({_threads(r) for r in rows}))} "
+            f"| {', '.join(sorted({r.get('commit', 'before 5b48bb5') for r in rows}))} |"
         )
+    at_128 = [r for r in records if r.get("ignore_eos") and not r.get("hogs") and r["response_length"] == 128]
+    if at_128:
+        by_model = {m: [r["ratio_per_step"] for r in at_128 if r["model"] == m] for m in {r["model"] for r in at_128}}
+        parts = ", ".join(
+            f"~{_params(at_128, m):.0f}M {statistics.mean(v):.2f}x ({len(v)} seeds)"
+            for m, v in sorted(by_model.items(), key=lambda kv: _params(at_128, kv[0]))
+        )
+        mean = statistics.mean(r["ratio_per_step"] for r in at_128)
+        lines += ["", f"scaling, 128 tokens: hybridflow / TRL {mean:.2f}x (equal work, mean over seeds: {parts})"]
     return "\n".join(lines)
 
 
@@ -195,6 +206,11 @@ def plot(records: list[dict], path: Path) -> None:
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+
+
+def _threads(record: dict) -> str:
+    """hybridflow's torch threads a rank, from its layout line ("1 rank(s) x 2 torch thread(s) ...")."""
+    return record["hybridflow"]["layout"].split(" x ")[1].split(" torch")[0]
 
 
 def _params(records: list[dict], model: str) -> float:
