@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 
 __all__ = ["AUTO", "DEVICES", "busy_cores", "cpu_threads_per_rank", "resolve_device"]
 
@@ -60,19 +61,26 @@ def _cpu_ticks(cpus: set[int]) -> dict[int, tuple[int, int]]:
     return ticks
 
 
-def cpu_threads_per_rank(cores: int, busy: float, ranks: int, cap: int | None = None) -> tuple[int, str]:
-    """``(threads, why)``: torch threads for each of ``ranks`` CPU ranks on a machine of ``cores`` CPUs of which
-    ``busy`` are taken by other work: the free cores (rounded) split among the ranks, at least one each, and no
-    more than ``cap`` (an ``OMP_NUM_THREADS`` the environment sets: a statement of threads per process).
+def cpu_threads_per_rank(
+    cores: int, ranks: int, busy: Callable[[], float] = busy_cores, cap: int | None = None
+) -> tuple[int, str]:
+    """``(threads, why)``: torch threads for each of ``ranks`` CPU ranks on a machine of ``cores`` CPUs, ``busy()``
+    of them taken by other work (:func:`busy_cores`): the free cores (rounded) split among the ranks, at least one
+    each, and no more than ``cap`` (an ``OMP_NUM_THREADS`` the environment sets: a statement of threads per
+    process). Where one thread each is all there can be (``ranks >= cores``, ``cap=1``) nothing is sampled.
 
     Why not all cores: torch's OpenMP threads wait for each other at the end of every operator, so a thread on a
     core another process holds stalls all of its rank's (a ~3M model's 128-token GRPO step, 1 rank beside one
-    busy-loop process on 2 cores: 54.8 s with 2 threads; docs/benchmarks.md, "Scaling")."""
-    free = max(round(cores - busy), 0)
-    threads = max(1, free // max(ranks, 1))
+    busy-loop process on 2 cores: 54.8 s with 2 threads, 6.7 s with 1; docs/benchmarks.md, "Scaling")."""
+    line = "trainer.cpu_threads_per_rank=auto: {} ({})"
+    if ranks >= cores or cap == 1:
+        why = f"{ranks} rank(s) on this machine's {cores} CPUs" + (", OMP_NUM_THREADS=1" if cap == 1 else "")
+        return 1, line.format(1, why)
+    free = max(round(cores - busy()), 0)
+    threads = max(1, free // ranks)
     capped = cap is not None and threads > cap
-    threads = min(threads, cap) if cap is not None else threads
-    return threads, (
-        f"trainer.cpu_threads_per_rank=auto: {threads} ({free} of {cores} CPUs free at start, "
-        f"{ranks} rank(s) on this machine" + (f", OMP_NUM_THREADS={cap}" if capped else "") + ")"
+    threads = min(threads, cap) if capped else threads
+    why = f"{free} of {cores} CPUs free at start, {ranks} rank(s) on this machine" + (
+        f", OMP_NUM_THREADS={cap}" if capped else ""
     )
+    return threads, line.format(threads, why)

@@ -471,7 +471,7 @@ def settle_cpu_threads(trainer: Any) -> None:
         return
     ranks = trainer.n_gpus_per_node + (trainer.rollout_ranks if trainer.placement == "split" else 0)
     omp = os.environ.get("OMP_NUM_THREADS", "")
-    threads, why = cpu_threads_per_rank(_local_cpus(), busy_cores(), ranks, int(omp) if omp.isdigit() else None)
+    threads, why = cpu_threads_per_rank(_local_cpus(), ranks, busy_cores, int(omp) if omp.isdigit() else None)
     trainer.cpu_threads_per_rank = threads
     logger.info(why)
 

@@ -31,12 +31,25 @@ def test_a_named_device_is_kept_without_a_line(monkeypatch, device):
 def test_threads_per_rank_split_the_free_cores_among_the_ranks():
     from hybridflow.core.devices import cpu_threads_per_rank
 
-    assert cpu_threads_per_rank(2, 0.1, 1)[0] == 2  # a quiet 2-core machine, one rank: both cores
-    assert cpu_threads_per_rank(2, 1.05, 1)[0] == 1  # one busy process beside it: the one core left
-    assert cpu_threads_per_rank(16, 3.4, 2)[0] == 6  # 13 free cores (rounded) between 2 ranks
-    assert cpu_threads_per_rank(2, 2.0, 2)[0] == 1  # nothing free: still one each
-    threads, why = cpu_threads_per_rank(16, 0.0, 1, cap=4)
-    assert threads == 4 and "OMP_NUM_THREADS=4" in why and "16 of 16 CPUs free" in why
+    assert cpu_threads_per_rank(2, 1, lambda: 0.1)[0] == 2  # a quiet 2-core machine, one rank: both cores
+    assert cpu_threads_per_rank(2, 1, lambda: 1.05)[0] == 1  # one busy process beside it: the one core left
+    assert cpu_threads_per_rank(16, 2, lambda: 3.4)[0] == 6  # 13 free cores (rounded) between 2 ranks
+    assert cpu_threads_per_rank(4, 1, lambda: 4.0)[0] == 1  # nothing free: still one
+    threads, why = cpu_threads_per_rank(16, 1, lambda: 0.0, cap=4)
+    assert threads == 4 and why.endswith("(16 of 16 CPUs free at start, 1 rank(s) on this machine, OMP_NUM_THREADS=4)")
+
+
+def test_threads_per_rank_sample_nothing_where_one_thread_each_is_all_there_can_be():
+    from hybridflow.core.devices import cpu_threads_per_rank
+
+    def no_sample() -> float:
+        raise AssertionError("sampled")
+
+    assert cpu_threads_per_rank(2, 2, no_sample) == (
+        1,
+        "trainer.cpu_threads_per_rank=auto: 1 (2 rank(s) on this machine's 2 CPUs)",
+    )
+    assert cpu_threads_per_rank(16, 1, no_sample, cap=1)[0] == 1
 
 
 def test_busy_cores_is_the_non_idle_share_of_each_cpu_s_ticks(monkeypatch):
