@@ -68,7 +68,7 @@ def test_busy_cores_sees_a_busy_process_on_the_same_cpu():
     import sys
 
     cpu = min(os.sched_getaffinity(0))
-    pinned = f"import os; os.sched_setaffinity(0, {{{cpu}}}); "
+    pinned = f"import os; os.sched_setaffinity(0, {{{cpu}}})\n"
     hog = subprocess.Popen([sys.executable, "-c", pinned + "while True: pass"])
     try:
         probe = (
@@ -76,6 +76,7 @@ def test_busy_cores_sees_a_busy_process_on_the_same_cpu():
             + "import time; time.sleep(0.3); from hybridflow.core.devices import busy_cores; print(busy_cores(0.5))"
         )
         out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+        assert hog.poll() is None  # the hog was busy throughout (a hog that failed to start would prove nothing)
     finally:
         hog.kill()
         hog.wait()
