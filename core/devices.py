@@ -32,21 +32,38 @@ def resolve_device(asked: str) -> tuple[str, str]:
     return "cpu", "trainer.device=auto: cpu (no GPU visible to torch on this machine; trainer=gpu forces cuda)"
 
 
-def busy_cores(sample_s: float = 0.2) -> float:
-    """How many of this process's CPUs (its affinity mask) other work keeps busy: each CPU's non-idle share of its
-    ``/proc/stat`` ticks over ``sample_s``, summed (0.0 where ``/proc/stat`` cannot be read)."""
+def busy_cores(sample_s: float = 0.1, samples: int = 3) -> float:
+    """How many of this process's CPUs (its affinity mask) other work keeps busy: the least, over ``samples``
+    samples of ``sample_s`` each, of the CPUs' non-idle ``/proc/stat`` ticks less this process's own CPU time
+    (0.0 where ``/proc/stat`` cannot be read).
+
+    The least, because a process that holds a core shows in every sample and one starting up or exiting does not;
+    less this process's own time, because its threads finishing a parallel operator are not other work (a
+    2-core machine that counted either would give a rank one thread for a whole run)."""
     cpus = os.sched_getaffinity(0)
     try:
-        before = _cpu_ticks(cpus)
-        time.sleep(sample_s)
-        after = _cpu_ticks(cpus)
+        return min(_busy_once(cpus, sample_s) for _ in range(samples))
     except OSError:
         return 0.0
-    busy = 0.0
+
+
+def _busy_once(cpus: set[int], sample_s: float) -> float:
+    """Other work's busy CPUs over one sample of ``sample_s``."""
+    before, own_before = _cpu_ticks(cpus), _own_cpu_seconds()
+    time.sleep(sample_s)
+    after, own = _cpu_ticks(cpus), _own_cpu_seconds() - own_before
+    busy, ticks = 0.0, 0
     for cpu, (total, idle) in after.items():
         total_before, idle_before = before.get(cpu, (total, idle))
         busy += 1.0 - (idle - idle_before) / max(total - total_before, 1)
-    return busy
+        ticks = max(ticks, total - total_before)
+    elapsed = max(ticks, 1) / os.sysconf("SC_CLK_TCK")  # the sample as /proc/stat counted it
+    return max(busy - own / elapsed, 0.0)
+
+
+def _own_cpu_seconds() -> float:
+    """CPU seconds this process (all its threads) has used."""
+    return time.process_time()
 
 
 def _cpu_ticks(cpus: set[int]) -> dict[int, tuple[int, int]]:

@@ -462,7 +462,8 @@ def settle_device(trainer: Any) -> None:
 
 def settle_cpu_threads(trainer: Any) -> None:
     """``trainer.cpu_threads_per_rank=null`` (auto) made a number in place for a CPU run, with a line saying why
-    (``core/devices.py``): from the CPUs free on this machine for a local Ray instance, 1 on a joined cluster."""
+    (``core/devices.py``): from the CPUs free on this machine for a local Ray instance, 1 on a joined cluster.
+    Called once, where a run is built and before Ray starts (its own start-up would read as busy CPUs)."""
     if trainer.device != "cpu" or trainer.cpu_threads_per_rank is not None:
         return
     if trainer.ray_address or os.environ.get("RAY_ADDRESS"):
@@ -493,8 +494,6 @@ def config_problems(cfg: Any, *, this_machine: bool = True) -> list[str]:
         cfg = OmegaConf.to_object(cfg)
     settle_device(cfg.trainer)
     problems = list(section_problems(cfg))
-    if this_machine and not problems:
-        settle_cpu_threads(cfg.trainer)
     problems += _plugin_problems(cfg)
     problems += _name_problems(cfg)
     problems += _bypass_problems(cfg)

@@ -20,7 +20,7 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from hybridflow.core.rank_wait import WorkerError
-from hybridflow.trainer.config_checks import ConfigError, settle_cpu_threads
+from hybridflow.trainer.config_checks import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +91,11 @@ def group_options(config: Any, **settings: Any):
     from hybridflow.core import GroupOptions, Heartbeat
 
     timeouts = config.trainer.timeouts
-    settle_cpu_threads(config.trainer)  # auto, when no config check settled it on this config object
+    if config.trainer.device == "cpu" and config.trainer.cpu_threads_per_rank is None:
+        raise ValueError(
+            "trainer.cpu_threads_per_rank is auto (null) and not settled: config_checks.settle_cpu_threads(trainer) "
+            "decides it before Ray starts (build_and_fit does)"
+        )
     return GroupOptions(
         cpu_torch_threads=config.trainer.cpu_threads_per_rank,
         cpu_mmap_threshold_mb=config.trainer.cpu_mmap_threshold_mb,

@@ -33,6 +33,7 @@ from hybridflow.trainer.config_checks import (
     check_datasets,
     config_warnings,
     dataset_rows,
+    settle_cpu_threads,
     settle_device,
 )
 from hybridflow.trainer.launch import (
@@ -96,6 +97,7 @@ def build_and_fit(config: PPOConfig, run_dir: Path, facts: dict[str, Any] | None
     run used and when it connected and let go (``job_status.json`` of a sweep job records them).
     """
     settle_device(config.trainer)  # a config built in code, not checked, may still say auto
+    settle_cpu_threads(config.trainer)
     train_files, val_files = resolve_data_files(config)
     resolve_reward_model_paths(config)
     # first, before the workers' imports: a data file that is not parquet, has no rows or lacks a column is a

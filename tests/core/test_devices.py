@@ -52,14 +52,41 @@ def test_threads_per_rank_sample_nothing_where_one_thread_each_is_all_there_can_
     assert cpu_threads_per_rank(16, 1, no_sample, cap=1)[0] == 1
 
 
-def test_busy_cores_is_the_non_idle_share_of_each_cpu_s_ticks(monkeypatch):
+def fake_machine(monkeypatch, snapshots, own_cpu_s):
+    """``/proc/stat`` snapshots and this process's CPU clock stand in for a machine (unit tests): each sample
+    reads two snapshots and two clock values; a tick is 1/100 s."""
+    import os
+
     import hybridflow.core.devices as devices
 
-    # two /proc/stat snapshots stand in for a machine (unit test): cpu0 100 ticks, 25 idle; cpu1 100 ticks, 90 idle
-    snapshots = iter([{0: (1000, 500), 1: (2000, 1000)}, {0: (1100, 525), 1: (2100, 1090)}])
+    snapshots, clock = iter(snapshots), iter(own_cpu_s)
     monkeypatch.setattr(devices, "_cpu_ticks", lambda cpus: next(snapshots))
+    monkeypatch.setattr(devices, "_own_cpu_seconds", lambda: next(clock))
+    monkeypatch.setattr(devices.os, "sysconf", lambda name: 100 if name == "SC_CLK_TCK" else os.sysconf(name))
     monkeypatch.setattr(devices.time, "sleep", lambda s: None)
-    assert devices.busy_cores() == pytest.approx(0.75 + 0.10)
+    return devices
+
+
+def test_busy_cores_is_the_non_idle_share_of_each_cpu_s_ticks(monkeypatch):
+    # cpu0 100 ticks, 25 idle; cpu1 100 ticks, 90 idle; this process idle
+    devices = fake_machine(monkeypatch, [{0: (1000, 500), 1: (2000, 1000)}, {0: (1100, 525), 1: (2100, 1090)}], [0, 0])
+    assert devices.busy_cores(samples=1) == pytest.approx(0.75 + 0.10)
+
+
+def sample(cpu0_busy_ticks: int) -> list[dict[int, tuple[int, int]]]:
+    """One sample's two snapshots of a 2-CPU machine: 100 ticks pass on each CPU, cpu1 idle throughout."""
+    return [{0: (0, 0), 1: (0, 0)}, {0: (100, 100 - cpu0_busy_ticks), 1: (100, 100)}]
+
+
+def test_busy_cores_leaves_out_this_process_and_work_that_does_not_last(monkeypatch):
+    # cpu0 busy for the whole 1 s (100 ticks) sample, all of it this process's own threads: nothing else is
+    devices = fake_machine(monkeypatch, sample(100), [5.0, 6.0])
+    assert devices.busy_cores(samples=1) == pytest.approx(0.0)
+    # another process busy in one of three samples (starting up, exiting): it does not hold a core
+    devices = fake_machine(monkeypatch, sample(100) + sample(0) + sample(0), [0] * 6)
+    assert devices.busy_cores(samples=3) == pytest.approx(0.0)
+    devices = fake_machine(monkeypatch, sample(100) + sample(90) + sample(100), [0] * 6)
+    assert devices.busy_cores(samples=3) == pytest.approx(0.9)  # in every sample: it does
 
 
 def test_busy_cores_sees_a_busy_process_on_the_same_cpu():

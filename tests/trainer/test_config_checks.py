@@ -330,3 +330,26 @@ def test_auto_threads_keep_to_omp_num_threads_a_joined_cluster_and_a_set_value(e
     assert settled_threads(**{"trainer.ray_address": "10.0.0.1:6379"}) == 1
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     assert settled_threads(**{"trainer.n_gpus_per_node": 1}) == 2
+
+
+def test_auto_threads_are_settled_once_where_a_run_is_built_not_by_the_check(eight_quiet_cpus, monkeypatch, tmp_path):
+    import hybridflow.trainer.main as main
+    from hybridflow.trainer.launch import group_options
+
+    config = OmegaConf.to_object(cfg(**{"trainer.device": "cpu"}))
+    config_problems(config)
+    assert config.trainer.cpu_threads_per_rank is None  # the check decides nothing a run builds from
+    with pytest.raises(ValueError, match="cpu_threads_per_rank is auto .null. and not settled"):
+        group_options(config)
+
+    class Built(Exception):
+        pass
+
+    def stop(_config):
+        raise Built
+
+    monkeypatch.setattr(main, "resolve_data_files", stop)  # the run's next step after settling: stop there
+    with pytest.raises(Built):
+        main.build_and_fit(config, tmp_path)
+    assert config.trainer.cpu_threads_per_rank == 4  # 8 free CPUs, 2 ranks
+    assert group_options(config).cpu_torch_threads == 4
