@@ -794,7 +794,7 @@ class TrainerConfig:
     have GPUs this machine lacks: name the device then)."""
     cpu_threads_per_rank: Optional[int] = None
     """torch threads of each rank when ``device=cpu`` (GPU ranks keep torch's default). null (auto): the CPUs
-    free when the run starts on this machine (those other processes do not keep busy, sampled for 0.2 s), split
+    free when the run starts on this machine (those other processes keep busy in each of three 0.1 s samples), split
     among the ranks here, at least one each and at most ``OMP_NUM_THREADS`` where the environment sets it, said in
     the run's first lines; a cluster joined by address gets 1
     (its nodes are not measured from here). A thread on a core another process holds stalls its rank's others at
