@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import tempfile
 from pathlib import Path
 
@@ -97,6 +98,7 @@ def measure(name: str, steps: int) -> dict:
         "overrides": CONFIGS[name],
         "steps": steps,
         "cpu_mmap_threshold_mb": threshold,
+        "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),  # huge pages: set by a local Ray instance's start
         "measured_gb": measured,
     }
 
