@@ -10,6 +10,10 @@
    samples at temperature 1) with the model's attention wrapped (``hybridflow+sdpa``: the decode kernel) and
    plain (``sdpa``), alternating in one process (``--pairs`` pairs after one warm-up pair), same seed: the
    medians, the ratio, and whether the two sampled the same tokens (and the largest log-prob gap).
+3. bf16 on a CPU: the update's tree attention (16 rows, 4 heads, 128 queries over 20 + 128 keys, d 64,
+   masked; forward and backward) and a decode step's (128 rows, 148 keys, left padding) in fp32, in bf16, and
+   in bf16 computed in fp32 (what the wrapper does on a CPU for blocks of queries, and not for decode steps),
+   medians of 20 calls (forward and backward) or 200 (decode steps).
 """
 
 from __future__ import annotations
@@ -54,6 +58,34 @@ def kernel_table(rows: int) -> None:
         print(f"| {length} | {sdpa:.3f} | {ours:.3f} | {sdpa / ours:.2f}x |")
 
 
+def half_precision_table() -> None:
+    print(
+        "\n| call | fp32 ms | bf16 ms | bf16 computed in fp32 ms | bf16 / computed in fp32 |\n|---|---:|---:|---:|---:|"
+    )
+    gen = torch.Generator().manual_seed(0)
+    mask = torch.ones(16, 1, 128, 148, dtype=torch.bool).tril(20)  # every prompt key, causal among its own
+
+    def tree(dtype: torch.dtype, upcast: bool):
+        q = torch.randn(16, 4, 128, 64, generator=gen).to(dtype).requires_grad_()
+        k, v = (torch.randn(16, 4, 148, 64, generator=gen).to(dtype).requires_grad_() for _ in range(2))
+
+        def call():
+            args = (q.float(), k.float(), v.float()) if upcast else (q, k, v)
+            F.scaled_dot_product_attention(*args, attn_mask=mask).to(dtype).sum().backward()
+
+        return per_call_ms(call, reps=20)
+
+    def decode(dtype: torch.dtype, upcast: bool):
+        q = torch.randn(128, 4, 1, 64, generator=gen).to(dtype)
+        k, v = (torch.randn(128, 2, 148, 64, generator=gen).to(dtype) for _ in range(2))
+        pads = (torch.arange(148)[None, :] >= (torch.arange(128) % 8)[:, None])[:, None, None, :]  # left padding
+        return per_call_ms(lambda: decode_attention(*(t.float() if upcast else t for t in (q, k, v)), pads, 0.125))
+
+    for name, fn in (("update's tree attention, forward and backward", tree), ("decode step", decode)):
+        fp32, bf16, via = fn(torch.float32, False), fn(torch.bfloat16, False), fn(torch.bfloat16, True)
+        print(f"| {name} | {fp32:.2f} | {bf16:.2f} | {via:.2f} | {bf16 / via:.2f}x |")
+
+
 def generation_ab(args) -> None:
     model, tokenizer = load_model_and_tokenizer("builtin:small-qwen2", seed=0)
     engine = BuiltinEngine(model, tokenizer, EngineConfig())  # installs the wrapper
@@ -90,6 +122,7 @@ def main() -> None:
     print(f"Machine: {platform.machine()}, {torch.get_num_threads()} torch threads; torch {torch.__version__}\n")
     kernel_table(args.prompts * args.n)
     generation_ab(args)
+    half_precision_table()
 
 
 if __name__ == "__main__":

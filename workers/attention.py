@@ -9,7 +9,10 @@ attention function sends
   :func:`~hybridflow.workers.tree_attention.tree_attention`;
 * a CPU decode step of plain softmax attention (the model's own is ``sdpa``
   or ``eager``) to :func:`~hybridflow.workers.decode_attention.decode_attention`;
-* every other call to the model's own implementation, unchanged.
+* every other call to the model's own implementation, unchanged;
+
+and on a CPU computes each call of several queries a row in fp32 when its inputs are bf16 or fp16 (the output
+in their dtype).
 
 The training workers install it through ``probe_packing`` (which checks
 that trees reproduce the model's own outputs, and uninstalls it if not); the
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import sys
 
+import torch
 from torch import nn
 from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
@@ -36,6 +40,9 @@ PREFIX = "hybridflow+"
 PLAIN = ("sdpa", "eager")
 """Implementations that compute plain scaled softmax attention, as the decode kernel does."""
 
+HALF = (torch.bfloat16, torch.float16)
+"""Dtypes whose attention a CPU computes in fp32."""
+
 
 def _wrapping(implementation: str):
     """The attention function registered as ``hybridflow+<implementation>``."""
@@ -50,6 +57,19 @@ def _wrapping(implementation: str):
         scaling: float | None = None,
         **kwargs,
     ):
+        dtype = query.dtype
+        if query.device.type != "cpu" or dtype not in HALF or query.shape[2] == 1:
+            return dispatch(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+        # A CPU's fused attention kernel runs bf16 at ~0.6x its fp32 speed (bench/bench_attention.py): blocks of
+        # queries (training, prefill) compute in fp32, as the kernel accumulates anyway. A decode step does not:
+        # its two products are as fast in bf16, and widening the whole cache at every token would cost more.
+        if isinstance(attention_mask, torch.Tensor) and attention_mask.is_floating_point():
+            attention_mask = attention_mask.float()
+        query, key, value = query.float(), key.float(), value.float()
+        out, weights = dispatch(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+        return out.to(dtype), weights
+
+    def dispatch(module, query, key, value, attention_mask, dropout, scaling, **kwargs):
         if isinstance(attention_mask, TreeLayout):
             if kwargs.get("sliding_window") is not None:
                 raise NotImplementedError("tree attention has no sliding window")

@@ -57,3 +57,29 @@ def test_the_engine_generates_what_the_models_own_attention_generates():
     assert torch.equal(a.batch["responses"], b.batch["responses"])
     assert torch.allclose(a.batch["rollout_log_probs"], b.batch["rollout_log_probs"], atol=1e-5)
     assert int(a.batch["response_mask"].sum()) > 9  # it generated
+
+
+def test_a_cpu_computes_half_precision_attention_over_query_blocks_in_fp32():
+    """bf16 inputs on a CPU, several queries a row (training, prefill): the wrapper's output is the fp32 attention
+    of the same values, rounded to bf16 once (a CPU's fused bf16 kernel is slower than its fp32 one), and
+    gradients come back in bf16. A decode step (one query a row) stays in bf16: it is as fast there."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    model, _ = spiky_model()
+    attention.install(model)
+    module = model.model.layers[0].self_attn
+    wrapped, own = ALL_ATTENTION_FUNCTIONS[attention.PREFIX + "sdpa"], ALL_ATTENTION_FUNCTIONS["sdpa"]
+    gen = torch.Generator().manual_seed(0)
+    heads, kv_heads, dim = model.config.num_attention_heads, model.config.num_key_value_heads, module.head_dim
+    query = torch.randn(3, heads, 6, dim, generator=gen).bfloat16().requires_grad_()
+    key, value = (torch.randn(3, kv_heads, 7, dim, generator=gen).bfloat16().requires_grad_() for _ in range(2))
+    out, _ = wrapped(module, query, key, value, None, scaling=0.3)
+    expected, _ = own(module, query.float(), key.float(), value.float(), None, scaling=0.3)
+    assert out.dtype == torch.bfloat16
+    assert torch.equal(out, expected.bfloat16())
+    out.float().sum().backward()
+    assert query.grad.dtype == key.grad.dtype == torch.bfloat16 and query.grad.abs().sum() > 0
+    step = query[:, :, :1].detach()
+    assert torch.equal(
+        wrapped(module, step, key, value, None, scaling=0.3)[0], decode_attention(step, key, value, None, 0.3)
+    )
