@@ -97,7 +97,8 @@ def build_and_fit(config: PPOConfig, run_dir: Path, facts: dict[str, Any] | None
     run used and when it connected and let go (``job_status.json`` of a sweep job records them).
     """
     settle_device(config.trainer)  # a config built in code, not checked, may still say auto
-    settle_cpu_threads(config.trainer)
+    settle_cpu_threads(config.trainer)  # first: a user's OMP_NUM_THREADS caps it, the default below must not
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # the driver's and Ray's own processes (each rank sets its own)
     train_files, val_files = resolve_data_files(config)
     resolve_reward_model_paths(config)
     # first, before the workers' imports: a data file that is not parquet, has no rows or lacks a column is a
@@ -319,7 +320,6 @@ def train(cfg: DictConfig, facts: dict[str, Any] | None = None) -> float:
     trainer.run_group, trainer.run_name = logger_names(trainer.run_group, trainer.run_name, trainer.experiment_name)
     run_dir = Path(HydraConfig.get().runtime.output_dir).resolve()
     logger.info("run directory: %s", run_dir)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     summary = build_and_fit(config, run_dir, facts)
     print(format_summary(summary, config), file=sys.stdout, flush=True)
     return summary.val_after.get("val/accuracy", float("nan"))

@@ -1,3 +1,4 @@
+import os
 import socket
 
 import pyarrow as pa
@@ -353,3 +354,30 @@ def test_auto_threads_are_settled_once_where_a_run_is_built_not_by_the_check(eig
         main.build_and_fit(config, tmp_path)
     assert config.trainer.cpu_threads_per_rank == 4  # 8 free CPUs, 2 ranks
     assert group_options(config).cpu_torch_threads == 4
+
+
+def test_the_command_leaves_omp_num_threads_to_the_user_until_the_threads_are_settled(
+    eight_quiet_cpus, monkeypatch, tmp_path
+):
+    """``hybridflow-train`` defaults OMP_NUM_THREADS to 1 for its own processes only after auto threads are
+    settled: set before, it capped every run's ranks at 1 thread."""
+    import types
+
+    import hybridflow.trainer.main as main
+
+    class Built(Exception):
+        pass
+
+    settled = {}
+
+    def stop(config):  # the run's next step after settling: record, stop there
+        settled["threads"], settled["omp"] = config.trainer.cpu_threads_per_rank, os.environ.get("OMP_NUM_THREADS")
+        raise Built
+
+    hydra = types.SimpleNamespace(runtime=types.SimpleNamespace(output_dir=str(tmp_path)))
+    monkeypatch.setattr(main, "HydraConfig", types.SimpleNamespace(get=lambda: hydra))
+    monkeypatch.setattr(main, "resolve_data_files", stop)
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # the command's default must not leak into the suite
+    with pytest.raises(Built):
+        main.train(cfg(**{"trainer.device": "cpu", "trainer.n_gpus_per_node": 1}))
+    assert settled == {"threads": 8, "omp": "1"}  # 8 free CPUs, 1 rank; then the default for its own processes
