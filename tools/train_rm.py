@@ -320,7 +320,6 @@ def train(cfg: DictConfig) -> float:
     check_config(config)
     run_dir = Path(HydraConfig.get().runtime.output_dir).resolve()
     logger.info("run directory: %s", run_dir)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     summary = build_and_fit(config, run_dir)
     print(format_summary(summary), flush=True)
     return summary.val_after.get("val/accuracy", math.nan)

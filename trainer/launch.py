@@ -11,6 +11,7 @@ its config, its data and its training loop.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -55,18 +56,29 @@ def run_command(command: str, job: Callable[[], float]) -> float:
 @contextmanager
 def ray_running(address: str | None) -> Iterator[None]:
     """Ray connected (``address``: a cluster's, or None for a local instance) for the block; stopped on the way
-    out, also when the block fails, if this call started it (a Ray instance we did not start keeps running)."""
+    out, also when the block fails, if this call started it (a Ray instance we did not start keeps running).
+
+    For the block the processes the run starts (Ray's, a vLLM server) get ``OMP_NUM_THREADS=1`` where the user set
+    none (each rank sets its own); it leaves with the block, so the next run in this process (a sweep's next job)
+    still reads the user's own setting when it decides its threads (``settle_cpu_threads``)."""
     import ray
 
     from hybridflow.core import init_ray, shutdown
 
     started = not ray.is_initialized()
-    init_ray(address=address)
+    omp_default = "OMP_NUM_THREADS" not in os.environ
+    if omp_default:
+        os.environ["OMP_NUM_THREADS"] = "1"
     try:
-        yield
+        init_ray(address=address)
+        try:
+            yield
+        finally:
+            if started:
+                shutdown()
     finally:
-        if started:
-            shutdown()
+        if omp_default:
+            os.environ.pop("OMP_NUM_THREADS", None)
 
 
 def reserve_ranks(process_on_nodes: list[int], *, use_gpu: bool, refusal: str, name: str = "hybridflow"):

@@ -97,8 +97,7 @@ def build_and_fit(config: PPOConfig, run_dir: Path, facts: dict[str, Any] | None
     run used and when it connected and let go (``job_status.json`` of a sweep job records them).
     """
     settle_device(config.trainer)  # a config built in code, not checked, may still say auto
-    settle_cpu_threads(config.trainer)  # first: a user's OMP_NUM_THREADS caps it, the default below must not
-    os.environ.setdefault("OMP_NUM_THREADS", "1")  # the driver's and Ray's own processes (each rank sets its own)
+    settle_cpu_threads(config.trainer)  # before ray_running's OMP_NUM_THREADS default: a user's own caps it
     train_files, val_files = resolve_data_files(config)
     resolve_reward_model_paths(config)
     # first, before the workers' imports: a data file that is not parquet, has no rows or lacks a column is a

@@ -356,28 +356,39 @@ def test_auto_threads_are_settled_once_where_a_run_is_built_not_by_the_check(eig
     assert group_options(config).cpu_torch_threads == 4
 
 
-def test_the_command_leaves_omp_num_threads_to_the_user_until_the_threads_are_settled(
+def test_the_run_defaults_omp_num_threads_only_while_ray_runs_after_its_threads_are_settled(
     eight_quiet_cpus, monkeypatch, tmp_path
 ):
-    """``hybridflow-train`` defaults OMP_NUM_THREADS to 1 for its own processes only after auto threads are
-    settled: set before, it capped every run's ranks at 1 thread."""
+    """``hybridflow-train`` gives its own processes OMP_NUM_THREADS=1 only inside ``ray_running``, after auto
+    threads are settled, and takes the default away after: set before (as it once was), it capped every run's
+    ranks at 1 thread, and left in place, every later run in the process (a sweep's next job)."""
     import types
 
     import hybridflow.trainer.main as main
 
-    class Built(Exception):
+    class Stop(Exception):
         pass
 
-    settled = {}
+    seen = []
 
-    def stop(config):  # the run's next step after settling: record, stop there
-        settled["threads"], settled["omp"] = config.trainer.cpu_threads_per_rank, os.environ.get("OMP_NUM_THREADS")
-        raise Built
+    def stop_in_ray(address):  # ray_running's default, then the run's threads: record, leave before Ray starts
+        seen.append((os.environ.get("OMP_NUM_THREADS"), threads.pop()))
+        raise Stop
 
+    threads, settle = [], main.settle_cpu_threads
+
+    def settle_and_record(trainer):
+        settle(trainer)
+        threads.append(trainer.cpu_threads_per_rank)
+
+    monkeypatch.setattr(main, "settle_cpu_threads", settle_and_record)
+    monkeypatch.setattr("hybridflow.core.init_ray", stop_in_ray)
     hydra = types.SimpleNamespace(runtime=types.SimpleNamespace(output_dir=str(tmp_path)))
     monkeypatch.setattr(main, "HydraConfig", types.SimpleNamespace(get=lambda: hydra))
-    monkeypatch.setattr(main, "resolve_data_files", stop)
-    monkeypatch.setattr(os, "environ", dict(os.environ))  # the command's default must not leak into the suite
-    with pytest.raises(Built):
-        main.train(cfg(**{"trainer.device": "cpu", "trainer.n_gpus_per_node": 1}))
-    assert settled == {"threads": 8, "omp": "1"}  # 8 free CPUs, 1 rank; then the default for its own processes
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # nothing a run sets leaks into the suite
+    overrides = {"trainer.device": "cpu", "trainer.n_gpus_per_node": 1, "data.synthetic_dir": str(tmp_path / "data")}
+    for _ in range(2):  # two runs in one process, as a sweep's jobs
+        with pytest.raises(Stop):
+            main.train(cfg(**overrides))
+        assert "OMP_NUM_THREADS" not in os.environ  # the default left with the run
+    assert seen == [("1", 8), ("1", 8)]  # 8 free CPUs, 1 rank, in both runs; Ray's processes got the default
