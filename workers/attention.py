@@ -60,7 +60,7 @@ def _wrapping(implementation: str):
         dtype = query.dtype
         if query.device.type != "cpu" or dtype not in HALF or query.shape[2] == 1:
             return dispatch(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
-        # A CPU's fused attention kernel runs bf16 at ~0.6x its fp32 speed (bench/bench_attention.py): blocks of
+        # A CPU's fused attention kernel runs bf16 at about half its fp32 speed (bench/bench_attention.py): blocks of
         # queries (training, prefill) compute in fp32, as the kernel accumulates anyway. A decode step does not:
         # its two products are as fast in bf16, and widening the whole cache at every token would cost more.
         if isinstance(attention_mask, torch.Tensor) and attention_mask.is_floating_point():
