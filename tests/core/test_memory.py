@@ -55,11 +55,13 @@ def test_with_large_blocks_mapped_apart_freed_tensors_leave_the_resident_set():
 
 
 ANON_HUGE_KB = """
-import pytest
 import torch
+def huge_kb():
+    with open("/proc/self/smaps_rollup") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("AnonHugePages:"))
+before = huge_kb()
 block = torch.ones(2**24)  # 64 MiB, every page touched
-with open("/proc/self/smaps_rollup") as f:
-    print(next(int(line.split()[1]) for line in f if line.startswith("AnonHugePages:")))
+print(huge_kb() - before)  # the block's share: the process may hold huge pages already
 """
 
 
@@ -106,13 +108,13 @@ def test_a_local_ray_instance_s_workers_use_huge_pages(ray_session):
         pytest.skip("a joined cluster keeps the environment it was started with")
 
     @ray_session.remote(num_cpus=0.1)
-    def huge_kb() -> int:
-        import torch
+    def huge_kb(source: str) -> int:  # the same script as anon_huge_kb's, run in a worker of the instance
+        import contextlib
+        import io
 
-        block = torch.ones(2**24)
-        with open("/proc/self/smaps_rollup") as f:
-            kb = next(int(line.split()[1]) for line in f if line.startswith("AnonHugePages:"))
-        del block
-        return kb
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            exec(source, {})
+        return int(printed.getvalue().split()[-1])
 
-    assert ray_session.get(huge_kb.remote()) >= 32 * 1024
+    assert ray_session.get(huge_kb.remote(ANON_HUGE_KB)) >= 32 * 1024
