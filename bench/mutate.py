@@ -76,6 +76,8 @@ TARGETS: dict[str, list[str]] = {
         "tests/data/test_synthetic.py",
     ],
     "rewards/code_asserts.py": ["tests/rewards/test_code_forgery.py", "tests/rewards/test_code_sandbox.py"],
+    "workers/rollout/sampling.py": ["tests/workers/test_sampling.py"],
+    "core/devices.py": ["tests/core/test_devices.py", "tests/trainer/test_config_checks.py"],
 }
 OUTCOMES = ("killed", "survived", "timeout", "incompetent")
 
