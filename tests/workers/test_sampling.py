@@ -8,7 +8,13 @@ import pytest
 import torch
 
 from hybridflow.core.sampling import SamplingParams
-from hybridflow.workers.rollout.sampling import filter_top_k_top_p, sample_keys, sample_next_tokens, sample_uniforms
+from hybridflow.workers.rollout.sampling import (
+    filter_top_k_top_p,
+    prompt_keys,
+    sample_keys,
+    sample_next_tokens,
+    sample_uniforms,
+)
 
 NEG = float("-inf")
 
@@ -92,6 +98,79 @@ def test_a_samples_numbers_depend_on_its_key_and_token_index_only():
     # uniform on [0, 1): mean 1/2, variance 1/12, adjacent keys uncorrelated (200k draws: sd of the mean ~0.0006)
     assert abs(float(many.mean()) - 0.5) < 0.003 and abs(float(many.var()) - 1 / 12) < 0.002
     assert abs(float(torch.corrcoef(torch.stack([many[:-1], many[1:]]))[0, 1])) < 0.01
+
+
+class SplitMix64:
+    """The reference generator in plain Python integers (Vigna's splitmix64: add the golden gamma, then mix)."""
+
+    MASK = 2**64 - 1
+
+    def __init__(self, state: int) -> None:
+        self.state = state & self.MASK
+
+    def next(self) -> int:
+        self.state = (self.state + 0x9E3779B97F4A7C15) & self.MASK
+        z = self.state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & self.MASK
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & self.MASK
+        return z ^ (z >> 31)
+
+
+def reference_uniform(key: int, step: int) -> float:
+    """Token ``step`` of sample ``key``: output ``step + 1`` of a splitmix64 seeded with the key's own mix (the
+    first output of a generator at ``key - gamma``), its top 53 bits as a fraction."""
+    generator = SplitMix64(SplitMix64(key - 0x9E3779B97F4A7C15).next())
+    for _ in range(step + 1):
+        out = generator.next()
+    return (out >> 11) * 2.0**-53
+
+
+def test_splitmix64_s_known_first_output():
+    # splitmix64 seeded 0 first gives 0xE220A8397B1DCDAF (the published test value); key 0 mixes to 0, so its token 0
+    # draws exactly that output's top 53 bits
+    assert SplitMix64(0).next() == 0xE220A8397B1DCDAF
+    assert sample_uniforms(torch.tensor([0]), torch.tensor([0])).item() == (0xE220A8397B1DCDAF >> 11) * 2.0**-53
+
+
+def test_a_samples_numbers_are_splitmix64_s_outputs_bit_for_bit():
+    keys = [0, 1, 7, 12_345, 2**62 + 5, 2**31 - 1]
+    steps = [0, 1, 2, 5, 127, 511]
+    pairs = [(k, t) for k in keys for t in steps]
+    got = sample_uniforms(torch.tensor([k for k, _ in pairs]), torch.tensor([t for _, t in pairs])).tolist()
+    assert got == [reference_uniform(k, t) for k, t in pairs]
+
+
+def test_keys_of_a_call_s_rows_are_the_seed_plus_the_row_and_a_prompt_s_sample_0_leads_its_group():
+    assert sample_keys(100, 6, "cpu").tolist() == [100, 101, 102, 103, 104, 105]
+    assert prompt_keys(100, 3, 2) == [100, 102, 104]
+    # vLLM's request seeds (prompt_keys) plus the sample index are the built-in engine's row keys
+    rows = sample_keys(7, 4 * 3, "cpu").view(4, 3)
+    assert rows[:, 0].tolist() == prompt_keys(7, 4, 3)
+    assert (rows - rows[:, :1]).tolist() == [[0, 1, 2]] * 4
+
+
+def test_each_row_gets_the_log_prob_of_its_own_token():
+    # two rows over four tokens (more tokens than rows: an index taken from the wrong dimension shows)
+    logits = torch.tensor([[0.0, 1.0, 2.0, 0.5], [3.0, 0.0, 1.0, 2.5]])
+    uniforms = (0.2, 0.99)  # row 0 lands in token 1's CDF interval, row 1 in its last token's
+    tokens, log_probs = sample_next_tokens(
+        logits, SamplingParams(temperature=2.0), greedy=False, uniforms=torch.tensor(uniforms)
+    )
+    scaled = logits / 2.0
+    expected_tokens = [int((row.softmax(-1).double().cumsum(-1) <= u).sum()) for row, u in zip(scaled, uniforms)]
+    assert expected_tokens == [1, 3]
+    assert tokens.tolist() == expected_tokens
+    expected = [
+        scaled[i, t].item() - math.log(sum(math.exp(x) for x in scaled[i].tolist()))
+        for i, t in enumerate(expected_tokens)
+    ]
+    assert log_probs.tolist() == pytest.approx(expected, abs=1e-6)
+
+
+def test_top_k_beyond_the_vocabulary_keeps_every_token():
+    logits = torch.tensor([[1.0, 4.0, 2.0, 3.0]])
+    assert torch.equal(filter_top_k_top_p(logits, top_k=10, top_p=1.0), logits)
+    assert torch.equal(filter_top_k_top_p(logits, top_k=4, top_p=1.0), logits)
 
 
 @pytest.mark.parametrize(
