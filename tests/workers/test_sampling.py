@@ -171,6 +171,12 @@ def test_top_k_beyond_the_vocabulary_keeps_every_token():
     logits = torch.tensor([[1.0, 4.0, 2.0, 3.0]])
     assert torch.equal(filter_top_k_top_p(logits, top_k=10, top_p=1.0), logits)
     assert torch.equal(filter_top_k_top_p(logits, top_k=4, top_p=1.0), logits)
+    assert torch.equal(filter_top_k_top_p(logits, top_k=-1, top_p=1.0), logits)  # vLLM's "off"
+
+
+def test_top_p_of_one_keeps_a_token_the_float32_sum_before_it_already_rounds_to_one():
+    logits = torch.tensor([[0.0, -30.0]])  # probabilities 1 - 9e-14 and 9e-14: the first alone sums to 1.0 in fp32
+    assert torch.equal(filter_top_k_top_p(logits, top_k=0, top_p=1.0), logits)
 
 
 @pytest.mark.parametrize(
