@@ -88,7 +88,7 @@ def cpu_threads_per_rank(
 
     Why not all cores: torch's OpenMP threads wait for each other at the end of every operator, so a thread on a
     core another process holds stalls all of its rank's (a ~3M model's 128-token GRPO step, 1 rank beside one
-    busy-loop process on 2 cores: 54.8 s with 2 threads, 6.7 s with 1; docs/benchmarks.md, "Scaling")."""
+    busy-loop process on 2 cores: 54.8 s with 2 threads, 4.6-5.8 s with 1; docs/benchmarks.md, "Scaling")."""
     line = "trainer.cpu_threads_per_rank=auto: {} ({})"
     if ranks >= cores or cap == 1:
         why = f"{ranks} rank(s) on this machine's {cores} CPUs" + (", OMP_NUM_THREADS=1" if cap == 1 else "")

@@ -49,7 +49,20 @@ def test_threads_per_rank_sample_nothing_where_one_thread_each_is_all_there_can_
         1,
         "trainer.cpu_threads_per_rank=auto: 1 (2 rank(s) on this machine's 2 CPUs)",
     )
-    assert cpu_threads_per_rank(16, 1, no_sample, cap=1)[0] == 1
+    assert cpu_threads_per_rank(16, 1, no_sample, cap=1) == (
+        1,
+        "trainer.cpu_threads_per_rank=auto: 1 (1 rank(s) on this machine's 16 CPUs, OMP_NUM_THREADS=1)",
+    )
+    assert cpu_threads_per_rank(4, 4, no_sample, cap=2)[1].endswith("(4 rank(s) on this machine's 4 CPUs)")
+
+
+def test_a_cap_the_free_cores_already_meet_is_not_named():
+    from hybridflow.core.devices import cpu_threads_per_rank
+
+    assert cpu_threads_per_rank(4, 2, lambda: 0.0, cap=2) == (
+        2,
+        "trainer.cpu_threads_per_rank=auto: 2 (4 of 4 CPUs free at start, 2 rank(s) on this machine)",
+    )
 
 
 def fake_machine(monkeypatch, snapshots, own_cpu_s):
@@ -89,7 +102,48 @@ def test_busy_cores_leaves_out_this_process_and_work_that_does_not_last(monkeypa
     assert devices.busy_cores(samples=3) == pytest.approx(0.9)  # in every sample: it does
 
 
-def test_busy_cores_sees_a_busy_process_on_the_same_cpu():
+def test_own_time_is_taken_over_the_sample_as_proc_stat_counted_it(monkeypatch):
+    # a 0.1 s sample (10 ticks at 100 a second): cpu0 busy throughout, 0.05 s of it this process's: half a core else
+    snapshots = [{0: (5000, 2000), 1: (5000, 3000)}, {0: (5010, 2000), 1: (5010, 3010)}]
+    devices = fake_machine(monkeypatch, snapshots, [2.0, 2.05])
+    assert devices.busy_cores(samples=1) == pytest.approx(0.5)
+
+
+def test_busy_cores_takes_the_least_of_three_samples_and_never_less_than_none(monkeypatch):
+    # busy in the first two samples only: by default three are taken, and the third shows it gone
+    devices = fake_machine(monkeypatch, sample(100) + sample(100) + sample(0), [0] * 6)
+    assert devices.busy_cores() == pytest.approx(0.0)
+    # this process's two threads used 1.5 s of a 1 s sample in which one CPU shows busy: no other work, not -0.5
+    devices = fake_machine(monkeypatch, sample(100), [0.0, 1.5])
+    assert devices.busy_cores(samples=1) == 0.0
+
+
+def test_busy_cores_is_none_where_proc_stat_cannot_be_read(monkeypatch):
+    import hybridflow.core.devices as devices
+
+    def unreadable(cpus):
+        raise OSError("no /proc here")
+
+    monkeypatch.setattr(devices, "_cpu_ticks", unreadable)
+    assert devices.busy_cores() == 0.0
+
+
+def test_proc_stat_s_idle_is_idle_plus_iowait_of_the_first_eight_fields(monkeypatch):
+    import io
+
+    import hybridflow.core.devices as devices
+
+    # user nice system idle iowait irq softirq steal, then guest and guest_nice (already counted in user and nice)
+    stat = (
+        "cpu  100 200 300 400 500 600 700 800 900 1000\n"
+        "cpu0 1 2 3 40 50 6 7 8 90 100\n"
+        "cpu1 10 20 30 400 5 60 70 80 900 1000\n"
+        "cpu2 1 1 1 1 1 1 1 1 0 0\n"
+        "intr 12345 1 2 3\n"
+    )
+    monkeypatch.setattr(devices, "open", lambda path: io.StringIO(stat), raising=False)
+    assert devices._cpu_ticks({0, 1}) == {0: (117, 90), 1: (675, 405)}
+
     import os
     import subprocess
     import sys
