@@ -144,6 +144,8 @@ def test_proc_stat_s_idle_is_idle_plus_iowait_of_the_first_eight_fields(monkeypa
     monkeypatch.setattr(devices, "open", lambda path: io.StringIO(stat), raising=False)
     assert devices._cpu_ticks({0, 1}) == {0: (117, 90), 1: (675, 405)}
 
+
+def test_busy_cores_sees_a_busy_process_on_the_same_cpu():
     import os
     import subprocess
     import sys
